@@ -1,0 +1,207 @@
+"""Cluster state as NumPy arrays, so that filters and scores run vectorized over all nodes.
+
+Every array is indexed by node (``n_nodes``) and, for per-GPU arrays, by device index (``max_gpus``,
+the most GPUs any node has). Device slots beyond a node's ``gpu_count`` do not exist
+(``gpu_exists`` is False there) and hold zero capacity.
+
+The state is changed only through :meth:`ClusterState.allocate`, :meth:`ClusterState.release` and
+:meth:`ClusterState.set_gpu_health`; each bumps ``version[node]``, which the engine's score cache uses
+to know which nodes changed since it last looked. Writing to the arrays directly bypasses that and
+is not supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from gpupool.catalog import get_model
+from gpupool.model import MILLI, AllocationError, Assignment, NodeSpec, PodRequest
+
+
+class ClusterState:
+    """Per-node and per-GPU capacity and free resources.
+
+    Arrays (all public, read-only for callers):
+
+    * ``cpu_cap``, ``cpu_free``: (n_nodes,) int64 milli-CPU
+    * ``mem_cap``, ``mem_free``: (n_nodes,) int64 MiB
+    * ``gpu_count``: (n_nodes,) int64 GPUs on the node
+    * ``gpu_exists``: (n_nodes, max_gpus) bool
+    * ``gpu_model``: (n_nodes, max_gpus) int16 index into ``model_names`` (-1: no GPU)
+    * ``node_model``: (n_nodes,) int16 model of the node's GPUs (-1: CPU-only node)
+    * ``gpu_free``: (n_nodes, max_gpus) int32 free milli-GPU (1000 = whole GPU free)
+    * ``gpu_mem_cap``, ``gpu_mem_free``: (n_nodes, max_gpus) int64 GPU memory (MiB; 0 = unknown model)
+    * ``gpu_healthy``: (n_nodes, max_gpus) bool; an unhealthy GPU is never chosen
+    * ``version``: (n_nodes,) int64, bumped on every change of the node
+    """
+
+    def __init__(self, nodes: Sequence[NodeSpec]) -> None:
+        if not nodes:
+            raise ValueError("a cluster needs at least one node")
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            seen: set[str] = set()
+            dup = next(x for x in names if x in seen or seen.add(x))  # type: ignore[func-returns-value]
+            raise ValueError(f"duplicate node name {dup!r}")
+        self.nodes: tuple[NodeSpec, ...] = tuple(nodes)
+        self.node_names: tuple[str, ...] = tuple(names)
+        self.node_index: dict[str, int] = {name: i for i, name in enumerate(names)}
+        n = len(nodes)
+        g = max(1, max(spec.gpu_count for spec in nodes))
+        self.n_nodes = n
+        self.max_gpus = g
+
+        self.model_names: tuple[str, ...] = tuple(sorted({s.gpu_model for s in nodes if s.gpu_count > 0}))
+        self.model_index: dict[str, int] = {m: i for i, m in enumerate(self.model_names)}
+
+        self.cpu_cap = np.array([s.cpu_milli for s in nodes], dtype=np.int64)
+        self.mem_cap = np.array([s.memory_mib for s in nodes], dtype=np.int64)
+        self.gpu_count = np.array([s.gpu_count for s in nodes], dtype=np.int64)
+        self.gpu_exists = np.arange(g)[None, :] < self.gpu_count[:, None]
+        self.node_model = np.array(
+            [self.model_index[s.gpu_model] if s.gpu_count > 0 else -1 for s in nodes], dtype=np.int16
+        )
+        self.gpu_model = np.where(self.gpu_exists, self.node_model[:, None], -1).astype(np.int16)
+        mem_per_model = np.array([get_model(m).memory_mib for m in self.model_names] + [0], dtype=np.int64)
+        self.gpu_mem_cap = np.where(self.gpu_exists, mem_per_model[self.gpu_model], 0).astype(np.int64)
+
+        self.cpu_free = self.cpu_cap.copy()
+        self.mem_free = self.mem_cap.copy()
+        self.gpu_free = np.where(self.gpu_exists, MILLI, 0).astype(np.int32)
+        self.gpu_mem_free = self.gpu_mem_cap.copy()
+        self.gpu_healthy = self.gpu_exists.copy()
+        self.version = np.zeros(n, dtype=np.int64)
+        self.assignments: dict[str, Assignment] = {}
+
+        self.total_gpus = int(self.gpu_count.sum())
+        self.total_gpu_milli = self.total_gpus * MILLI
+        self.node_domain = tuple(s.nvlink_domain for s in nodes)
+        self.node_rack = tuple(s.rack for s in nodes)
+
+    # ------------------------------------------------------------------ queries
+    def usable_gpu_free(self) -> np.ndarray:
+        """(n_nodes, max_gpus) int32 free milli-GPU on healthy GPUs (0 on unhealthy or absent ones)."""
+        return np.where(self.gpu_healthy, self.gpu_free, 0)
+
+    def allocated_gpu_milli(self) -> int:
+        """milli-GPU held by placed pods (what the devices have handed out)."""
+        return int(self.total_gpu_milli - self.gpu_free[self.gpu_exists].sum())
+
+    def gpu_memory_for(self, req: PodRequest, node: int, gpu: int, milli: int) -> int:
+        """GPU memory (MiB) a pod takes on one GPU: its explicit ask, else its share of the GPU's memory."""
+        if req.gpu_memory_mib:
+            return req.gpu_memory_mib
+        return int(self.gpu_mem_cap[node, gpu]) * milli // MILLI
+
+    # ------------------------------------------------------------------ changes
+    def allocate(
+        self,
+        req: PodRequest,
+        node: int,
+        gpus: Iterable[int],
+        gpu_milli: int | None = None,
+    ) -> Assignment:
+        """Place ``req`` on ``node`` using device indices ``gpus``, each giving ``gpu_milli`` (default: the ask).
+
+        Raises :class:`AllocationError` (state unchanged) if the pod is already placed, a device is absent,
+        unhealthy or repeated, or any CPU, memory, GPU share or GPU memory would be over-allocated.
+        """
+        if req.name in self.assignments:
+            raise AllocationError(f"pod {req.name} is already placed on {self.assignments[req.name].node_name}")
+        if not 0 <= node < self.n_nodes:
+            raise AllocationError(f"node index {node} out of range 0..{self.n_nodes - 1}")
+        gpu_list = tuple(int(x) for x in gpus)
+        milli = req.gpu_milli if gpu_milli is None else int(gpu_milli)
+        name = self.node_names[node]
+        if len(gpu_list) != req.num_gpu:
+            raise AllocationError(f"pod {req.name} asks for {req.num_gpu} GPU(s), got devices {gpu_list}")
+        if len(set(gpu_list)) != len(gpu_list):
+            raise AllocationError(f"pod {req.name}: device list {gpu_list} repeats a GPU")
+        if req.num_gpu and not req.gpu_milli <= milli <= MILLI:
+            raise AllocationError(f"pod {req.name}: share {milli} outside {req.gpu_milli}..{MILLI}")
+        if self.cpu_free[node] < req.cpu_milli:
+            raise AllocationError(f"pod {req.name}: insufficient cpu on {name}")
+        if self.mem_free[node] < req.memory_mib:
+            raise AllocationError(f"pod {req.name}: insufficient memory on {name}")
+        mem_each = 0
+        for gpu in gpu_list:
+            if not 0 <= gpu < self.max_gpus or not self.gpu_exists[node, gpu]:
+                raise AllocationError(f"pod {req.name}: node {name} has no GPU {gpu}")
+            if not self.gpu_healthy[node, gpu]:
+                raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} is unhealthy")
+            if self.gpu_free[node, gpu] < milli:
+                raise AllocationError(
+                    f"pod {req.name}: GPU {gpu} on {name} has {self.gpu_free[node, gpu]} milli free, needs {milli}"
+                )
+            mem_each = self.gpu_memory_for(req, node, gpu, milli)
+            if self.gpu_mem_cap[node, gpu] and self.gpu_mem_free[node, gpu] < mem_each:
+                raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} lacks {mem_each} MiB of memory")
+            if not self.gpu_mem_cap[node, gpu] and req.gpu_memory_mib:
+                raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} has unknown memory size")
+        self.cpu_free[node] -= req.cpu_milli
+        self.mem_free[node] -= req.memory_mib
+        for gpu in gpu_list:
+            self.gpu_free[node, gpu] -= milli
+            if self.gpu_mem_cap[node, gpu]:
+                self.gpu_mem_free[node, gpu] -= self.gpu_memory_for(req, node, gpu, milli)
+        self.version[node] += 1
+        assignment = Assignment(
+            pod=req.name,
+            node=node,
+            node_name=name,
+            gpus=gpu_list,
+            gpu_milli=milli if gpu_list else 0,
+            gpu_memory_mib=mem_each,
+            requested_gpu_milli=req.gpu_milli,
+            cpu_milli=req.cpu_milli,
+            memory_mib=req.memory_mib,
+        )
+        self.assignments[req.name] = assignment
+        return assignment
+
+    def release(self, pod: str) -> Assignment:
+        """Give back everything pod ``pod`` holds; raises :class:`AllocationError` if it is not placed."""
+        assignment = self.assignments.pop(pod, None)
+        if assignment is None:
+            raise AllocationError(f"pod {pod} is not placed")
+        node = assignment.node
+        self.cpu_free[node] += assignment.cpu_milli
+        self.mem_free[node] += assignment.memory_mib
+        for gpu in assignment.gpus:
+            self.gpu_free[node, gpu] += assignment.gpu_milli
+            if self.gpu_mem_cap[node, gpu]:
+                self.gpu_mem_free[node, gpu] += assignment.gpu_memory_mib
+        self.version[node] += 1
+        return assignment
+
+    def set_gpu_health(self, node: int, gpu: int, healthy: bool) -> None:
+        """Mark one GPU healthy or not; pods already on it stay until a driver moves them."""
+        if not self.gpu_exists[node, gpu]:
+            raise AllocationError(f"node {self.node_names[node]} has no GPU {gpu}")
+        self.gpu_healthy[node, gpu] = healthy
+        self.version[node] += 1
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if any resource is over-allocated or the books do not balance."""
+        assert (self.cpu_free >= 0).all() and (self.cpu_free <= self.cpu_cap).all(), "cpu out of range"
+        assert (self.mem_free >= 0).all() and (self.mem_free <= self.mem_cap).all(), "memory out of range"
+        assert (self.gpu_free >= 0).all() and (self.gpu_free <= MILLI).all(), "gpu share out of range"
+        assert (self.gpu_free[~self.gpu_exists] == 0).all(), "absent GPU has capacity"
+        assert (self.gpu_mem_free >= 0).all() and (self.gpu_mem_free <= self.gpu_mem_cap).all(), "gpu memory"
+        cpu = self.cpu_cap.copy()
+        mem = self.mem_cap.copy()
+        gpu = np.where(self.gpu_exists, MILLI, 0).astype(np.int64)
+        gmem = self.gpu_mem_cap.copy()
+        for a in self.assignments.values():
+            cpu[a.node] -= a.cpu_milli
+            mem[a.node] -= a.memory_mib
+            for g in a.gpus:
+                gpu[a.node, g] -= a.gpu_milli
+                if self.gpu_mem_cap[a.node, g]:
+                    gmem[a.node, g] -= a.gpu_memory_mib
+        assert (cpu == self.cpu_free).all(), "cpu books do not balance"
+        assert (mem == self.mem_free).all(), "memory books do not balance"
+        assert (gpu == self.gpu_free).all(), "gpu share books do not balance"
+        assert (gmem == self.gpu_mem_free).all(), "gpu memory books do not balance"

@@ -1,0 +1,214 @@
+"""The scheduling engine: filter, score, pick a node, pick the devices. No I/O.
+
+The cycle follows the kube-scheduler framework (Filter -> Score -> select host -> Reserve): a
+:class:`Policy` supplies the score and the device choice, the shared filters
+(:mod:`gpupool.engine.filters`) decide feasibility, and ties between equally scored nodes are broken
+at random with the engine's seeded generator, as kube-scheduler's ``selectHost`` does.
+
+Speed: filters and *node-local* scores (those that depend only on the node's own state and the
+request) are cached per request class; a cached entry remembers the ``ClusterState.version`` of each
+node it was computed at, and a later pod of the same class recomputes only the nodes that changed
+since. Policies whose choice depends on more than one node at a time (``round-robin``, ``random``,
+``single-node``) set ``node_local = False`` and are scored afresh every cycle.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.cluster import ClusterState
+from gpupool.engine.filters import (
+    DEFAULT_FILTERS,
+    EffectiveRequest,
+    FilterPlugin,
+    feasible,
+    gpu_fit_matrix,
+    unschedulable_reason,
+)
+from gpupool.model import MILLI, Assignment, PodRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Outcome of one scheduling cycle: an assignment, or ``None`` with the reason."""
+
+    pod: str
+    assignment: Assignment | None
+    reason: str = ""
+
+    @property
+    def scheduled(self) -> bool:
+        return self.assignment is not None
+
+
+class Policy:
+    """Base class of a placement policy (one file each under :mod:`gpupool.policies`).
+
+    Subclasses override :meth:`score` (higher is better, vectorized over a subset of nodes) and,
+    where the device choice matters, :meth:`select_gpus`. Defaults: request as asked, GPUs chosen
+    best-fit (fractional pods onto the fitting GPU with the least free share, whole GPUs lowest index
+    first).
+    """
+
+    name: str = "base"
+    description: str = ""
+    node_local: bool = True
+    tie_break: str = "random"  # between equal best scores: "random" (kube-scheduler) or "first" node
+    filters: tuple[FilterPlugin, ...] = DEFAULT_FILTERS
+
+    def effective(self, req: PodRequest) -> EffectiveRequest:
+        return EffectiveRequest(req, req.gpu_milli)
+
+    def prepare(self, state: ClusterState, workload: Sequence[PodRequest] | None) -> None:
+        """Called once before a run with the cluster and, where known, the expected workload."""
+
+    def score_key(self, req: EffectiveRequest) -> tuple:
+        """What of the request the score reads (pods with equal keys share cached scores)."""
+        return req.key()
+
+    def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+        """(len(nodes),) float64 scores for feasible ``nodes``; higher is better."""
+        return np.zeros(len(nodes))
+
+    def pick(self, state: ClusterState, candidates: np.ndarray, scores: np.ndarray,
+             rng: np.random.Generator) -> int:
+        """Choose among feasible ``candidates`` (node indices) given their ``scores``."""
+        if self.tie_break == "first":
+            return int(candidates[np.argmax(scores)])
+        best = scores.max()
+        ties = candidates[scores == best]
+        if len(ties) == 1:
+            return int(ties[0])
+        return int(ties[rng.integers(len(ties))])
+
+    def select_gpus(self, state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
+        return best_fit_gpus(state, req, node)
+
+    def on_allocate(self, state: ClusterState, assignment: Assignment) -> None:
+        """Hook after a pod is placed (for policies that keep their own per-node books)."""
+
+    def on_release(self, state: ClusterState, assignment: Assignment) -> None:
+        """Hook after a pod leaves."""
+
+
+def best_fit_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
+    """Devices for ``req`` on ``node``: the fitting GPUs with the least free share, lowest index first."""
+    if req.num_gpu == 0:
+        return ()
+    nodes = np.array([node])
+    fits = gpu_fit_matrix(state, req, nodes)[0]
+    idx = np.flatnonzero(fits)
+    if len(idx) < req.num_gpu:
+        raise ValueError(f"node {state.node_names[node]} cannot host {req.requested.name}")
+    order = np.argsort(state.gpu_free[node, idx], kind="stable")
+    return tuple(int(i) for i in idx[order[: req.num_gpu]])
+
+
+def most_free_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
+    """Devices for ``req`` on ``node``: the fitting GPUs with the most free share (spread)."""
+    if req.num_gpu == 0:
+        return ()
+    fits = gpu_fit_matrix(state, req, np.array([node]))[0]
+    idx = np.flatnonzero(fits)
+    order = np.argsort(-state.gpu_free[node, idx], kind="stable")
+    return tuple(int(i) for i in idx[order[: req.num_gpu]])
+
+
+class _Entry:
+    __slots__ = ("snap", "values")
+
+    def __init__(self, n: int) -> None:
+        self.snap = np.full(n, -1, dtype=np.int64)
+        self.values: np.ndarray | None = None
+
+
+class _NodeCache:
+    """LRU of per-node arrays keyed by request class, refreshed where ``state.version`` moved."""
+
+    def __init__(self, state: ClusterState, size: int) -> None:
+        self.state = state
+        self.size = size
+        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
+
+    def get(self, key: tuple, compute, dtype) -> np.ndarray:
+        state = self.state
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = _Entry(state.n_nodes)
+            entry.values = np.empty(state.n_nodes, dtype=dtype)
+            self.entries[key] = entry
+            if len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        else:
+            self.entries.move_to_end(key)
+        stale = np.flatnonzero(entry.snap != state.version)
+        if len(stale):
+            entry.values[stale] = compute(stale)
+            entry.snap[stale] = state.version[stale]
+        return entry.values
+
+
+class Engine:
+    """Schedules pods one at a time on a :class:`ClusterState` with a :class:`Policy`.
+
+    ``seed`` drives the tie-break between equally scored nodes (and random policies).
+    """
+
+    def __init__(self, state: ClusterState, policy: Policy, seed: int = 0, cache_size: int = 512,
+                 workload: Sequence[PodRequest] | None = None) -> None:
+        self.state = state
+        self.policy = policy
+        self.rng = np.random.default_rng(seed)
+        self._mask_cache = _NodeCache(state, cache_size)
+        self._score_cache = _NodeCache(state, cache_size)
+        policy.prepare(state, workload)
+
+    def feasible_mask(self, eff: EffectiveRequest) -> np.ndarray:
+        """(n_nodes,) bool: nodes that pass every filter for ``eff`` (cached)."""
+        state, filters = self.state, self.policy.filters
+        return self._mask_cache.get(eff.key(), lambda idx: feasible(state, eff, idx, filters), bool)
+
+    def schedule(self, req: PodRequest) -> Decision:
+        """Decide where ``req`` goes without changing the cluster."""
+        policy, state = self.policy, self.state
+        eff = policy.effective(req)
+        mask = self.feasible_mask(eff)
+        candidates = np.flatnonzero(mask)
+        if len(candidates) == 0:
+            return Decision(req.name, None, unschedulable_reason(state, eff, policy.filters))
+        if policy.node_local:
+            all_scores = self._score_cache.get(
+                ("score",) + policy.score_key(eff), lambda idx: policy.score(state, eff, idx), np.float64
+            )
+            scores = all_scores[candidates]
+        else:
+            scores = policy.score(state, eff, candidates)
+        node = policy.pick(state, candidates, scores, self.rng)
+        gpus = policy.select_gpus(state, eff, node)
+        milli = eff.gpu_milli if req.num_gpu else 0
+        preview = Assignment(req.name, node, state.node_names[node], gpus, milli, 0, req.gpu_milli,
+                             req.cpu_milli, req.memory_mib)
+        return Decision(req.name, preview)
+
+    def place(self, req: PodRequest) -> Decision:
+        """Schedule ``req`` and, if a node was found, allocate it there."""
+        decision = self.schedule(req)
+        if decision.assignment is None:
+            return decision
+        a = decision.assignment
+        assignment = self.state.allocate(req, a.node, a.gpus, a.gpu_milli if a.gpus else None)
+        self.policy.on_allocate(self.state, assignment)
+        return Decision(req.name, assignment)
+
+    def release(self, pod: str) -> Assignment:
+        """Remove a placed pod and return what it held."""
+        assignment = self.state.release(pod)
+        self.policy.on_release(self.state, assignment)
+        return assignment
+
+
+__all__ = ["Decision", "Engine", "Policy", "best_fit_gpus", "most_free_gpus", "MILLI"]

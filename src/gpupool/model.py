@@ -1,0 +1,146 @@
+"""Plain value types shared by the engine, the simulator and every driver.
+
+Units, everywhere in gpupool:
+
+* CPU in milli-cores (``32000`` = 32 cores),
+* memory in MiB,
+* GPU share in milli-GPU (``1000`` = one whole GPU); a pod asking for a fraction of one GPU has
+  ``num_gpu == 1`` and ``gpu_milli < 1000`` (the convention of the Alibaba openb trace and of the
+  FGD simulator, Weng et al., USENIX ATC'23),
+* time in seconds.
+
+These types do no I/O and know nothing of Kubernetes or of the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MILLI = 1000
+"""milli-GPU in one whole GPU."""
+
+
+class GpupoolError(Exception):
+    """Base class of gpupool's own errors."""
+
+
+class InvalidRequestError(GpupoolError, ValueError):
+    """A pod request that no scheduler could ever honour as written (e.g. ``gpu_milli`` > 1000)."""
+
+
+class AllocationError(GpupoolError):
+    """An allocation that would over-commit a node or a GPU, or touch an unknown pod or device."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A node as the cluster declares it.
+
+    ``gpu_model`` names an entry of :mod:`gpupool.catalog` (unknown names are kept as opaque models);
+    ``""`` for a CPU-only node. ``nvlink_domain`` and ``rack`` are topology hints (``""`` = none).
+    """
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int = 0
+    gpu_model: str = ""
+    nvlink_domain: str = ""
+    rack: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("node name is empty")
+        if self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_count < 0:
+            raise ValueError(f"node {self.name}: negative capacity")
+        if self.gpu_count > 0 and not self.gpu_model:
+            raise ValueError(f"node {self.name}: {self.gpu_count} GPUs but no GPU model")
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What one pod asks for.
+
+    * ``num_gpu``: GPUs wanted; ``gpu_milli``: share of *each* of them (1..1000). A fractional pod has
+      ``num_gpu == 1`` and ``gpu_milli < 1000``; a whole-GPU pod has ``gpu_milli == 1000``; a CPU pod 0/0.
+    * ``gpu_memory_mib``: GPU memory per GPU (MiB); 0 means "in proportion to the share"
+      (``gpu_milli / 1000`` of the GPU's memory, the time-slicing-with-memory-cap convention).
+    * ``gpu_spec``: allowed GPU models; empty means any.
+    * ``priority``: larger is more important. ``qos`` is kept as given (LS, BE, Burstable, Guaranteed).
+
+    Raises :class:`InvalidRequestError` when the combination is impossible.
+    """
+
+    name: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    num_gpu: int = 0
+    gpu_milli: int = 0
+    gpu_spec: tuple[str, ...] = ()
+    gpu_memory_mib: int = 0
+    qos: str = ""
+    priority: int = 0
+    creation_time: float | None = None
+    deletion_time: float | None = None
+    labels: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
+            raise InvalidRequestError(f"pod {self.name}: negative request")
+        if self.num_gpu < 0:
+            raise InvalidRequestError(f"pod {self.name}: num_gpu {self.num_gpu} < 0")
+        if self.num_gpu == 0:
+            if self.gpu_milli != 0:
+                raise InvalidRequestError(f"pod {self.name}: gpu_milli {self.gpu_milli} without num_gpu")
+        else:
+            if not 1 <= self.gpu_milli <= MILLI:
+                raise InvalidRequestError(
+                    f"pod {self.name}: gpu_milli {self.gpu_milli} outside 1..{MILLI} for {self.num_gpu} GPU(s)"
+                )
+            if self.num_gpu > 1 and self.gpu_milli != MILLI:
+                raise InvalidRequestError(
+                    f"pod {self.name}: a fractional share ({self.gpu_milli} milli) needs num_gpu == 1, "
+                    f"got {self.num_gpu}"
+                )
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """GPU demand in milli-GPU (``num_gpu * gpu_milli``)."""
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def is_fractional(self) -> bool:
+        """True for a pod that shares one GPU (``num_gpu == 1`` and ``gpu_milli < 1000``)."""
+        return self.num_gpu == 1 and self.gpu_milli < MILLI
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.num_gpu > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Where a pod was placed, down to the device.
+
+    ``gpus`` are device indices on the node; each got ``gpu_milli`` milli-GPU and ``gpu_memory_mib`` MiB.
+    ``requested_gpu_milli`` is what the pod asked per GPU; it is below ``gpu_milli`` only when a policy
+    hands out whole GPUs to fractional pods (``k8s-default``).
+    """
+
+    pod: str
+    node: int
+    node_name: str
+    gpus: tuple[int, ...]
+    gpu_milli: int
+    gpu_memory_mib: int
+    requested_gpu_milli: int
+    cpu_milli: int
+    memory_mib: int
+
+    @property
+    def allocated_gpu_milli(self) -> int:
+        return len(self.gpus) * self.gpu_milli
+
+    @property
+    def used_gpu_milli(self) -> int:
+        return len(self.gpus) * self.requested_gpu_milli
