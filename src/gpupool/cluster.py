@@ -177,8 +177,11 @@ class ClusterState:
         return assignment
 
     def set_gpu_health(self, node: int, gpu: int, healthy: bool) -> None:
-        """Mark one GPU healthy or not; pods already on it stay until a driver moves them."""
-        if not self.gpu_exists[node, gpu]:
+        """Mark one GPU healthy or not; pods already on it stay until a driver moves them.
+
+        Raises :class:`AllocationError` for a node or device index that does not exist.
+        """
+        if not (0 <= node < self.n_nodes and 0 <= gpu < self.max_gpus) or not self.gpu_exists[node, gpu]:
             raise AllocationError(f"node {self.node_names[node]} has no GPU {gpu}")
         self.gpu_healthy[node, gpu] = healthy
         self.version[node] += 1

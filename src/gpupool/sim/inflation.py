@@ -96,6 +96,8 @@ def run_inflation(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy:
     ``progress(done, total)`` is called every few hundred pods.
     """
     state = ClusterState(nodes)
+    if state.total_gpu_milli == 0:
+        raise ValueError("the inflation protocol needs a cluster with GPUs")
     pol = make_policy(policy) if isinstance(policy, str) else policy
     engine = Engine(state, pol, seed=seed, workload=pods)
     workload = build_inflation_workload(pods, state.total_gpu_milli, ratio, seed)

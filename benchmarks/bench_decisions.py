@@ -1,0 +1,418 @@
+"""Placement decisions per second and peak memory of every registered gpupool policy.
+
+Method
+------
+For each (cluster, policy) pair the driver starts a fresh subprocess of this same script
+(``--one CLUSTER POLICY``), so that no measurement inherits caches, allocator state or resident memory
+from another. Each subprocess runs on one core and one thread: ``OMP_NUM_THREADS``,
+``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS`` (and their siblings) are set to 1 at the top of this file,
+before NumPy is imported, and the child is pinned to a single CPU where the OS allows it.
+
+Inside the subprocess:
+
+1. The cluster and the pod stream are built (not timed, not traced; identical for every policy):
+
+   * ``openb``: the 1,213-node / 6,212-GPU node list and the default pod list of the Alibaba
+     ``cluster-trace-gpu-v2023`` trace embedded in the package; the pod stream is the inflation
+     protocol's, ``build_inflation_workload(pods, capacity, 1.3, seed)`` (the trace shuffled, then
+     resampled until the submitted GPU demand reaches 1.3 x capacity).
+   * ``synthetic``: 5,000 nodes x 8 GPUs = 40,000 GPUs; GPU model drawn per node (60 % ``A100-80GB``,
+     25 % ``H100``, 15 % ``L40S``), 64-128 cores and 512-2048 GiB memory per node, all from ``--seed``.
+     Pods are resampled (with replacement, from ``--seed``) from the openb default pods until the GPU
+     demand reaches 1.3 x capacity or ``--max-pods`` pods (default 20,000), whichever comes first; at the
+     default cap the stream reaches only a fraction of capacity (the ``demand`` column says how much),
+     so this measures decisions on a large, partly filled cluster. The openb pods' ``gpu_spec``
+     (G2, T4, P100, V100... models that the synthetic cluster does not have) is dropped, otherwise
+     about 15 % of the pods could never be placed and would only exercise the failure path.
+
+   The engine is ``Engine(state, policy, seed, workload=trace_pods)``, as in ``run_inflation``: the
+   policy learns the typical workload (FGD, gpupool) from the trace pods, not from the inflated stream.
+
+2. **Timed pass** (no tracing): every pod of the stream is handed to ``engine.place`` once, in order;
+   pods never leave and a pod that fits nowhere fails. Only the wall time of the ``engine.place`` calls
+   is summed (``time.perf_counter`` around each call), so building the stream, the engine and
+   ``policy.prepare`` are not counted. ``decisions`` = placed + failed = pods in the stream;
+   ``decisions/s`` = decisions / summed seconds. Per-decision p50 / p99 latencies come from the same
+   timings. Afterwards ``ru_maxrss`` of the subprocess (peak resident set of the whole process:
+   interpreter, NumPy, the trace, the cluster, the engine) is read.
+3. **Traced pass**: the same run on a fresh cluster and engine with ``tracemalloc`` on, started just
+   before the ``ClusterState`` is built and stopped after the last pod: its peak is the most Python and
+   NumPy heap the cluster state, the policy's model, the engine's score caches and the assignments held
+   at once (the trace and the pod stream, shared input, are excluded). tracemalloc slows allocation
+   several-fold, which is why its pass is not the timed one. The two passes must agree on the number of
+   pods placed (same seed), which the subprocess checks.
+
+Output: a JSON file and a Markdown table (``--out``, default ``benchmarks/results``) with, per
+(cluster, policy): pods, decisions, placed, failed, demand (submitted GPU demand / capacity), seconds,
+decisions/s, p50 and p99 latency, tracemalloc peak MiB, maxrss MiB; and the machine (CPU model, cores,
+Python and NumPy versions, load average, date).
+
+Target: ``gpupool`` and ``fgd`` >= 2,000 decisions/s on one core on the 5,000-node synthetic cluster.
+For scale, kube-scheduler's CI performance floor for scheduling pods with extended resources on a
+5,000-node cluster is 180 pods/s.
+
+Usage::
+
+    python benchmarks/bench_decisions.py                       # everything (make bench)
+    python benchmarks/bench_decisions.py --clusters synthetic --policies gpupool,fgd --max-pods 5000
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+             "NUMEXPR_NUM_THREADS", "BLIS_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+from dataclasses import replace  # noqa: E402
+from importlib import resources  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from gpupool.cluster import ClusterState  # noqa: E402
+from gpupool.engine.core import Engine  # noqa: E402
+from gpupool.model import NodeSpec, PodRequest  # noqa: E402
+from gpupool.policies import REGISTRY, make_policy  # noqa: E402
+from gpupool.sim.inflation import build_inflation_workload  # noqa: E402
+from gpupool.traces import load_openb_nodes, load_openb_pods  # noqa: E402
+
+CLUSTERS = ("openb", "synthetic")
+RATIO = 1.3
+TARGET_DPS = 2000.0
+TARGET_POLICIES = ("gpupool", "fgd")
+K8S_FLOOR_PODS_PER_S = 180.0
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+SYN_NODES = 5000
+SYN_GPUS_PER_NODE = 8
+SYN_MODELS = ("A100-80GB", "H100", "L40S")
+SYN_MODEL_P = (0.60, 0.25, 0.15)
+
+
+# --------------------------------------------------------------------------- clusters and pod streams
+def _embedded(name: str) -> Path:
+    ref = resources.files("gpupool") / "data" / name
+    with resources.as_file(ref) as path:  # the package is installed from a directory: a real file
+        return Path(path)
+
+
+def openb_trace() -> tuple[list[NodeSpec], list[PodRequest]]:
+    nodes = load_openb_nodes(_embedded("openb_node_list_gpu_node.csv"))
+    pods = load_openb_pods(_embedded("openb_pod_list_default.csv"))
+    return nodes, pods
+
+
+def synthetic_nodes(seed: int, n: int = SYN_NODES) -> list[NodeSpec]:
+    """``n`` nodes x 8 GPUs of a seeded model mix, 64-128 cores, 512-2048 GiB memory."""
+    rng = np.random.default_rng([seed, 1])
+    models = rng.choice(len(SYN_MODELS), size=n, p=SYN_MODEL_P)
+    cores = rng.integers(32, 65, size=n) * 2  # 64..128, even
+    mem_gib = rng.integers(8, 33, size=n) * 64  # 512..2048 GiB in 64 GiB steps
+    return [
+        NodeSpec(f"syn-node-{i:05d}", int(cores[i]) * 1000, int(mem_gib[i]) * 1024, SYN_GPUS_PER_NODE,
+                 SYN_MODELS[int(models[i])])
+        for i in range(n)
+    ]
+
+
+def synthetic_stream(trace: list[PodRequest], capacity_milli: int, seed: int, max_pods: int) -> list[PodRequest]:
+    """Pods resampled from ``trace`` (``gpu_spec`` dropped) until 1.3 x capacity or ``max_pods``."""
+    rng = np.random.default_rng([seed, 2])
+    target = RATIO * capacity_milli
+    out: list[PodRequest] = []
+    total = 0
+    while len(out) < max_pods:
+        pick = trace[int(rng.integers(len(trace)))]
+        if total + pick.total_gpu_milli > target:
+            break
+        total += pick.total_gpu_milli
+        out.append(replace(pick, name=f"{pick.name}-syn-{len(out)}", gpu_spec=()))
+    return out
+
+
+def build(cluster: str, seed: int, max_pods: int) -> tuple[list[NodeSpec], list[PodRequest], list[PodRequest]]:
+    """(nodes, trace pods the policy learns from, pod stream to place)."""
+    nodes, pods = openb_trace()
+    if cluster == "openb":
+        capacity = sum(n.gpu_count for n in nodes) * 1000
+        return nodes, pods, build_inflation_workload(pods, capacity, RATIO, seed)
+    if cluster == "synthetic":
+        syn = synthetic_nodes(seed)
+        capacity = sum(n.gpu_count for n in syn) * 1000
+        learn = [replace(p, gpu_spec=()) for p in pods]
+        return syn, learn, synthetic_stream(pods, capacity, seed, max_pods)
+    raise ValueError(f"unknown cluster {cluster!r}; known: {', '.join(CLUSTERS)}")
+
+
+# --------------------------------------------------------------------------- one measurement
+def _run(nodes, learn, stream, policy: str, seed: int, timed: bool) -> dict:
+    state = ClusterState(nodes)
+    engine = Engine(state, make_policy(policy), seed=seed, workload=learn)
+    n = len(stream)
+    lat = np.empty(n) if timed else None
+    placed = 0
+    clock = time.perf_counter
+    for i, pod in enumerate(stream):
+        t0 = clock()
+        decision = engine.place(pod)
+        t1 = clock()
+        if lat is not None:
+            lat[i] = t1 - t0
+        if decision.assignment is not None:
+            placed += 1
+    out = {"placed": placed, "failed": n - placed,
+           "allocated_gpu_fraction": state.allocated_gpu_milli() / state.total_gpu_milli}
+    if lat is not None:
+        out["seconds"] = float(lat.sum())
+        out["p50_ms"] = float(np.percentile(lat, 50) * 1e3) if n else float("nan")
+        out["p99_ms"] = float(np.percentile(lat, 99) * 1e3) if n else float("nan")
+    return out
+
+
+def _maxrss_mib() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+
+
+def measure_one(cluster: str, policy: str, seed: int, max_pods: int, trace_memory: bool = True) -> dict:
+    nodes, learn, stream = build(cluster, seed, max_pods)
+    capacity = sum(n.gpu_count for n in nodes) * 1000
+    timed = _run(nodes, learn, stream, policy, seed, timed=True)
+    maxrss = _maxrss_mib()
+    peak = float("nan")
+    if trace_memory:
+        tracemalloc.start()
+        traced = _run(nodes, learn, stream, policy, seed, timed=False)
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        if traced["placed"] != timed["placed"]:
+            raise RuntimeError(f"{cluster}/{policy}: timed pass placed {timed['placed']} pods, "
+                               f"traced pass {traced['placed']} (non-deterministic run?)")
+    n = len(stream)
+    return {
+        "cluster": cluster,
+        "policy": policy,
+        "nodes": len(nodes),
+        "gpus": capacity // 1000,
+        "pods": n,
+        "decisions": timed["placed"] + timed["failed"],
+        "placed": timed["placed"],
+        "failed": timed["failed"],
+        "demand": sum(p.total_gpu_milli for p in stream) / capacity,
+        "allocated": timed["allocated_gpu_fraction"],
+        "seconds": timed["seconds"],
+        "decisions_per_s": n / timed["seconds"] if timed["seconds"] > 0 else float("nan"),
+        "p50_ms": timed["p50_ms"],
+        "p99_ms": timed["p99_ms"],
+        "tracemalloc_peak_mib": peak,
+        "maxrss_mib": maxrss,
+    }
+
+
+# --------------------------------------------------------------------------- machine and report
+def _cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
+        for line in out.splitlines():
+            if line.strip().startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count()
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {
+        "cpu": _cpu_model(),
+        "machine": platform.machine(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "load_average_at_start": load,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "n/a" if x is None or x != x else f"{x:,.{digits}f}"
+
+
+def _json_safe(obj):
+    """NaN -> None, so that the report is strict JSON."""
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def markdown(rows: list[dict], machine: dict, total_s: float, args: argparse.Namespace) -> str:
+    head = ("| cluster | policy | pods | decisions | placed | demand | seconds | decisions/s | p50 ms | p99 ms "
+            "| tracemalloc peak MiB | maxrss MiB |")
+    lines = [
+        "# Placement decisions per second",
+        "",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable), "
+        f"load average at start {machine['load_average_at_start']}; Python {machine['python']}, "
+        f"NumPy {machine['numpy']}; {machine['os']}; {machine['date']}.",
+        f"Seed {args.seed}, max pods (synthetic) {args.max_pods:,}; one process, one thread, one policy per "
+        f"subprocess; total wall time {total_s:,.0f} s.",
+        "",
+        head,
+        "|" + "---|" * 2 + "---:|" * 10,
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['cluster']} | {r['policy']} | error: {r['error']} |" + " |" * 9)
+            continue
+        lines.append(
+            f"| {r['cluster']} ({r['nodes']:,} nodes / {r['gpus']:,} GPUs) | {r['policy']} | {r['pods']:,} "
+            f"| {r['decisions']:,} | {r['placed']:,} | {r['demand']:.2f} | {r['seconds']:.2f} "
+            f"| {_fmt(r['decisions_per_s'], 0)} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
+            f"| {_fmt(r['tracemalloc_peak_mib'])} | {_fmt(r['maxrss_mib'])} |"
+        )
+    lines += [
+        "",
+        "`demand`: submitted GPU demand / cluster GPU capacity at the end of the stream. `seconds`: wall time "
+        "of the `engine.place` calls only. `tracemalloc peak`: heap held by the cluster state, policy and "
+        "engine (separate traced pass). `maxrss`: peak resident set of the measuring subprocess.",
+        "",
+        f"Target: {', '.join(f'`{p}`' for p in TARGET_POLICIES)} >= {TARGET_DPS:,.0f} decisions/s on one core "
+        f"on the 5,000-node synthetic cluster (kube-scheduler's CI floor with extended resources at 5,000 "
+        f"nodes: {K8S_FLOOR_PODS_PER_S:,.0f} pods/s).",
+    ]
+    checks = [r for r in rows if r.get("cluster") == "synthetic" and r.get("policy") in TARGET_POLICIES
+              and "error" not in r]
+    for r in checks:
+        ok = r["decisions_per_s"] >= TARGET_DPS
+        lines.append(f"- `{r['policy']}`: {_fmt(r['decisions_per_s'], 0)} decisions/s: "
+                     f"{'meets' if ok else 'BELOW'} the target.")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- CLI
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clusters", default=",".join(CLUSTERS), help="comma list of: " + ", ".join(CLUSTERS))
+    p.add_argument("--policies", default=",".join(REGISTRY), help="comma list (default: every registered policy)")
+    p.add_argument("--seed", type=int, default=42, help="seed of the pod streams, the synthetic cluster and ties")
+    p.add_argument("--max-pods", type=int, default=20000, help="cap on the synthetic pod stream (default 20000)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for decisions.json / decisions.md")
+    p.add_argument("--no-tracemalloc", action="store_true", help="skip the traced pass (halves the time)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin each subprocess to one CPU")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per (cluster, policy) subprocess")
+    p.add_argument("--one", nargs=2, metavar=("CLUSTER", "POLICY"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.max_pods < 1:
+        p.error("--max-pods must be >= 1")
+    return args
+
+
+def _pin_one_cpu() -> None:
+    """Pin this process to one CPU it may run on (the last one, away from CPU 0's interrupts)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[-1]})
+    except (AttributeError, OSError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.one:
+        cluster, policy = args.one
+        if not args.no_pin:
+            _pin_one_cpu()
+        row = measure_one(cluster, policy, args.seed, args.max_pods, trace_memory=not args.no_tracemalloc)
+        print(json.dumps(row))
+        return 0
+
+    clusters, policies = _csv(args.clusters), _csv(args.policies)
+    bad = [c for c in clusters if c not in CLUSTERS] + [p for p in policies if p not in REGISTRY]
+    if bad:
+        print(f"unknown cluster/policy: {', '.join(bad)}; clusters: {', '.join(CLUSTERS)}; "
+              f"policies: {', '.join(REGISTRY)}", file=sys.stderr)
+        return 2
+    machine = machine_info()
+    rows: list[dict] = []
+    start = time.perf_counter()
+    for cluster in clusters:
+        for policy in policies:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", cluster, policy,
+                   "--seed", str(args.seed), "--max-pods", str(args.max_pods)]
+            cmd += ["--no-tracemalloc"] * args.no_tracemalloc + ["--no-pin"] * args.no_pin
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False)
+                if proc.returncode != 0:
+                    tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+                    row = {"cluster": cluster, "policy": policy, "error": f"exit {proc.returncode}: {tail}"}
+                else:
+                    row = json.loads(proc.stdout.strip().splitlines()[-1])
+            except subprocess.TimeoutExpired:
+                row = {"cluster": cluster, "policy": policy, "error": f"timeout after {args.timeout:g} s"}
+            row["subprocess_seconds"] = time.perf_counter() - t0
+            rows.append(row)
+            if "error" in row:
+                print(f"{cluster:9s} {policy:14s} ERROR {row['error']}", file=sys.stderr, flush=True)
+            else:
+                print(f"{cluster:9s} {policy:14s} {row['decisions']:>6d} decisions {row['seconds']:8.2f} s "
+                      f"{row['decisions_per_s']:9.0f}/s  peak {row['tracemalloc_peak_mib']:.1f} MiB "
+                      f"rss {row['maxrss_mib']:.0f} MiB  ({row['subprocess_seconds']:.0f} s)",
+                      file=sys.stderr, flush=True)
+    total = time.perf_counter() - start
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "benchmark": "placement decisions per second",
+        "settings": {"clusters": clusters, "policies": policies, "seed": args.seed, "max_pods": args.max_pods,
+                     "ratio": RATIO, "tracemalloc": not args.no_tracemalloc, "pinned": not args.no_pin},
+        "target": {"policies": list(TARGET_POLICIES), "cluster": "synthetic", "decisions_per_s": TARGET_DPS,
+                   "kube_scheduler_floor_pods_per_s": K8S_FLOOR_PODS_PER_S},
+        "machine": machine,
+        "total_seconds": total,
+        "results": rows,
+    }
+    (args.out / "decisions.json").write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+    md = markdown(rows, machine, total, args)
+    (args.out / "decisions.md").write_text(md)
+    print(md)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

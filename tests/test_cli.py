@@ -1,0 +1,301 @@
+"""Tests of the ``gpupool`` command line (typer CliRunner) and of the report helpers it uses."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpupool import report
+from gpupool.cli import app
+from gpupool.policies import BASELINES, DEFAULT_POLICY, REGISTRY
+
+runner = CliRunner()
+
+NODES = """\
+sn,cpu_milli,memory_mib,gpu,model
+n0,32000,131072,4,V100M16
+n1,32000,131072,4,V100M16
+n2,16000,65536,2,T4
+"""
+
+POD_HEADER = (
+    "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time"
+)
+POD_SHAPES = [  # (cpu_milli, memory_mib, num_gpu, gpu_milli, qos)
+    (4000, 8192, 1, 1000, "LS"),
+    (2000, 4096, 1, 500, "BE"),
+    (2000, 4096, 1, 250, "BE"),
+    (8000, 16384, 2, 1000, "LS"),
+    (1000, 2048, 0, 0, "BE"),
+    (3000, 8192, 1, 700, "Burstable"),
+]
+
+
+def pods_csv(n: int = 18) -> str:
+    lines = [POD_HEADER]
+    for i in range(n):
+        cpu, mem, gpus, milli, qos = POD_SHAPES[i % len(POD_SHAPES)]
+        created = 100 * i
+        lines.append(f"p{i:03d},{cpu},{mem},{gpus},{milli},,{qos},Running,{created},{created + 450},{created}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[Path, Path]:
+    nodes = tmp_path / "nodes.csv"
+    pods = tmp_path / "pods.csv"
+    nodes.write_text(NODES, encoding="utf-8")
+    pods.write_text(pods_csv(), encoding="utf-8")
+    return nodes, pods
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def strict_json(text: str):
+    def no_constant(name: str):
+        raise AssertionError(f"invalid JSON constant {name}")
+
+    return json.loads(text, parse_constant=no_constant)
+
+
+RESULT_KEYS = {
+    "policy", "seed", "gpu_allocation_ratio", "gpu_allocation_ratio_at_100", "unallocated_gpus",
+    "fragmented_gpus", "failed_pods", "failed_reasons", "load_imbalance", "reserved_gpu_ratio",
+    "decisions_per_second", "first_failure_arrived",
+}
+
+
+def in_unit(value) -> bool:
+    return value is not None and 0.0 <= value <= 1.0 + 1e-9
+
+
+# --------------------------------------------------------------------------------------------------
+# policies
+
+
+def test_policies_table_lists_every_policy_with_its_kind():
+    result = invoke("policies")
+    assert result.exit_code == 0, result.output
+    for name in REGISTRY:
+        assert name in result.output
+    for kind in ("baseline", "GPU-aware", "default"):
+        assert kind in result.output
+
+
+def test_policies_json():
+    result = invoke("policies", "--json")
+    assert result.exit_code == 0, result.output
+    rows = strict_json(result.stdout)
+    assert [r["name"] for r in rows] == list(REGISTRY)
+    kinds = {r["name"]: r["kind"] for r in rows}
+    assert kinds[DEFAULT_POLICY] == "default"
+    assert all(kinds[b] == "baseline" for b in BASELINES)
+    assert kinds["fgd"] == "GPU-aware"
+    assert all(r["description"] for r in rows)
+
+
+# --------------------------------------------------------------------------------------------------
+# compare / simulate
+
+
+def test_compare_tiny_trace_json_and_plots(tiny, tmp_path):
+    nodes, pods = tiny
+    out = tmp_path / "plots"
+    json_file = tmp_path / "res" / "compare.json"
+    result = invoke(
+        "compare", "--nodes", nodes, "--pods", pods, "--policies", "best-fit,k8s-default,random",
+        "--seeds", "1,2", "--ratio", "1.3", "--json", json_file, "--out", out,
+    )
+    assert result.exit_code == 0, result.output
+    # the table: one row per policy, mean ± std for two seeds
+    for name in ("best-fit", "k8s-default", "random"):
+        assert name in result.stdout
+    assert "±" in result.stdout
+
+    doc = strict_json(json_file.read_text(encoding="utf-8"))
+    assert doc["protocol"] == "inflation"
+    assert doc["nodes"] == str(nodes) and doc["pods"] == str(pods)
+    assert doc["ratio"] == 1.3
+    assert len(doc["results"]) == 6
+    assert [(r["policy"], r["seed"]) for r in doc["results"]] == [
+        ("best-fit", 1), ("best-fit", 2), ("k8s-default", 1), ("k8s-default", 2), ("random", 1), ("random", 2),
+    ]
+    for r in doc["results"]:
+        assert RESULT_KEYS <= set(r), RESULT_KEYS - set(r)
+        assert in_unit(r["gpu_allocation_ratio"])
+        assert in_unit(r["gpu_allocation_ratio_at_100"])
+        assert in_unit(r["reserved_gpu_ratio"])
+        assert r["reserved_gpu_ratio"] >= r["gpu_allocation_ratio"] - 1e-9
+        assert isinstance(r["failed_pods"], int) and r["failed_pods"] >= 0
+        assert 0 <= r["unallocated_gpus"] <= 10 and 0 <= r["fragmented_gpus"] <= r["unallocated_gpus"] + 1e-9
+        assert r["load_imbalance"] >= 0
+        assert sum(x["count"] for x in r["failed_reasons"]) <= r["failed_pods"]
+        if r["failed_pods"]:
+            assert r["failed_reasons"] and r["first_failure_arrived"] is not None
+            assert not any(ch.isdigit() for ch in r["failed_reasons"][0]["reason"])
+        else:
+            assert r["first_failure_arrived"] is None
+    # demand reaches 1.3 x capacity, so something must fail on 10 GPUs
+    assert all(r["failed_pods"] > 0 for r in doc["results"])
+    assert [s["policy"] for s in doc["summary"]] == ["best-fit", "k8s-default", "random"]
+    for s in doc["summary"]:
+        assert s["seeds"] == [1, 2]
+        assert in_unit(s["gpu_allocation_ratio"]) and in_unit(s["gpu_allocation_ratio_at_100"])
+
+    for name in ("allocation_vs_arrived.png", "unallocated_gpus.png"):
+        png = out / name
+        assert png.is_file() and png.stat().st_size > 1000
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_repeated_seed_option_equals_comma_list(tiny, tmp_path):
+    nodes, pods = tiny
+    docs = []
+    for seeds in (["--seed", "3", "--seed", "4"], ["--seeds", "3,4"]):
+        json_file = tmp_path / f"s{len(docs)}.json"
+        result = invoke("compare", "--nodes", nodes, "--pods", pods, "-p", "best-fit", *seeds, "--json", json_file)
+        assert result.exit_code == 0, result.output
+        docs.append(strict_json(json_file.read_text(encoding="utf-8")))
+    assert docs[0]["seeds"] == docs[1]["seeds"] == [3, 4]
+    strip = [[{k: v for k, v in r.items() if k != "decisions_per_second"} for r in d["results"]] for d in docs]
+    assert strip[0] == strip[1]
+
+
+def test_json_to_stdout(tiny):
+    nodes, pods = tiny
+    result = invoke("simulate", "--nodes", nodes, "--pods", pods, "--policy", "spread", "--json", "-")
+    assert result.exit_code == 0, result.output
+    doc = strict_json(result.stdout)
+    assert doc["results"][0]["policy"] == "spread" and doc["results"][0]["seed"] == 42
+
+
+def test_simulate_embedded_trace_best_fit(tmp_path):
+    json_file = tmp_path / "sim.json"
+    result = invoke("simulate", "--policy", "best-fit", "--seed", "42", "--json", json_file, "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "best-fit" in result.stdout and "1,213 nodes" in result.stdout
+    doc = strict_json(json_file.read_text(encoding="utf-8"))
+    assert doc["nodes"] == "embedded" and doc["pods"] == "embedded"
+    (r,) = doc["results"]
+    assert r["policy"] == "best-fit" and r["seed"] == 42
+    assert 0.85 < r["gpu_allocation_ratio_at_100"] <= r["gpu_allocation_ratio"] + 1e-9 <= 1.0 + 1e-9
+    assert r["failed_pods"] > 0 and r["failed_reasons"]
+    assert r["decisions_per_second"] > 0
+
+
+def test_replay_tiny_trace(tiny, tmp_path):
+    nodes, pods = tiny
+    out = tmp_path / "replay"
+    json_file = tmp_path / "replay.json"
+    result = invoke("compare", "--nodes", nodes, "--pods", pods, "--protocol", "replay",
+                    "--policies", "best-fit,k8s-default", "--json", json_file, "--out", out)
+    assert result.exit_code == 0, result.output
+    doc = strict_json(json_file.read_text(encoding="utf-8"))
+    assert doc["protocol"] == "replay" and doc["ratio"] is None
+    for r in doc["results"]:
+        assert RESULT_KEYS <= set(r)
+        assert r["gpu_allocation_ratio_at_100"] is None
+        assert in_unit(r["gpu_allocation_ratio"])
+    assert (out / "allocation_over_time.png").stat().st_size > 1000
+    assert (out / "unallocated_gpus.png").stat().st_size > 1000
+
+
+def test_replay_unavailable(tiny, monkeypatch):
+    nodes, pods = tiny
+    monkeypatch.setitem(sys.modules, "gpupool.sim.replay", None)  # makes the import fail
+    result = invoke("simulate", "--nodes", nodes, "--pods", pods, "--protocol", "replay")
+    assert result.exit_code == 2
+    assert "replay protocol not available" in result.output
+
+
+# --------------------------------------------------------------------------------------------------
+# errors
+
+
+def test_malformed_pods_file_exit_2_names_file_line_column(tiny):
+    nodes, pods = tiny
+    lines = pods.read_text(encoding="utf-8").splitlines()
+    fields = lines[2].split(",")
+    fields[4] = "abc"  # gpu_milli of the second pod, physical line 3
+    lines[2] = ",".join(fields)
+    pods.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = invoke("compare", "--nodes", nodes, "--pods", pods, "--policies", "best-fit")
+    assert result.exit_code == 2
+    assert f"{pods}:3:" in result.output
+    assert "gpu_milli" in result.output and "abc" in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_missing_file_exit_2(tmp_path):
+    result = invoke("simulate", "--nodes", tmp_path / "nope.csv", "--policy", "best-fit")
+    assert result.exit_code == 2
+    assert "nope.csv" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ("simulate", "--policy", "no-such-policy"),
+    ("compare", "--policies", "best-fit,no-such-policy"),
+])
+def test_unknown_policy_exit_2(args):
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert "unknown policy 'no-such-policy'" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args", [("--seeds", "1,x"), ("--ratio", "0")])
+def test_bad_numbers_exit_2(tiny, args):
+    nodes, pods = tiny
+    result = invoke("simulate", "--nodes", nodes, "--pods", pods, "--policy", "best-fit", *args)
+    assert result.exit_code == 2
+    assert "error:" in result.output
+
+
+def test_help_texts():
+    for cmd in ([], ["policies"], ["simulate"], ["compare"]):
+        result = invoke(*cmd, "--help")
+        assert result.exit_code == 0, result.output
+    text = invoke("compare", "--help").output
+    for option in ("--policies", "--nodes", "--pods", "--protocol", "--seed", "--ratio", "--out", "--json", "--quiet"):
+        assert option in text
+
+
+# --------------------------------------------------------------------------------------------------
+# report helpers
+
+
+def test_reason_key_strips_numbers_but_not_model_names():
+    assert report.reason_key("0/1213 nodes are available: 1209 Insufficient cpu, 4 Insufficient GPU share.") == (
+        "Insufficient cpu, Insufficient GPU share"
+    )
+    assert report.reason_key("0/3 nodes are available: 3 GPU model not in gpu_spec, no node has GPU model "
+                             "V100M16|V100M32.") == "GPU model not in gpu_spec, no node has GPU model V100M16|V100M32"
+    counts = report.node_rejections([
+        {"reason": "0/4 nodes are available: 3 Insufficient cpu, 1 Insufficient GPU share."},
+        {"reason": "0/4 nodes are available: 4 Insufficient GPU share."},
+    ])
+    assert counts == {"Insufficient cpu": 3, "Insufficient GPU share": 5}
+
+
+def test_jsonable_turns_nan_into_null():
+    import numpy as np
+
+    doc = report.jsonable({"a": math.nan, "b": [np.float64(math.inf), np.int64(3)], "c": 0.5})
+    assert doc == {"a": None, "b": [None, 3], "c": 0.5}
+    assert strict_json(report.dumps({"x": math.nan})) == {"x": None}
+
+
+def test_downsample_keeps_ends():
+    import numpy as np
+
+    x = np.arange(10_000, dtype=float)
+    xs, ys = report.downsample(x, x * 2, max_points=100)
+    assert len(xs) <= 100 and xs[0] == 0 and xs[-1] == 9_999 and np.array_equal(ys, xs * 2)
