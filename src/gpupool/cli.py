@@ -14,6 +14,7 @@ the file, the line and the column), or an unavailable protocol.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -408,6 +409,24 @@ def compare_cmd(
     names = _split(policies) or list(REGISTRY)
     _execute(policies=names, nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
              out=out, json_file=json_file, quiet=quiet)
+
+
+EXTENSION_MODULES = ("gpupool.k8s.scheduler_cli", "gpupool.k8s.extender_cli", "gpupool.sim.jobs_cli")
+"""Modules that add commands to the CLI; each defines ``register(app: typer.Typer) -> None``."""
+
+
+def _register_extensions() -> None:
+    for name in EXTENSION_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+                continue  # that driver is not part of this build
+            raise
+        module.register(app)
+
+
+_register_extensions()
 
 
 def main() -> None:
