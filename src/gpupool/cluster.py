@@ -79,6 +79,7 @@ class ClusterState:
         self.total_gpu_milli = self.total_gpus * MILLI
         self.node_domain = tuple(s.nvlink_domain for s in nodes)
         self.node_rack = tuple(s.rack for s in nodes)
+        self.node_switch = tuple(s.switch for s in nodes)
 
     # ------------------------------------------------------------------ queries
     def usable_gpu_free(self) -> np.ndarray:

@@ -37,7 +37,9 @@ class NodeSpec:
     """A node as the cluster declares it.
 
     ``gpu_model`` names an entry of :mod:`gpupool.catalog` (unknown names are kept as opaque models);
-    ``""`` for a CPU-only node. ``nvlink_domain`` and ``rack`` are topology hints (``""`` = none).
+    ``""`` for a CPU-only node. Topology (``""`` = none): ``nvlink_domain`` groups GPUs joined by NVLink
+    (an 8-GPU HGX board is one domain), ``rack`` the rack, ``switch`` the InfiniBand / Ethernet leaf
+    switch above it; ``labels`` are free-form (e.g. Kubernetes node labels).
     """
 
     name: str
@@ -47,6 +49,8 @@ class NodeSpec:
     gpu_model: str = ""
     nvlink_domain: str = ""
     rack: str = ""
+    switch: str = ""
+    labels: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
