@@ -17,7 +17,7 @@ from gpupool.engine.filters import EffectiveRequest
 from gpupool.policies import BASELINES, DEFAULT_POLICY, REGISTRY, make_policy
 from gpupool.policies.fgd import FGD
 from gpupool.policies.gpu_clustering import gpu_kind
-from gpupool.policies.gpupool_policy import GpupoolPolicy
+from gpupool.policies.gpupool_policy import GpupoolPolicy, model_pressure
 
 
 def eff(req) -> EffectiveRequest:
@@ -442,84 +442,78 @@ def test_fgd_default_typical_and_learned_typical() -> None:
 # -------------------------------------------------------------------------------------------- gpupool
 
 
-def gpupool_score(delta_milli, cpu_left, gpu_left, w=GpupoolPolicy.pack_weight):
-    """gpupool's score: fragmentation decrease in GPUs - w * (cpu_left / 128 cores + gpu_left / 8 GPUs)."""
-    return delta_milli / 1000 - w * (cpu_left / 128000 + gpu_left / 8000)
+def test_model_pressure_hand_computed() -> None:
+    # cluster: 2 x T4 nodes (2 GPUs each) + 1 x V100M16 node (4 GPUs): capacity shares T4 0.5, V100M16 0.5
+    # typical GPU demand: T4-only 1 GPU p=0.2 (demand 200), any 1 GPU p=0.6 (600), T4|V100M16 2 GPUs
+    # p=0.1 (200), CPU-only p=0.1 (0) -> demand shares 0.2, 0.6, 0.2
+    #   T4-only:        0.2 / 0.5 = 0.4 onto T4
+    #   T4|V100M16:     0.2 / 1.0 = 0.2 onto T4 and V100M16
+    # pressure: T4 0.6, V100M16 0.2, no-GPU slot 0
+    s = cluster(node("t0", gpus=2, model="T4"), node("t1", gpus=2, model="T4"), node("v0", gpus=4))
+    shapes = typical((0, 1, 1000, 0.2, ("T4",)), (0, 1, 1000, 0.6), (0, 2, 1000, 0.1, ("T4", "V100M16")),
+                     (1000, 0, 0, 0.1))
+    pressure = model_pressure(shapes, s)
+    assert s.model_names == ("T4", "V100M16")
+    assert np.allclose(pressure, [0.6, 0.2, 0.0])
 
 
-def test_gpupool_pack_weight() -> None:
-    # the hand-computed numbers below use the current weight of the best-fit term
-    assert GpupoolPolicy.pack_weight == 0.05
+def test_model_pressure_zero_without_gpu_spec() -> None:
+    s = cluster(node("t0", gpus=2, model="T4"), node("v0", gpus=4))
+    assert np.allclose(model_pressure(typical((0, 1, 1000, 0.5), (0, 1, 300, 0.5)), s), 0.0)
 
 
-def test_gpupool_exact_deltas_break_fgd_ties() -> None:
-    # typical: A = (0 cores, 1 GPU, 1000) p=0.98, B = (8 cores, 1 GPU, 1000) p=0.02; pod: 990 milli, 1 core
-    #   n0 (8.5 cores, 2 GPUs): after [10, 1000], 7.5 cores: A loses 10 -> 9.8; B cannot run (cpu) and loses
-    #       all 1010 -> 20.2; frag 30, delta -30
-    #   n1 (32 cores, 1 GPU): after [10], 31 cores: A 9.8; B has no whole GPU: 10 * 0.02 = 0.2 -> delta -10
-    # FGD: floor(100 * sigmoid(-0.03)) = 49 = floor(100 * sigmoid(-0.01)): a tie, node order -> n0
-    # gpupool: exact deltas; score n0 = -0.030 - 0.05 * (0.05859375 + 0.12625) = -0.0392421875
-    #                              n1 = -0.010 - 0.05 * (0.2421875 + 0.00125) = -0.022171875 -> n1
-    shapes = typical((0, 1, 1000, 0.98), (8000, 1, 1000, 0.02))
-    req = pod("p", cpu=1000, gpus=1, milli=990)
-    results = {}
-    for pol in (FGD(typical=shapes), GpupoolPolicy(typical=shapes)):
-        s = cluster(node("n0", cpu=8500, gpus=2), node("n1", cpu=32000, gpus=1))
-        eng = engine(s, pol)
-        results[pol.name] = (pol._evaluate(s, eff(req), np.arange(2))[0], pol.score(s, eff(req), np.arange(2)),
-                             placed(eng.place(req)))
-    assert results["fgd"][0].tolist() == [49.0, 49.0]
-    assert results["fgd"][2] == ("n0", (0,))
-    assert np.allclose(results["gpupool"][0], [-30.0, -10.0])
-    assert np.allclose(results["gpupool"][1], [gpupool_score(-30, 7500, 1010), gpupool_score(-10, 31000, 10)])
-    assert np.allclose(results["gpupool"][1], [-0.0392421875, -0.022171875])
-    assert results["gpupool"][2] == ("n1", (0,))
-
-
-def test_gpupool_memory_aware_fragmentation() -> None:
-    # typical: whole-GPU pods needing 32 GiB of host memory. A 40000-MiB pod on n0 (64 GiB) leaves 25536 MiB:
-    # n0's other GPU can no longer host a typical pod -> +1000 fragmented, delta -1000; on n1 (128 GiB)
-    # 91072 MiB remain -> delta 0. FGD reads CPU and GPU only: 0 and 0, a tie -> n0.
-    shapes = typical((0, 1, 1000, 1.0, (), 32768))
-    req = pod("p", cpu=1000, mem=40000, gpus=1)
+def test_gpupool_steers_flexible_pods_off_scarce_models() -> None:
+    # typical: T4-only p=0.25, V100M16-only p=0.25, any model p=0.5, all 1 whole GPU.
+    # cluster: t0 = 2 x T4 free; v0 = 2 x V100M16 free; v1 = 4 x V100M16 all taken.
+    # capacity shares T4 2/8 = 0.25, V100M16 6/8 = 0.75 -> pressure T4 0.25/0.25 = 1.0, V100M16 0.25/0.75 = 1/3
+    # FGD for an any-model 1-GPU pod:
+    #   t0: V100-only pods cannot use T4: 0.25 * 2000 = 500 fragmented, after 0.25 * 1000 = 250: +250 -> 56
+    #   v0: T4-only pods cannot use V100: the same, 56. A tie: FGD takes t0 (node order), using up the T4s.
+    # gpupool: t0 56 - 25 * 1.0 = 31, v0 56 - 25 / 3 = 47.67 (minus the packing epsilon) -> v0.
+    shapes = typical((0, 1, 1000, 0.25, ("T4",)), (0, 1, 1000, 0.25, ("V100M16",)), (0, 1, 1000, 0.5))
+    req = pod("flex", cpu=1000, gpus=1)
     out = {}
     for pol in (FGD(typical=shapes), GpupoolPolicy(typical=shapes)):
-        s = cluster(node("n0", mem=65536, gpus=2), node("n1", mem=131072, gpus=2))
+        s = cluster(node("t0", gpus=2, model="T4"), node("v0", gpus=2), node("v1", gpus=4))
+        occupy(s, 2, [1000] * 4)
         eng = engine(s, pol)
-        out[pol.name] = (pol._evaluate(s, eff(req), np.arange(2))[0].tolist(), placed(eng.place(req)))
-    assert out["fgd"] == ([50.0, 50.0], ("n0", (0,)))
-    assert out["gpupool"] == ([-1000.0, 0.0], ("n1", (0,)))
+        out[pol.name] = (pol.score(s, eff(req), np.arange(2)), placed(eng.place(req)))
+    assert out["fgd"][0].tolist() == [56.0, 56.0] and out["fgd"][1] == ("t0", (0,))
+    eps = 1e-6 * 1000 / 8000
+    assert np.allclose(out["gpupool"][0], [56 - 25.0 - eps, 56 - 25 / 3 - eps])
+    assert out["gpupool"][1] == ("v0", (0,))
+    # a T4-only pod still goes to the T4 node, the only one it may use
+    s = cluster(node("t0", gpus=2, model="T4"), node("v0", gpus=2), node("v1", gpus=4))
+    eng = engine(s, GpupoolPolicy(typical=shapes))
+    assert placed(eng.place(pod("t4", gpus=1, spec=["T4"]))) == ("t0", (0,))
 
 
-def test_gpupool_best_fit_term_keeps_idle_node_whole() -> None:
-    # whole-GPU pods fragment nothing for whole-GPU typical pods: delta 0 on both nodes. The best-fit term
-    # prefers the fuller node n1 (2 of 4 GPUs used):
-    #   n0: 0 - 0.05 * (31000/128000 + 3000/8000) = -0.030859375
-    #   n1: 0 - 0.05 * (31000/128000 + 1000/8000) = -0.018359375
+def test_gpupool_packing_tie_break_keeps_idle_node_whole() -> None:
+    # whole-GPU typical pods: a whole-GPU pod fragments nothing, FGD scores 50 on both nodes and takes n0.
+    # gpupool breaks the tie by the GPU share left: n0 4 -> 3 GPUs, n1 2 -> 1 GPU: n1 (fuller) wins.
     s = cluster(node("n0", gpus=4), node("n1", gpus=4))
     occupy(s, 1, [1000, 1000])
     pol = GpupoolPolicy(typical=typical((0, 1, 1000, 1.0)))
     eng = engine(s, pol)
     req = pod("p", cpu=1000, gpus=1)
-    assert np.allclose(pol.score(s, eff(req), np.arange(2)), [-0.030859375, -0.018359375])
+    assert np.allclose(pol.score(s, eff(req), np.arange(2)), [50 - 1e-6 * 3000 / 8000, 50 - 1e-6 * 1000 / 8000])
     assert placed(eng.place(req)) == ("n1", (2,))
-    # FGD sees the tie and takes n0
     s2 = cluster(node("n0", gpus=4), node("n1", gpus=4))
     occupy(s2, 1, [1000, 1000])
     assert placed(engine(s2, FGD(typical=typical((0, 1, 1000, 1.0)))).place(req)) == ("n0", (0,))
 
 
 def test_gpupool_packs_cpu_pods_onto_gpu_busy_nodes() -> None:
-    # CPU-only pods change no fragmentation here (whole-GPU typical pods, plenty of CPU): the best-fit term
-    # sends them to the node with the fewest free GPUs (n1: 1000 left vs n0: 4000)
+    # CPU-only pods change no fragmentation here: the packing tie-break sends them to the node with the
+    # fewest free GPUs (n1: 1000 left vs n0: 4000)
     s = cluster(node("n0", gpus=4), node("n1", gpus=4))
     occupy(s, 1, [1000, 1000, 1000])
     eng = engine(s, GpupoolPolicy(typical=typical((0, 1, 1000, 1.0))))
     assert run(eng, pod("c1", cpu=4000), pod("c2", cpu=4000)) == [("n1", ()), ("n1", ())]
 
 
-def test_gpupool_prefers_half_used_gpu_like_fgd() -> None:
-    # the FGD example with exact deltas: n1 GPU 1 (+0.25 GPU) over any other placement (-0.25 GPU)
+def test_gpupool_keeps_fgd_score_where_it_is_not_tied() -> None:
+    # the FGD example: n1 GPU 1 (score 56) beats every other placement (43); gpupool agrees
     s = fgd_cluster()
     pol = GpupoolPolicy(typical=HALF_AND_WHOLE)
     eng = engine(s, pol)
@@ -528,9 +522,8 @@ def test_gpupool_prefers_half_used_gpu_like_fgd() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_gpupool_ties_broken_by_node_order_like_fgd(seed) -> None:
-    # four identical idle nodes score exactly the same (delta and best-fit term): like FGD, gpupool breaks
-    # the tie by node order, whatever the seed. (Before the working-tree change to gpupool_policy.py, a
-    # class attribute ``tie_break = 1e-3`` shadowed Policy.tie_break and made this random.)
+    # four identical idle nodes score exactly the same: like FGD, gpupool breaks the tie by node order,
+    # whatever the seed
     assert make_policy("gpupool").tie_break == "first"
     s = cluster(*(node(f"n{i}", gpus=4) for i in range(4)))
     eng = engine(s, "gpupool", seed=seed)

@@ -82,9 +82,14 @@ class ClusterState:
         self.node_switch = tuple(s.switch for s in nodes)
 
     # ------------------------------------------------------------------ queries
-    def usable_gpu_free(self) -> np.ndarray:
-        """(n_nodes, max_gpus) int32 free milli-GPU on healthy GPUs (0 on unhealthy or absent ones)."""
-        return np.where(self.gpu_healthy, self.gpu_free, 0)
+    def usable_gpu_free(self, nodes: np.ndarray | None = None) -> np.ndarray:
+        """(n_nodes, max_gpus) int32 free milli-GPU on healthy GPUs (0 on unhealthy or absent ones).
+
+        With ``nodes`` (an index array), only those rows: (len(nodes), max_gpus).
+        """
+        if nodes is None:
+            return np.where(self.gpu_healthy, self.gpu_free, 0)
+        return np.where(self.gpu_healthy[nodes], self.gpu_free[nodes], 0)
 
     def allocated_gpu_milli(self) -> int:
         """milli-GPU held by placed pods (what the devices have handed out)."""

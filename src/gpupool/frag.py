@@ -115,19 +115,40 @@ class FragModel:
         self.prob = typical.prob
         self.gpu_shape = typical.gpu_milli > 0  # (T,)
 
+    def _combine(self, total, count, small, cpu, model, mem) -> np.ndarray:
+        """Expected fragmentation from per-shape GPU counts/slivers; arrays broadcast over leading axes."""
+        ok = self.access[model] & (cpu[..., None] >= self.cpu) & (count >= self.num)
+        if self.use_memory and mem is not None:
+            ok &= mem[..., None] >= self.mem
+        ok &= self.gpu_shape
+        return np.where(ok, small, total[..., None]) @ self.prob
+
     def frag(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray,
              mem: np.ndarray | None = None) -> np.ndarray:
         free = np.asarray(free, dtype=np.int64)
         total = free.sum(axis=1)  # (k,)
-        ge = free[:, :, None] >= self.milli[None, None, :]  # (k, G, T)
+        ge = free[:, :, None] >= self.milli  # (k, G, T)
         count = ge.sum(axis=1)  # (k, T)
         small = np.where(ge, 0, free[:, :, None]).sum(axis=1)  # (k, T): share of GPUs too small for t
-        ok = self.access[model] & (cpu[:, None] >= self.cpu[None, :]) & (count >= self.num[None, :])
-        if self.use_memory and mem is not None:
-            ok &= mem[:, None] >= self.mem[None, :]
-        ok &= self.gpu_shape[None, :]
-        per_shape = np.where(ok, small, total[:, None])
-        return per_shape @ self.prob
+        return self._combine(total, count, small, cpu, model, mem)
+
+    def frag_after_share(self, free: np.ndarray, milli: int, cpu_after: np.ndarray, model: np.ndarray,
+                         mem_after: np.ndarray | None = None) -> np.ndarray:
+        """(k, G) fragmentation after taking ``milli`` from GPU g of each node (one GPU changes).
+
+        Same result as calling :meth:`frag` on each of the G modified states, at a G-th of the cost:
+        only GPU g's contribution to the per-shape counts and slivers is swapped.
+        """
+        free = np.asarray(free, dtype=np.int64)
+        after = np.maximum(free - milli, 0)  # (k, G): GPU g's free share if the pod lands on it
+        ge = free[:, :, None] >= self.milli  # (k, G, T)
+        ge_a = after[:, :, None] >= self.milli
+        count = ge.sum(axis=1)[:, None, :] - ge + ge_a  # (k, G, T)
+        sliver = np.where(ge, 0, free[:, :, None])
+        small = sliver.sum(axis=1)[:, None, :] - sliver + np.where(ge_a, 0, after[:, :, None])
+        total = free.sum(axis=1)[:, None] - (free - after)  # (k, G)
+        mem_b = None if mem_after is None else mem_after[:, None]
+        return self._combine(total, count, small, cpu_after[:, None], model[:, None], mem_b)
 
 
 def cluster_fragmentation(state, model: FragModel) -> np.ndarray:

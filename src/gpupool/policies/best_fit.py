@@ -27,6 +27,6 @@ class BestFit(Policy):
 
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         cpu_left = state.cpu_free[nodes] - req.cpu_milli
-        gpu_left = state.usable_gpu_free()[nodes].sum(axis=1) - req.num_gpu * req.gpu_milli
+        gpu_left = state.usable_gpu_free(nodes).sum(axis=1) - req.num_gpu * req.gpu_milli
         waste = 0.5 * cpu_left / MAX_SPEC_CPU + 0.5 * gpu_left / MAX_SPEC_GPU
         return np.trunc((1.0 - waste) * 100.0)

@@ -26,6 +26,6 @@ class DotProduct(Policy):
 
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         cpu = state.cpu_free[nodes] / MAX_SPEC_CPU
-        gpu = state.usable_gpu_free()[nodes].sum(axis=1) / MAX_SPEC_GPU
+        gpu = state.usable_gpu_free(nodes).sum(axis=1) / MAX_SPEC_GPU
         dot = cpu * (req.cpu_milli / MAX_SPEC_CPU) + gpu * (req.num_gpu * req.gpu_milli / MAX_SPEC_GPU)
         return np.trunc((1.0 - dot / 2.0) * 100.0)

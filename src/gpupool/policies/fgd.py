@@ -56,6 +56,11 @@ class FGD(Policy):
             typical = (typical_pods(workload, self.threshold, with_memory=self.use_memory)
                        if workload else DEFAULT_TYPICAL)
         self.model = FragModel(typical, state.model_names, use_memory=self.use_memory)
+        # fragmentation of each node as it is now, refreshed where ClusterState.version moved
+        self._before = np.zeros(state.n_nodes)
+        self._before_at = np.full(state.n_nodes, -1, dtype=np.int64)
+        # GPU chosen on each node for a fractional request class, computed with its score
+        self._choices: dict[tuple, np.ndarray] = {}
 
     def score_key(self, req: EffectiveRequest) -> tuple:
         mem = req.memory_mib if self.use_memory else 0
@@ -72,37 +77,56 @@ class FGD(Policy):
         """(scores (k,), chosen GPU per node (k,) for a fractional pod, else None)."""
         assert self.model is not None, "prepare() was not called"
         frag = self.model.frag
-        free = state.usable_gpu_free()[nodes].astype(np.int64)
+        free = state.usable_gpu_free(nodes).astype(np.int64)
         cpu = state.cpu_free[nodes]
         mem = state.mem_free[nodes]
         model = state.node_model[nodes]
-        before = frag(free, cpu, model, mem)
+        stale = self._before_at[nodes] != state.version[nodes]
+        if stale.any():
+            idx = nodes[stale]
+            self._before[idx] = frag(free[stale], cpu[stale], model[stale], mem[stale])
+            self._before_at[idx] = state.version[idx]
+        before = self._before[nodes]
         cpu_a = cpu - req.cpu_milli
         mem_a = mem - req.memory_mib
         if req.num_gpu == 0:
             return self._transform(before - frag(free, cpu_a, model, mem_a)), None
         fits = gpu_fit_matrix(state, req, nodes)
         if req.is_fractional:
-            k, g = free.shape
-            after = np.repeat(free[:, None, :], g, axis=1)
-            diag = np.arange(g)
-            after[:, diag, diag] = np.maximum(after[:, diag, diag] - req.gpu_milli, 0)
-            fa = frag(after.reshape(k * g, g), np.repeat(cpu_a, g), np.repeat(model, g),
-                      np.repeat(mem_a, g)).reshape(k, g)
+            fa = self.model.frag_after_share(free, req.gpu_milli, cpu_a, model, mem_a)  # (k, G)
             s = np.where(fits, self._transform(before[:, None] - fa), -np.inf)
             choice = np.argmax(s, axis=1)
-            return s[np.arange(k), choice], choice
+            return s[np.arange(len(nodes)), choice], choice
         take = fits & (np.cumsum(fits, axis=1) <= req.num_gpu)
         after = np.where(take, free - req.gpu_milli, free)
         return self._transform(before - frag(after, cpu_a, model, mem_a)), None
 
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
-        return self._evaluate(state, req, nodes)[0]
+        scores, choice = self._evaluate(state, req, nodes)
+        if choice is not None:
+            key = self.score_key(req)
+            chosen = self._choices.get(key)
+            if chosen is None:
+                chosen = self._choices[key] = np.zeros(state.n_nodes, dtype=np.int16)
+            chosen[nodes] = choice
+        return self._final_score(state, req, nodes, scores)
+
+    def _final_score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
+                     scores: np.ndarray) -> np.ndarray:
+        """Hook for subclasses: the node score from the fragmentation score."""
+        return scores
 
     def select_gpus(self, state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
+        """The GPU(s) scored for ``node``; the engine refreshes this class's scores just before, so the
+        GPU chosen while scoring is current."""
         if req.num_gpu == 0:
             return ()
         if req.is_fractional:
+            chosen = self._choices.get(self.score_key(req))
+            if chosen is not None:
+                gpu = int(chosen[node])
+                if state.gpu_free[node, gpu] >= req.gpu_milli and state.gpu_healthy[node, gpu]:
+                    return (gpu,)
             _, choice = self._evaluate(state, req, np.array([node]))
             return (int(choice[0]),)
         fits = np.flatnonzero(gpu_fit_matrix(state, req, np.array([node]))[0])

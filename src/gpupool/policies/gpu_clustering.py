@@ -41,7 +41,7 @@ class GpuClustering(Policy):
         kind = gpu_kind(req.num_gpu, req.gpu_milli)
         counts = self.kind_count[nodes]
         kinds_present = (counts > 0).sum(axis=1)
-        left = state.usable_gpu_free()[nodes].sum(axis=1)
+        left = state.usable_gpu_free(nodes).sum(axis=1)
         fill = 25 * (MAX_SPEC_GPU - left) // MAX_SPEC_GPU
         band = np.where(
             counts[:, kind] > 0,
