@@ -1,0 +1,93 @@
+"""Kubernetes drivers: translate Kubernetes objects to the engine's types and carry out its decisions.
+
+The engine (:mod:`gpupool.engine`) does no I/O; these modules are the only place that knows the
+Kubernetes spellings. Every label, annotation and resource name gpupool reads or writes is a constant
+here, so the scheduler, the extender and the tests agree on one spelling (sources:
+/work/shared/reference/k8s-gpu-conventions.md).
+
+* :mod:`gpupool.k8s.requests`: a pod (as the API returns it, a dict) -> :class:`~gpupool.model.PodRequest`,
+  its gang and its queue; :class:`~gpupool.k8s.requests.RequestParseError` names the field at fault.
+* :mod:`gpupool.k8s.inventory`: a node -> :class:`~gpupool.model.NodeSpec`; nodes + pods ->
+  :class:`~gpupool.cluster.ClusterState` with the pods already bound counted.
+* :mod:`gpupool.k8s.snapshot`: a cluster snapshot (nodes, pods, PodGroups, Queues) and the pure
+  planning cycle shared by the live scheduler and ``gpupool scheduler --dry-run``.
+* :mod:`gpupool.k8s.scheduler`: the live scheduler (list/watch, bind, events, conditions).
+"""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------------ what gpupool writes on a pod
+ANNOTATION_PREFIX = "gpupool.io/"
+ANN_NODE = "gpupool.io/node"
+"""Node the devices below belong to; a reader trusts the other keys only when it equals ``spec.nodeName``."""
+ANN_GPU_INDEX = "gpupool.io/gpu-index"
+"""Device indices on the node, comma-separated (``"0,1"``); empty for a pod without GPUs."""
+ANN_GPU_MILLI = "gpupool.io/gpu-milli"
+"""milli-GPU taken on each listed device (``"250"`` = a quarter GPU; ``"1000"`` = whole GPUs)."""
+ANN_GPU_MEMORY = "gpupool.io/gpu-memory"
+"""GPU memory (MiB) reserved on each listed device; ``"0"`` when the GPU model's memory is unknown."""
+ANN_MIG = "gpupool.io/mig"
+"""MIG devices counted for the pod, ``profile=count`` comma-separated (``"1g.10gb=1"``)."""
+
+WRITTEN_ANNOTATIONS = (ANN_NODE, ANN_GPU_INDEX, ANN_GPU_MILLI, ANN_GPU_MEMORY, ANN_MIG)
+
+# ------------------------------------------------------------------ what gpupool reads on a pod
+# Whole GPUs and MIG devices (NVIDIA device plugin)
+RES_GPU = "nvidia.com/gpu"
+RES_MIG_PREFIX = "nvidia.com/mig-"
+# HAMi (limits)
+RES_HAMI_GPUMEM = "nvidia.com/gpumem"
+RES_HAMI_GPUMEM_PERCENT = "nvidia.com/gpumem-percentage"
+RES_HAMI_GPUCORES = "nvidia.com/gpucores"
+# Volcano vGPU (limits)
+RES_VOLCANO_VGPU_NUMBER = "volcano.sh/vgpu-number"
+RES_VOLCANO_VGPU_MEMORY = "volcano.sh/vgpu-memory"
+RES_VOLCANO_VGPU_CORES = "volcano.sh/vgpu-cores"
+# KAI (annotations)
+ANN_KAI_FRACTION = "gpu-fraction"
+ANN_KAI_MEMORY = "gpu-memory"
+ANN_KAI_NUM_DEVICES = "gpu-fraction-num-devices"
+# Alibaba FGD simulator (annotations)
+ANN_ALIBABA_GPU_MILLI = "alibabacloud.com/gpu-milli"
+ANN_ALIBABA_GPU_COUNT = "alibabacloud.com/gpu-count"
+# gpupool's own request annotation: allowed GPU models, comma-separated catalog names or GFD products
+ANN_GPU_MODEL = "gpupool.io/gpu-model"
+
+# Gangs
+LABEL_POD_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins coscheduling
+ANN_VOLCANO_GROUP = "scheduling.k8s.io/group-name"  # Volcano
+ANN_VOLCANO_GROUP_ALT = "scheduling.volcano.sh/group-name"
+ANN_KAI_POD_GROUP = "pod-group-name"  # KAI
+ANN_MIN_MEMBER = "gpupool.io/min-member"  # fallback when no PodGroup object exists
+ANN_KAI_MIN_MEMBER = "kai.scheduler/batch-min-member"
+
+# Queues
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+LABEL_KAI_QUEUE = "kai.scheduler/queue"
+LABEL_RUNAI_QUEUE = "runai/queue"  # KAI's older spelling
+ANN_VOLCANO_QUEUE = "scheduling.volcano.sh/queue-name"
+
+# ------------------------------------------------------------------ what gpupool reads on a node
+LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
+LABEL_GPU_COUNT = "nvidia.com/gpu.count"
+LABEL_GPU_MEMORY = "nvidia.com/gpu.memory"
+LABEL_GPU_REPLICAS = "nvidia.com/gpu.replicas"
+LABEL_GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
+LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
+LABEL_GPU_CLIQUE = "nvidia.com/gpu.clique"
+LABEL_ALIBABA_MODEL = "alibabacloud.com/gpu-card-model"
+LABEL_RACK = "topology.gpupool.io/rack"
+LABEL_SWITCH = "topology.gpupool.io/switch"
+LABEL_NVLINK_DOMAIN = "topology.gpupool.io/nvlink-domain"
+
+# ------------------------------------------------------------------ custom resources
+POD_GROUP_API = ("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+"""scheduler-plugins coscheduling ``PodGroup`` (namespaced; ``spec.minMember``)."""
+VOLCANO_POD_GROUP_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
+"""Volcano ``PodGroup`` (namespaced; ``spec.minMember``, ``spec.queue``)."""
+QUEUE_API = ("gpupool.io", "v1alpha1", "queues")
+"""gpupool's ``Queue`` (cluster-scoped; ``spec.quota``, ``spec.limit``, ``spec.weight``, ``spec.parent``)."""
+
+DEFAULT_SCHEDULER_NAME = "gpupool"
+
+__all__ = [name for name in dir() if name.isupper()]

@@ -1,0 +1,511 @@
+"""kube-scheduler extender: kube-scheduler keeps scheduling, gpupool filters, scores and binds GPU pods.
+
+kube-scheduler POSTs JSON to ``<urlPrefix>/<verb>`` (types of ``k8s.io/kube-scheduler/extender/v1``;
+Go field names, no JSON tags, decoded case-insensitively):
+
+* ``filter``: ``ExtenderArgs {Pod, Nodes, NodeNames}`` -> ``ExtenderFilterResult {Nodes, NodeNames,
+  FailedNodes, FailedAndUnresolvableNodes, Error}``. With ``nodeCacheCapable: true`` the request carries
+  node names only and the answer lists names; otherwise it carries a ``NodeList`` and gets one back.
+* ``prioritize``: ``ExtenderArgs`` -> ``HostPriorityList [{Host, Score}]``, scores 0..10
+  (``MaxExtenderPriority``; kube-scheduler multiplies by the extender's weight and by 10).
+* ``bind``: ``ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`` ->
+  ``ExtenderBindingResult {Error}``. gpupool picks the devices, writes them on the pod
+  (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``) and POSTs the ``pods/binding``.
+
+Failures are answered with HTTP 200 and the ``Error`` field, as kube-scheduler expects; a node that can
+never fit the pod (GPU model, a request gpupool cannot read) goes to ``FailedAndUnresolvableNodes`` so
+preemption does not try it.
+
+:class:`NodeCache` is the extender's own view of the cluster (that is what ``nodeCacheCapable`` promises):
+nodes and bound pods listed every ``resync`` seconds and turned into a
+:class:`~gpupool.cluster.ClusterState` by :func:`gpupool.k8s.inventory.build_state`, plus the pods this
+extender bound itself and the list does not show yet ("assumed", as kube-scheduler's cache does), so two
+pods bound in quick succession never get the same GPU share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+from kubernetes import client
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from gpupool.cluster import ClusterState
+from gpupool.engine.core import Engine, Policy
+from gpupool.engine.filters import EffectiveRequest, GpuModelMatch, feasible
+from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_NODE
+from gpupool.k8s.inventory import InventoryInfo, build_state
+from gpupool.k8s.metrics import SchedulerMetrics
+from gpupool.k8s.requests import RequestParseError, parse_pod, pod_key
+from gpupool.k8s.telemetry import GpuTelemetry
+from gpupool.model import AllocationError, Assignment, PodRequest
+from gpupool.policies import DEFAULT_POLICY, make_policy
+
+log = logging.getLogger(__name__)
+
+MAX_EXTENDER_PRIORITY = 10
+"""``extenderv1.MaxExtenderPriority``: extender scores run 0..10."""
+
+UNRESOLVABLE_FILTERS: tuple[type, ...] = (GpuModelMatch,)
+"""Filters whose failure preemption cannot cure (evicting pods does not change a node's GPU model)."""
+
+
+def field_of(obj: Mapping[str, Any] | None, name: str) -> Any:
+    """``obj[name]`` matched case-insensitively, as Go's encoding/json decodes struct fields."""
+    if not obj:
+        return None
+    if name in obj:
+        return obj[name]
+    lower = name.lower()
+    for key, value in obj.items():
+        if key.lower() == lower:
+            return value
+    return None
+
+
+def device_annotations(assignment: Assignment) -> dict[str, str]:
+    """The annotations gpupool writes on a pod it places (read back by :mod:`gpupool.k8s.inventory`)."""
+    return {
+        ANN_NODE: assignment.node_name,
+        ANN_GPU_INDEX: ",".join(str(g) for g in assignment.gpus),
+        ANN_GPU_MILLI: str(assignment.gpu_milli if assignment.gpus else 0),
+        ANN_GPU_MEMORY: str(assignment.gpu_memory_mib if assignment.gpus else 0),
+    }
+
+
+_NO_ASSIGNMENT = Assignment("", 0, "", (), 0, 0, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Assumed:
+    request: PodRequest
+    node: str
+    gpus: tuple[int, ...]
+    gpu_milli: int
+    since: float
+
+
+class NodeCache:
+    """The extender's view of the cluster, refreshed by listing nodes and pods (see the module doc).
+
+    ``core``: the ``CoreV1Api`` to list with (None: only :meth:`load` feeds it). ``policy``: a name of
+    :mod:`gpupool.policies`. ``assume_ttl``: seconds a pod bound here is counted while the list does not
+    show it bound. ``telemetry``: if given, GPUs with XID errors are marked unhealthy at every refresh.
+    """
+
+    def __init__(self, core: client.CoreV1Api | None = None, policy: str = DEFAULT_POLICY, resync: float = 10.0,
+                 assume_ttl: float = 120.0, telemetry: GpuTelemetry | None = None,
+                 metrics: SchedulerMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        make_policy(policy)  # fail early on an unknown name
+        self.core = core
+        self.policy_name = policy
+        self.resync = resync
+        self.assume_ttl = assume_ttl
+        self.telemetry = telemetry
+        self.metrics = metrics
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.state: ClusterState | None = None
+        self.engine: Engine | None = None
+        self.info: InventoryInfo | None = None
+        self.synced_at: float | None = None
+        self.last_error = ""
+        self.assumed: dict[str, _Assumed] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state is not None
+
+    @property
+    def policy(self) -> Policy:
+        assert self.engine is not None
+        return self.engine.policy
+
+    # ------------------------------------------------------------------ filling
+    def _list(self, call: Callable, **kwargs) -> list[dict]:
+        items: list[dict] = []
+        token = None
+        while True:
+            resp = call(limit=500, _continue=token, _preload_content=False, _request_timeout=60, **kwargs)
+            page = json.loads(resp.data)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    def refresh(self) -> None:
+        """List nodes and bound pods from the API and rebuild the state (raises on API errors)."""
+        if self.core is None:
+            raise RuntimeError("NodeCache has no API client to list with")
+        nodes = self._list(self.core.list_node)
+        pods = self._list(self.core.list_pod_for_all_namespaces,
+                          field_selector="spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed")
+        self.load(nodes, pods)
+
+    def load(self, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> None:
+        """Rebuild the state from Node and Pod dicts (as the API returns them)."""
+        state, info = build_state(nodes, pods)
+        if info["skipped_nodes"]:
+            log.warning("nodes left out of the cache", extra={"nodes": info["skipped_nodes"]})
+        engine = Engine(state, make_policy(self.policy_name))
+        with self.lock:
+            now = self.clock()
+            for key, a in list(self.assumed.items()):
+                if key in info["assignments"] or now - a.since > self.assume_ttl:
+                    del self.assumed[key]  # the list counts it now (or it never showed up)
+                    continue
+                try:
+                    self._allocate(state, engine.policy, a)
+                except (AllocationError, KeyError) as exc:
+                    log.warning("assumed pod no longer fits", extra={"pod": key, "node": a.node, "error": str(exc)})
+                    del self.assumed[key]
+            if self.telemetry is not None:
+                changed = self.telemetry.apply_health(state)
+                if changed:
+                    log.info("gpu health from telemetry", extra={"changes": changed})
+            self.state, self.engine, self.info = state, engine, info
+            self.synced_at = now
+            if self.metrics is not None:
+                self.metrics.set_allocation(state)
+                self.metrics.set_ready(True)
+
+    @staticmethod
+    def _allocate(state: ClusterState, policy: Policy, a: _Assumed) -> Assignment:
+        node = state.node_index[a.node]
+        assignment = state.allocate(a.request, node, a.gpus, a.gpu_milli if a.gpus else None)
+        policy.on_allocate(state, assignment)
+        return assignment
+
+    # ------------------------------------------------------------------ assumed pods
+    def assume(self, request: PodRequest, node: str, gpus: tuple[int, ...], gpu_milli: int) -> Assignment:
+        """Reserve ``request`` on ``node`` now (raises AllocationError/KeyError if it does not fit)."""
+        with self.lock:
+            assert self.state is not None and self.engine is not None
+            a = _Assumed(request, node, tuple(gpus), gpu_milli, self.clock())
+            assignment = self._allocate(self.state, self.engine.policy, a)
+            self.assumed[request.name] = a
+            return assignment
+
+    def forget(self, key: str) -> None:
+        """Drop a reservation made by :meth:`assume` (a bind that failed, or a pod kube-scheduler retries)."""
+        with self.lock:
+            if self.assumed.pop(key, None) is not None and self.state is not None and key in self.state.assignments:
+                assignment = self.state.release(key)
+                self.policy.on_release(self.state, assignment)
+
+    # ------------------------------------------------------------------ background
+    def _run(self) -> None:
+        while not self._stop.wait(self.resync):
+            try:
+                self.refresh()
+                self.last_error = ""
+            except Exception as exc:  # keep serving from the last good state
+                self.last_error = repr(exc)
+                log.warning("cache refresh failed", extra={"error": repr(exc)})
+
+    def start(self) -> NodeCache:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="gpupool-extender-cache", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+
+def _candidates(args: Mapping[str, Any]) -> tuple[list[str], list[dict] | None]:
+    """(node names, the Node objects when the request carried a NodeList)."""
+    node_list = field_of(args, "Nodes")
+    if node_list:
+        items = field_of(node_list, "items") or []
+        return [(n.get("metadata") or {}).get("name", "") for n in items], items
+    return [str(n) for n in (field_of(args, "NodeNames") or [])], None
+
+
+class Extender:
+    """The three verbs over a :class:`NodeCache`; ``core`` is used by :meth:`bind` (read, annotate, bind).
+
+    ``load_weight`` (0..1) blends GPU utilisation from ``telemetry`` into the score: a node's score becomes
+    ``(1 - w) * policy score + w * idle share``, both on the 0..10 scale.
+    """
+
+    def __init__(self, cache: NodeCache, core: client.CoreV1Api | None = None,
+                 metrics: SchedulerMetrics | None = None, telemetry: GpuTelemetry | None = None,
+                 load_weight: float = 0.0) -> None:
+        if not 0.0 <= load_weight <= 1.0:
+            raise ValueError("load_weight must be within [0, 1]")
+        self.cache = cache
+        self.core = core
+        self.metrics = metrics
+        self.telemetry = telemetry
+        self.load_weight = load_weight
+        self._pods: dict[str, dict] = {}  # pods seen by filter, so bind need not read them back
+        self._pods_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ filter
+    def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        names, node_objs = _candidates(args)
+        result: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                                  "FailedAndUnresolvableNodes": {}, "Error": ""}
+        pod = field_of(args, "Pod")
+        if not isinstance(pod, Mapping):
+            result["Error"] = "ExtenderArgs without a Pod"
+            return result
+        if not self.cache.ready:
+            result["Error"] = "gpupool extender: node cache not synced yet"
+            return result
+        try:
+            req = parse_pod(pod)
+        except RequestParseError as exc:
+            result["FailedAndUnresolvableNodes"] = {n: str(exc) for n in names}
+            self._keep(names, set(), node_objs, result)
+            self._count("unschedulable")
+            return result
+        self._remember(pod)
+        self.cache.forget(req.name)  # asked again: an earlier reservation did not lead to a binding
+        with self.cache.lock:
+            state, policy = self.cache.state, self.cache.policy
+            assert state is not None
+            eff = policy.effective(req)
+            ok: set[str] = set()
+            known = [(n, state.node_index[n]) for n in names if n in state.node_index]
+            for n in names:
+                if n not in state.node_index:
+                    result["FailedNodes"][n] = "node is not in gpupool's cache yet"
+            if known:
+                idx = np.array([i for _, i in known], dtype=np.int64)
+                remaining = np.ones(len(idx), dtype=bool)
+                for f in policy.filters:
+                    fails = remaining & ~f.mask(state, eff, idx)
+                    target = ("FailedAndUnresolvableNodes" if isinstance(f, UNRESOLVABLE_FILTERS)
+                              else "FailedNodes")
+                    for j in np.flatnonzero(fails):
+                        result[target][known[j][0]] = f.reason
+                    remaining &= ~fails
+                ok = {known[j][0] for j in np.flatnonzero(remaining)}
+        self._keep(names, ok, node_objs, result)
+        if not ok:
+            self._count("unschedulable")
+        return result
+
+    @staticmethod
+    def _keep(names: list[str], ok: set[str], node_objs: list[dict] | None, result: dict[str, Any]) -> None:
+        if node_objs is None:
+            result["NodeNames"] = [n for n in names if n in ok]
+        else:
+            result["Nodes"] = {"metadata": {}, "items": [o for o, n in zip(node_objs, names, strict=True) if n in ok]}
+
+    # ------------------------------------------------------------------ prioritize
+    def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
+        names, _ = _candidates(args)
+        scores = dict.fromkeys(names, 0)
+        pod = field_of(args, "Pod")
+        if not isinstance(pod, Mapping) or not self.cache.ready:
+            return [{"Host": n, "Score": 0} for n in names]
+        try:
+            req = parse_pod(pod)
+        except RequestParseError:
+            return [{"Host": n, "Score": 0} for n in names]
+        with self.cache.lock:
+            state, policy = self.cache.state, self.cache.policy
+            assert state is not None
+            eff = policy.effective(req)
+            known = [(n, state.node_index[n]) for n in names if n in state.node_index]
+            if known:
+                idx = np.array([i for _, i in known], dtype=np.int64)
+                fit = feasible(state, eff, idx, policy.filters)
+                if fit.any():
+                    cand = idx[fit]
+                    norm = _scale(policy.score(state, eff, cand))
+                    if self.telemetry is not None and self.load_weight > 0:
+                        idle = (1.0 - self.telemetry.load(state)[cand]) * MAX_EXTENDER_PRIORITY
+                        norm = (1 - self.load_weight) * norm + self.load_weight * idle
+                    names_fit = [known[j][0] for j in np.flatnonzero(fit)]
+                    for n, s in zip(names_fit, norm, strict=True):
+                        scores[n] = int(round(float(s)))
+        return [{"Host": n, "Score": scores[n]} for n in names]
+
+    # ------------------------------------------------------------------ bind
+    def bind(self, args: Mapping[str, Any]) -> dict[str, str]:
+        start = time.perf_counter()
+        name = str(field_of(args, "PodName") or "")
+        namespace = str(field_of(args, "PodNamespace") or "default")
+        uid = str(field_of(args, "PodUID") or "")
+        node = str(field_of(args, "Node") or "")
+        key = f"{namespace}/{name}"
+        if not name or not node:
+            return {"Error": "ExtenderBindingArgs needs PodName and Node"}
+        if self.core is None:
+            return {"Error": "gpupool extender has no API client to bind with"}
+        try:
+            with self._pods_lock:
+                pod = self._pods.pop(key, None)
+            if pod is None or (uid and (pod.get("metadata") or {}).get("uid") not in ("", None, uid)):
+                pod = json.loads(self.core.read_namespaced_pod(name, namespace, _preload_content=False).data)
+            req = parse_pod(pod)
+            assignment = self._reserve(req, node)
+        except (RequestParseError, AllocationError, LookupError) as exc:
+            self._count("unschedulable", start)
+            log.info("bind refused", extra={"pod": key, "node": node, "error": str(exc)})
+            return {"Error": str(exc)}
+        except Exception as exc:
+            self._count("error", start)
+            log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
+            return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
+        try:
+            patch = {"metadata": {"annotations": device_annotations(assignment)}}
+            self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
+            binding = {"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+            # The response is a Status, not a Binding: read it raw (the typed client cannot decode it).
+            self.core.create_namespaced_pod_binding(name, namespace, binding, _preload_content=False)
+        except Exception as exc:
+            self.cache.forget(req.name)
+            self._unannotate(name, namespace)
+            self._count("error", start)
+            log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
+            return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
+        self._count("scheduled", start)
+        if self.metrics is not None and self.cache.state is not None:
+            with self.cache.lock:
+                self.metrics.set_allocation(self.cache.state)
+        log.info("bound", extra={"pod": key, "node": node, "gpus": list(assignment.gpus),
+                                 "gpu_milli": assignment.gpu_milli})
+        return {"Error": ""}
+
+    def _reserve(self, req: PodRequest, node: str) -> Assignment:
+        self.cache.forget(req.name)
+        with self.cache.lock:
+            state, policy = self.cache.state, self.cache.policy
+            if state is None:
+                raise LookupError("node cache not synced yet")
+            if node not in state.node_index:
+                raise LookupError(f"node {node} is not in gpupool's cache")
+            i = state.node_index[node]
+            eff: EffectiveRequest = policy.effective(req)
+            idx = np.array([i])
+            for f in policy.filters:
+                if not f.mask(state, eff, idx)[0]:
+                    raise AllocationError(f"node {node} cannot take pod {req.name} now: {f.reason}")
+            gpus = policy.select_gpus(state, eff, i)
+            return self.cache.assume(req, node, gpus, eff.gpu_milli if req.num_gpu else 0)
+
+    def _unannotate(self, name: str, namespace: str) -> None:
+        """Best effort: take the device annotations off a pod whose binding failed."""
+        try:
+            patch = {"metadata": {"annotations": dict.fromkeys(device_annotations(_NO_ASSIGNMENT))}}
+            self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
+        except Exception as exc:
+            log.debug("could not remove device annotations", extra={"pod": f"{namespace}/{name}", "error": repr(exc)})
+
+    # ------------------------------------------------------------------ helpers
+    def _remember(self, pod: Mapping[str, Any]) -> None:
+        key = pod_key(pod)
+        with self._pods_lock:
+            self._pods.pop(key, None)
+            self._pods[key] = dict(pod)
+            while len(self._pods) > 1024:  # oldest first
+                self._pods.pop(next(iter(self._pods)))
+
+    def _count(self, result: str, start: float | None = None) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_attempt(result, None if start is None else time.perf_counter() - start)
+
+
+def _scale(scores: np.ndarray) -> np.ndarray:
+    """Scores onto 0..MAX_EXTENDER_PRIORITY (best = 10); all equal -> all 10."""
+    scores = np.asarray(scores, dtype=np.float64)
+    finite = np.isfinite(scores)
+    if not finite.any():
+        return np.full(len(scores), float(MAX_EXTENDER_PRIORITY))
+    lo, hi = float(scores[finite].min()), float(scores[finite].max())
+    # +inf ranks above every finite score, -inf and NaN below: one step beyond the finite range.
+    step = max(hi - lo, 1.0)
+    scores = np.where(finite, scores, np.where(scores > 0, hi + step, lo - step))
+    lo, hi = float(scores.min()), float(scores.max())
+    if hi - lo < 1e-12:
+        return np.full(len(scores), float(MAX_EXTENDER_PRIORITY))
+    return (scores - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY
+
+
+def _api_error(exc: Exception) -> str:
+    if isinstance(exc, client.ApiException):
+        try:
+            return json.loads(exc.body).get("message") or f"{exc.status} {exc.reason}"
+        except (TypeError, ValueError, AttributeError):
+            return f"{exc.status} {exc.reason}"
+    return repr(exc)
+
+
+# ---------------------------------------------------------------------- HTTP
+def make_app(extender: Extender, url_prefix: str = "", metrics: SchedulerMetrics | None = None) -> web.Application:
+    """The aiohttp application: ``POST {prefix}/filter|prioritize|bind``, ``GET /healthz|/readyz|/metrics``."""
+    prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+
+    async def read_json(request: web.Request) -> Mapping[str, Any] | None:
+        try:
+            body = await request.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, Mapping) else None
+
+    async def filter_(request: web.Request) -> web.Response:
+        args = await read_json(request)
+        if args is None:
+            return web.json_response({"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                                      "FailedAndUnresolvableNodes": {}, "Error": "request body is not ExtenderArgs"})
+        return web.json_response(extender.filter(args))
+
+    async def prioritize(request: web.Request) -> web.Response:
+        args = await read_json(request)
+        if args is None:
+            return web.json_response({"error": "request body is not ExtenderArgs"}, status=400)
+        return web.json_response(extender.prioritize(args))
+
+    async def bind(request: web.Request) -> web.Response:
+        args = await read_json(request)
+        if args is None:
+            return web.json_response({"Error": "request body is not ExtenderBindingArgs"})
+        result = await asyncio.get_running_loop().run_in_executor(None, extender.bind, args)
+        return web.json_response(result)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if extender.cache.ready:
+            return web.Response(text="ok\n")
+        return web.Response(text="node cache not synced\n", status=503)
+
+    async def metrics_(request: web.Request) -> web.Response:
+        if metrics is None:
+            return web.Response(status=404, text="metrics disabled\n")
+        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application(client_max_size=64 << 20)  # a NodeList of a large cluster is big
+    app.router.add_post(f"{prefix}/filter", filter_)
+    app.router.add_post(f"{prefix}/prioritize", prioritize)
+    app.router.add_post(f"{prefix}/bind", bind)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_)
+    return app
+
+
+__all__ = ["MAX_EXTENDER_PRIORITY", "Extender", "NodeCache", "device_annotations", "field_of", "make_app"]

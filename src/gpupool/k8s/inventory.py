@@ -1,0 +1,553 @@
+"""Nodes (as the API returns them) -> :class:`~gpupool.model.NodeSpec`, and the engine's state with every
+pod already bound counted, whoever bound it.
+
+GPU inventory, from what the NVIDIA device plugin and GPU Feature Discovery (GFD) publish:
+
+* GPUs: ``status.allocatable["nvidia.com/gpu"]`` (what kubelet admits; a GPU the plugin marks unhealthy
+  drops out of it). Under time-slicing / MPS (``nvidia.com/gpu.replicas`` > 1, product ``...-SHARED``)
+  the allocatable count is GPUs x replicas; gpupool counts physical GPUs and shares them itself.
+* MIG: with ``nvidia.com/mig.strategy=single`` each MIG device is an ``nvidia.com/gpu`` (product
+  ``...-MIG-1g.10gb``) and is treated as a GPU of that opaque model; with ``mixed`` the
+  ``nvidia.com/mig-<profile>`` resources are counted per node (:func:`mig_capacity`) and the GPUs left in
+  ``nvidia.com/gpu`` are ordinary GPUs.
+* Model: ``nvidia.com/gpu.product`` resolved through :mod:`gpupool.catalog` (``NVIDIA-H100-80GB-HBM3`` ->
+  ``H100``); an unknown product stays an opaque model (no memory figure: memory-sized requests do not
+  fit it). ``nvidia.com/gpu.clique`` is the NVLink domain.
+
+Pods already bound (``spec.nodeName`` set, not finished) are counted on their node. Their devices are
+read back from gpupool's own annotations (``gpupool.io/gpu-index`` and ``gpu-milli``, trusted only when
+``gpupool.io/node`` equals ``spec.nodeName``); a pod bound by someone else takes the lowest-indexed
+devices that fit. So a restarted or newly elected gpupool never hands out a GPU twice.
+
+Node eligibility per pod (kube-scheduler's NodeUnschedulable, TaintToleration and NodeAffinity
+plugins, and the MIG device count) is here too, as filter plugins for the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any, TypedDict
+
+import numpy as np
+
+from gpupool.catalog import SHARED_SUFFIX, resolve_name
+from gpupool.cluster import ClusterState
+from gpupool.engine.filters import EffectiveRequest
+from gpupool.k8s import (
+    ANN_GPU_INDEX,
+    ANN_GPU_MILLI,
+    ANN_NODE,
+    LABEL_ALIBABA_MODEL,
+    LABEL_GPU_CLIQUE,
+    LABEL_GPU_PRODUCT,
+    LABEL_GPU_REPLICAS,
+    LABEL_GPU_SHARING,
+    LABEL_MIG_STRATEGY,
+    LABEL_NVLINK_DOMAIN,
+    LABEL_RACK,
+    LABEL_SWITCH,
+    RES_GPU,
+    RES_MIG_PREFIX,
+)
+from gpupool.k8s.requests import (
+    MIB,
+    MIG_PROFILE,
+    PodInfo,
+    RequestParseError,
+    _quantity,
+    annotations_of,
+    describe_pod,
+    is_terminal,
+    node_name_of,
+    pod_key,
+    pod_resources,
+)
+from gpupool.model import MILLI, AllocationError, Assignment, NodeSpec, PodRequest
+
+log = logging.getLogger("gpupool.k8s.inventory")
+
+UNKNOWN_GPU_MODEL = "unknown-gpu"
+
+
+class NodeParseError(RequestParseError):
+    """A node whose capacity gpupool cannot read (the node is left out)."""
+
+
+# ------------------------------------------------------------------ nodes
+def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
+    return (node.get("metadata") or {}).get("labels") or {}
+
+
+def _allocatable(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    status = node.get("status") or {}
+    return status.get("allocatable") or status.get("capacity") or {}
+
+
+def _gpu_model(labels: Mapping[str, str]) -> str:
+    product = labels.get(LABEL_GPU_PRODUCT) or labels.get(LABEL_ALIBABA_MODEL) or ""
+    if not product:
+        return ""
+    key = resolve_name(product)
+    if key is not None:
+        return key
+    return product[: -len(SHARED_SUFFIX)] if product.upper().endswith(SHARED_SUFFIX) else product
+
+
+def _replicas(labels: Mapping[str, str]) -> int:
+    sharing = labels.get(LABEL_GPU_SHARING, "")
+    shared = sharing in ("time-slicing", "mps") or labels.get(LABEL_GPU_PRODUCT, "").upper().endswith(SHARED_SUFFIX)
+    try:
+        replicas = int(labels.get(LABEL_GPU_REPLICAS, "1"))
+    except ValueError:
+        replicas = 1
+    return replicas if shared and replicas > 1 else 1
+
+
+def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
+    """A Node (API dict) -> :class:`NodeSpec`: allocatable CPU/memory, physical GPUs, model, topology.
+
+    Raises :class:`NodeParseError` when a capacity figure is unreadable.
+    """
+    meta = node.get("metadata") or {}
+    name = meta.get("name") or ""
+    labels = _labels(node)
+    alloc = _allocatable(node)
+    where = f"node {name}: status.allocatable"
+    try:
+        cpu = int(_quantity(alloc.get("cpu", 0), f'{where}["cpu"]') * 1000)
+        mem = int(_quantity(alloc.get("memory", 0), f'{where}["memory"]') / MIB)
+        gpus = int(_quantity(alloc.get(RES_GPU, 0), f'{where}["{RES_GPU}"]'))
+    except RequestParseError as exc:
+        raise NodeParseError(str(exc)) from None
+    gpus //= _replicas(labels)
+    model = _gpu_model(labels) if gpus else ""
+    if gpus and not model:
+        model = UNKNOWN_GPU_MODEL
+    return NodeSpec(
+        name=name,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpu_count=gpus,
+        gpu_model=model,
+        nvlink_domain=labels.get(LABEL_GPU_CLIQUE) or labels.get(LABEL_NVLINK_DOMAIN, ""),
+        rack=labels.get(LABEL_RACK, ""),
+        switch=labels.get(LABEL_SWITCH, ""),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+    )
+
+
+def mig_capacity(node: Mapping[str, Any]) -> dict[str, int]:
+    """MIG devices the node offers per profile (``nvidia.com/mig-<profile>`` allocatable, ``mixed`` strategy)."""
+    out: dict[str, int] = {}
+    for res, value in _allocatable(node).items():
+        if res.startswith(RES_MIG_PREFIX) and MIG_PROFILE.fullmatch(res[len(RES_MIG_PREFIX):]):
+            try:
+                n = int(Decimal(str(value)))
+            except ArithmeticError:
+                continue
+            if n > 0:
+                out[res[len(RES_MIG_PREFIX):]] = n
+    return out
+
+
+def mig_strategy(node: Mapping[str, Any]) -> str:
+    return _labels(node).get(LABEL_MIG_STRATEGY, "none")
+
+
+# ------------------------------------------------------------------ bound pods
+class InventoryInfo(TypedDict):
+    """What :func:`build_state` learned besides the state itself.
+
+    * ``pods``: ``namespace/name`` -> :class:`PodInfo` of every counted pod;
+    * ``assignments``: ``namespace/name`` -> :class:`Assignment` (same as ``state.assignments``);
+    * ``mig_capacity`` / ``mig_used``: node -> {profile: count};
+    * ``skipped_nodes``: node -> why it was left out; ``skipped_pods``: pod -> why it was not counted
+      (or counted only in part).
+    """
+
+    pods: dict[str, PodInfo]
+    assignments: dict[str, Assignment]
+    mig_capacity: dict[str, dict[str, int]]
+    mig_used: dict[str, dict[str, int]]
+    skipped_nodes: dict[str, str]
+    skipped_pods: dict[str, str]
+
+
+def _lenient_info(pod: Mapping[str, Any], error: Exception) -> PodInfo:
+    """What a bound pod whose annotations gpupool cannot read still holds: its CPU, memory and whole GPUs."""
+    key = pod_key(pod)
+    try:
+        res = pod_resources(pod)
+    except RequestParseError:
+        res = {}
+    gpus = res.get(RES_GPU, Decimal(0))
+    n = int(gpus) if gpus == gpus.to_integral_value() else 0
+    req = PodRequest(name=key, cpu_milli=int(res.get("cpu", Decimal(0)) * 1000),
+                     memory_mib=int(res.get("memory", Decimal(0)) / MIB), num_gpu=n, gpu_milli=MILLI if n else 0)
+    log.debug("bound pod unreadable", extra={"event": "bound_pod_unreadable", "pod": key, "error": str(error),
+                                             "counted": "cpu,memory,nvidia.com/gpu"})
+    return PodInfo(key, req)
+
+
+def annotated_devices(pod: Mapping[str, Any]) -> tuple[tuple[int, ...], int] | None:
+    """(device indices, milli per device) gpupool wrote on a bound pod; None unless they are readable and
+    ``gpupool.io/node`` names the node the pod is bound to."""
+    ann = annotations_of(pod)
+    node = node_name_of(pod)
+    if not node or ann.get(ANN_NODE) != node or ANN_GPU_INDEX not in ann:
+        return None
+    try:
+        text = ann[ANN_GPU_INDEX].strip()
+        gpus = tuple(int(x) for x in text.split(",")) if text else ()
+        milli = int(ann.get(ANN_GPU_MILLI, str(MILLI)) or 0)
+    except ValueError:
+        return None
+    if any(g < 0 for g in gpus) or not (0 <= milli <= MILLI):
+        return None
+    return gpus, milli
+
+
+def lowest_free_devices(state: ClusterState, req: PodRequest, node: int) -> tuple[int, ...] | None:
+    """The lowest-indexed devices of ``node`` that can take ``req`` (None if there are too few)."""
+    if req.num_gpu == 0:
+        return ()
+    ok = state.gpu_exists[node] & (state.gpu_free[node] >= req.gpu_milli)
+    if req.gpu_memory_mib:
+        ok &= (state.gpu_mem_cap[node] > 0) & (state.gpu_mem_free[node] >= req.gpu_memory_mib)
+    else:
+        ok &= state.gpu_mem_free[node] >= state.gpu_mem_cap[node] * req.gpu_milli // MILLI
+    idx = np.flatnonzero(ok)
+    if len(idx) < req.num_gpu:
+        return None
+    return tuple(int(i) for i in idx[: req.num_gpu])
+
+
+def count_bound_pod(state: ClusterState, info: PodInfo, node: int,
+                    annotated: tuple[tuple[int, ...], int] | None) -> tuple[Assignment | None, str]:
+    """Allocate a pod already running on ``node``: on its annotated devices when they are valid, else on the
+    lowest free ones. Returns (assignment, "") or (assignment-or-None, what could not be counted)."""
+    req = info.request
+    if annotated is not None and req.num_gpu and len(annotated[0]) == req.num_gpu:
+        gpus, milli = annotated
+        counted = req if milli >= req.gpu_milli else replace(req, gpu_milli=milli)
+        try:
+            return state.allocate(counted, node, gpus, max(milli, 1)), ""
+        except AllocationError as exc:
+            note = f"annotated devices unusable ({exc}); "
+    else:
+        note = ""
+    gpus = lowest_free_devices(state, req, node)
+    if gpus is not None:
+        try:
+            return state.allocate(req, node, gpus), note.rstrip("; ")
+        except AllocationError as exc:
+            note += f"{exc}; "
+    # Over-committed as gpupool sees it (another scheduler, or a model gpupool does not share): count what fits.
+    cpu = min(req.cpu_milli, int(state.cpu_free[node]))
+    mem = min(req.memory_mib, int(state.mem_free[node]))
+    whole = [g for g in range(state.max_gpus) if state.gpu_exists[node, g] and state.gpu_free[node, g] == MILLI]
+    take = whole[: req.num_gpu] if req.gpu_milli == MILLI else []
+    partial = PodRequest(req.name, cpu_milli=cpu, memory_mib=mem, num_gpu=len(take), gpu_milli=MILLI if take else 0)
+    try:
+        a = state.allocate(partial, node, take)
+    except AllocationError:  # pragma: no cover - clipped to what is free
+        a = None
+    return a, note + f"does not fit on {state.node_names[node]} as gpupool counts it; counted in part"
+
+
+def _bound_order(pod: Mapping[str, Any]) -> tuple:
+    # Pods with gpupool's own device annotations first: they claim specific devices; then oldest first.
+    meta = pod.get("metadata") or {}
+    return (annotated_devices(pod) is None, str(meta.get("creationTimestamp") or ""), pod_key(pod))
+
+
+def _time_sliced(info: PodInfo, replicas: int) -> PodInfo:
+    """A pod holding ``k`` time-slicing replicas (``nvidia.com/gpu: k``) of a GPU shared ``replicas`` ways:
+    counted as ``k / replicas`` of one GPU."""
+    req = info.request
+    if replicas <= 1 or req.num_gpu == 0 or req.gpu_milli != MILLI:
+        return info
+    milli = min(MILLI, max(1, req.num_gpu * MILLI // replicas))
+    return replace(info, request=replace(req, num_gpu=1, gpu_milli=milli))
+
+
+def build_state(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod,
+                ) -> tuple[ClusterState, InventoryInfo]:
+    """The engine's state for ``nodes`` with every bound, unfinished pod in ``pods`` counted.
+
+    Nodes gpupool cannot read are left out (``skipped_nodes``); raises ValueError when no node is left.
+    On a node whose GPUs are time-sliced (``nvidia.com/gpu.replicas``), a pod bound with
+    ``nvidia.com/gpu: k`` counts ``k / replicas`` of one GPU. ``describe`` reads a pod (a caching
+    :func:`describe_pod` in the live scheduler). Returns (state, :class:`InventoryInfo`).
+    """
+    specs: list[NodeSpec] = []
+    replicas: dict[str, int] = {}
+    info: InventoryInfo = {"pods": {}, "assignments": {}, "mig_capacity": {}, "mig_used": {},
+                           "skipped_nodes": {}, "skipped_pods": {}}
+    seen: set[str] = set()
+    for node in nodes:
+        try:
+            spec = node_spec_from_node(node)
+        except (NodeParseError, ValueError) as exc:
+            name = (node.get("metadata") or {}).get("name") or "?"
+            info["skipped_nodes"][name] = str(exc)
+            continue
+        if spec.name in seen:
+            info["skipped_nodes"][spec.name] = "duplicate node name"
+            continue
+        seen.add(spec.name)
+        specs.append(spec)
+        replicas[spec.name] = _replicas(_labels(node))
+        if mig_strategy(node) == "mixed":
+            cap = mig_capacity(node)
+            if cap:
+                info["mig_capacity"][spec.name] = cap
+    if not specs:
+        raise ValueError("no usable node" + (f" ({len(info['skipped_nodes'])} unreadable)"
+                                             if info["skipped_nodes"] else ""))
+    state = ClusterState(specs)
+    bound = [p for p in pods if node_name_of(p) and not is_terminal(p)]
+    for pod in sorted(bound, key=_bound_order):
+        key = pod_key(pod)
+        node_name = node_name_of(pod)
+        node = state.node_index.get(node_name)
+        if node is None:
+            info["skipped_pods"][key] = f"bound to node {node_name}, which gpupool does not know"
+            continue
+        if key in state.assignments:
+            info["skipped_pods"][key] = "duplicate pod"
+            continue
+        try:
+            pinfo = describe(pod)
+        except RequestParseError as exc:
+            pinfo = _lenient_info(pod, exc)
+        if annotated_devices(pod) is None:
+            pinfo = _time_sliced(pinfo, replicas.get(node_name, 1))
+        assignment, note = count_bound_pod(state, pinfo, node, annotated_devices(pod))
+        info["pods"][key] = pinfo
+        if assignment is not None:
+            info["assignments"][key] = assignment
+        if note:
+            info["skipped_pods"][key] = note
+            log.debug("bound pod miscounted", extra={"event": "bound_pod_miscounted", "pod": key, "node": node_name,
+                                                     "note": note})
+        for profile, count in pinfo.mig:
+            used = info["mig_used"].setdefault(node_name, {})
+            used[profile] = used.get(profile, 0) + count
+    return state, info
+
+
+# ------------------------------------------------------------------ node eligibility (per pod)
+def node_ready(node: Mapping[str, Any]) -> bool:
+    """False when the node's ``Ready`` condition exists and is not ``True``."""
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return True
+
+
+def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """kube's ToleratesTaint: some toleration matches the taint's key, value and effect."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        key = t.get("key") or ""
+        if op == "Exists":
+            if not key or key == taint.get("key"):
+                return True
+        elif key == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def _match_expression(expr: Mapping[str, Any], value: str | None) -> bool:
+    op = expr.get("operator")
+    values = [str(v) for v in expr.get("values") or []]
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and len(values) == 1:
+        try:
+            a, b = int(value), int(values[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def matches_node_selector_term(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
+    """One ``nodeSelectorTerm``: all its matchExpressions (labels) and matchFields (``metadata.name``) hold."""
+    exprs = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not exprs and not fields:
+        return False  # an empty term matches no node
+    labels = _labels(node)
+    name = (node.get("metadata") or {}).get("name")
+    for e in exprs:
+        if not _match_expression(e, labels.get(e.get("key", ""))):
+            return False
+    for f in fields:
+        if f.get("key") != "metadata.name" or not _match_expression(f, name):
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    """Where a pod may go, as its spec says; ``key`` identifies pods that see the same eligible nodes."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    required_terms: str = ""  # canonical JSON of requiredDuringScheduling nodeSelectorTerms ("" = none)
+    tolerations: str = "[]"  # canonical JSON
+    mig: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def key(self) -> tuple:
+        return (self.node_selector, self.required_terms, self.tolerations, self.mig)
+
+
+def constraints_of(pod: Mapping[str, Any], mig: tuple[tuple[str, int], ...] = ()) -> Constraints:
+    spec = pod.get("spec") or {}
+    selector = tuple(sorted((str(k), str(v)) for k, v in (spec.get("nodeSelector") or {}).items()))
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms")
+    tolerations = [t for t in spec.get("tolerations") or [] if t.get("effect") in (None, "", "NoSchedule",
+                                                                                     "NoExecute")]
+    return Constraints(
+        node_selector=selector,
+        required_terms=json.dumps(terms, sort_keys=True) if terms is not None else "",
+        tolerations=json.dumps(tolerations, sort_keys=True),
+        mig=tuple(mig),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ConstrainedRequest(EffectiveRequest):
+    """An :class:`EffectiveRequest` that also carries the pod's :class:`Constraints` (part of its cache key)."""
+
+    constraints: Constraints = field(default_factory=Constraints)
+
+    def key(self) -> tuple:
+        return EffectiveRequest.key(self) + self.constraints.key
+
+
+class Eligibility:
+    """Per-cycle node eligibility of pods, as engine filter plugins (:attr:`filters`).
+
+    ``nodes`` are the Node dicts in the order of ``state.node_names``. Masks are computed once per
+    distinct :class:`Constraints` and cached for the cycle; the MIG count is checked live against
+    ``state.assignments`` so that pods placed earlier in the cycle (or in the same gang) are counted.
+    """
+
+    def __init__(self, state: ClusterState, nodes: Mapping[str, Mapping[str, Any]],
+                 mig_capacity: Mapping[str, Mapping[str, int]] | None = None,
+                 mig_used: Mapping[str, Mapping[str, int]] | None = None) -> None:
+        self.state = state
+        self.nodes = [nodes[name] for name in state.node_names]
+        self.mig_capacity = {state.node_index[n]: dict(c) for n, c in (mig_capacity or {}).items()
+                             if n in state.node_index}
+        self.mig_used = {state.node_index[n]: dict(c) for n, c in (mig_used or {}).items() if n in state.node_index}
+        self.pending_mig: dict[str, tuple[tuple[str, int], ...]] = {}
+        self._masks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.filters = (_SchedulableFilter(self), _TaintFilter(self), _AffinityFilter(self), _MigFilter(self))
+
+    def masks(self, c: Constraints) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(schedulable, taints tolerated, affinity matched): (n_nodes,) bool each."""
+        key = c.key[:3]
+        cached = self._masks.get(key)
+        if cached is not None:
+            return cached
+        tolerations = json.loads(c.tolerations)
+        terms = json.loads(c.required_terms) if c.required_terms else None
+        n = len(self.nodes)
+        sched = np.ones(n, dtype=bool)
+        taint_ok = np.ones(n, dtype=bool)
+        aff = np.ones(n, dtype=bool)
+        cordon = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
+        for i, node in enumerate(self.nodes):
+            spec = node.get("spec") or {}
+            if (spec.get("unschedulable") and not tolerates(tolerations, cordon)) or not node_ready(node):
+                sched[i] = False
+            for taint in spec.get("taints") or []:
+                if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
+                    taint_ok[i] = False
+                    break
+            labels = _labels(node)
+            if any(labels.get(k) != v for k, v in c.node_selector):
+                aff[i] = False
+            elif terms is not None and not any(matches_node_selector_term(t, node) for t in terms):
+                aff[i] = False
+        self._masks[key] = (sched, taint_ok, aff)
+        return sched, taint_ok, aff
+
+    def mig_free(self, node: int, profile: str) -> int:
+        cap = self.mig_capacity.get(node, {}).get(profile, 0)
+        used = self.mig_used.get(node, {}).get(profile, 0)
+        for pod, mig in self.pending_mig.items():
+            a = self.state.assignments.get(pod)
+            if a is not None and a.node == node:
+                used += sum(c for p, c in mig if p == profile)
+        return cap - used
+
+
+def _constraints(req: EffectiveRequest) -> Constraints | None:
+    return getattr(req, "constraints", None)
+
+
+class _EligibilityFilter:
+    reason = ""
+    slot = 0
+
+    def __init__(self, book: Eligibility) -> None:
+        self.book = book
+
+    def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+        c = _constraints(req)
+        if c is None:
+            return np.ones(len(nodes), dtype=bool)
+        return self.book.masks(c)[self.slot][nodes]
+
+
+class _SchedulableFilter(_EligibilityFilter):
+    reason = "node(s) were unschedulable or not ready"
+    slot = 0
+
+
+class _TaintFilter(_EligibilityFilter):
+    reason = "node(s) had untolerated taint"
+    slot = 1
+
+
+class _AffinityFilter(_EligibilityFilter):
+    reason = "node(s) didn't match Pod's node affinity/selector"
+    slot = 2
+
+
+class _MigFilter(_EligibilityFilter):
+    reason = "Insufficient MIG devices"
+
+    def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+        c = _constraints(req)
+        if c is None or not c.mig:
+            return np.ones(len(nodes), dtype=bool)
+        return np.array([all(self.book.mig_free(int(n), p) >= k for p, k in c.mig) for n in nodes], dtype=bool)
+
+
+__all__ = [
+    "node_spec_from_node", "build_state", "mig_capacity", "mig_strategy", "InventoryInfo", "NodeParseError",
+    "annotated_devices", "lowest_free_devices", "count_bound_pod", "node_ready", "tolerates",
+    "matches_node_selector_term", "Constraints", "constraints_of", "ConstrainedRequest", "Eligibility",
+    "UNKNOWN_GPU_MODEL",
+]

@@ -1,0 +1,772 @@
+"""``gpupool scheduler``: a Kubernetes scheduler for the pods whose ``spec.schedulerName`` is gpupool's.
+
+Pieces, each on its own thread:
+
+* :class:`Reflector` (one per resource: Nodes, Pods, PodGroups, Queues) lists, then watches from the
+  list's ``resourceVersion`` with bookmarks; a ``410 Gone`` (watch expired) makes it list again, any other
+  failure makes it reconnect after an exponential backoff. It keeps :class:`ClusterCache` in step.
+* The scheduling loop wakes on every change (batched), takes a snapshot of the cache and runs one
+  planning cycle (:func:`gpupool.k8s.snapshot.plan`, no I/O) on it; pods it is still binding count as
+  bound ("assumed", as in kube-scheduler's cache), so a GPU is never handed out twice.
+* Binder workers carry out the plan: write the device assignment as annotations on the pod
+  (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``), then POST the ``pods/binding``
+  subresource (with the same annotations and the pod's UID as precondition), then post a ``Scheduled``
+  Event. A pod that cannot be placed gets a ``FailedScheduling`` Event and ``PodScheduled=False``
+  (reason ``Unschedulable``), each posted once per distinct message.
+
+Failure handling: ``409`` on binding (another scheduler or replica bound the pod) -> the pod is taken
+as bound where the API says and its GPUs are counted from there; ``404`` (pod deleted mid-cycle) -> the
+assumption is dropped; a node gone before binding -> the pod is planned again. Only the leader binds
+(``leader`` callback, e.g. :class:`gpupool.k8s.leader.LeaderElector`); on becoming leader, every
+reflector lists again so the state is rebuilt from the API before the first binding.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from gpupool.k8s import (
+    ANN_GPU_INDEX,
+    ANN_GPU_MEMORY,
+    ANN_GPU_MILLI,
+    ANN_MIG,
+    ANN_NODE,
+    DEFAULT_SCHEDULER_NAME,
+    POD_GROUP_API,
+    QUEUE_API,
+    VOLCANO_POD_GROUP_API,
+)
+from gpupool.k8s.requests import PodInfo, RequestParseError, annotations_of, describe_pod, node_name_of, pod_key
+from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, plan
+from gpupool.policies import DEFAULT_POLICY
+
+log = logging.getLogger("gpupool.k8s.scheduler")
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+
+
+def _log(level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
+    """One structured log line: the event as the message, the fields as ``extra`` (JSON / logfmt fields with
+    :func:`gpupool.k8s.metrics.logging_setup`)."""
+    if log.isEnabledFor(level):
+        log.log(level, event, extra={"event": event, **fields}, exc_info=exc_info)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class SchedulerConfig:
+    """Knobs of the live scheduler (defaults suit a production cluster; tests shorten the timeouts)."""
+
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    policy: str = DEFAULT_POLICY
+    seed: int = 0
+    identity: str = field(default_factory=socket.gethostname)
+    watch_timeout_s: int = 300  # server-side timeout of each watch request
+    read_timeout_s: float | None = None  # client-side: no byte for this long -> reconnect (default watch + 30 s)
+    connect_timeout_s: float = 10.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    optional_retry_s: float = 60.0  # how often to look again for a CRD that is not installed
+    batch_s: float = 0.05  # wait this long after a change so that a burst becomes one cycle
+    resync_s: float = 30.0  # run a cycle at least this often
+    assume_ttl_s: float = 60.0  # forget a binding the watch has not shown this long after it succeeded
+    bind_workers: int = 8
+    list_page: int = 500
+
+
+class Backoff:
+    """Exponential backoff with full jitter: ``initial * 2**n`` capped at ``maximum``."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum, self.failures = initial, maximum, 0
+
+    def next(self) -> float:
+        delay = min(self.maximum, self.initial * (2 ** self.failures))
+        self.failures += 1
+        return random.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class _RawWatch(watch.Watch):
+    """The client's Watch, yielding raw dicts (no model deserialization; gpupool reads plain JSON)."""
+
+    def get_return_type(self, func):  # noqa: D102
+        return None
+
+
+# ------------------------------------------------------------------ cache
+class ClusterCache:
+    """Objects by kind, as the watches last reported them; ``changed`` is set on every change."""
+
+    KINDS = ("nodes", "pods", "podgroups", "volcanopodgroups", "queues")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objects: dict[str, dict[str, dict[str, Any]] | None] = {k: {} for k in self.KINDS}
+        self.changed = threading.Event()
+
+    @staticmethod
+    def key(obj: Mapping[str, Any]) -> str:
+        meta = obj.get("metadata") or {}
+        ns = meta.get("namespace")
+        return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
+
+    def replace(self, kind: str, items: list[dict[str, Any]] | None) -> None:
+        with self.lock:
+            self.objects[kind] = None if items is None else {self.key(o): o for o in items}
+        self.changed.set()
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            store = self.objects[kind]
+            if store is None:
+                store = self.objects[kind] = {}
+            if event_type == "DELETED":
+                store.pop(self.key(obj), None)
+            else:
+                store[self.key(obj)] = obj
+        self.changed.set()
+
+    def get(self, kind: str, key: str) -> dict[str, Any] | None:
+        with self.lock:
+            store = self.objects[kind]
+            return None if store is None else store.get(key)
+
+    def snapshot(self) -> ClusterSnapshot:
+        """The objects now (lists of references: objects are replaced on change, never edited in place)."""
+        with self.lock:
+            o = self.objects
+            groups = list((o["podgroups"] or {}).values()) + list((o["volcanopodgroups"] or {}).values())
+            return ClusterSnapshot(
+                nodes=list((o["nodes"] or {}).values()),
+                pods=list((o["pods"] or {}).values()),
+                pod_groups=groups,
+                queues=None if o["queues"] is None else list(o["queues"].values()),
+            )
+
+
+# ------------------------------------------------------------------ list + watch
+class Reflector(threading.Thread):
+    """Keeps one kind of object in :class:`ClusterCache` in step with the API server.
+
+    List (paged), then watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``; each
+    watch request ends after ``watch_timeout_s`` and is resumed from the last resourceVersion seen
+    (events and bookmarks). ``410 Gone`` -> list again at once. Other errors -> resume after a backoff.
+    An ``optional`` kind (a CRD) that answers 404 is recorded as absent and looked for again later.
+    """
+
+    def __init__(self, kind: str, list_fn: Callable[..., Any], cache: ClusterCache, config: SchedulerConfig,
+                 optional: bool = False) -> None:
+        super().__init__(name=f"reflector-{kind}", daemon=True)
+        self.kind, self.list_fn, self.cache, self.config, self.optional = kind, list_fn, cache, config, optional
+        self.resource_version: str | None = None
+        self.lists = 0  # completed lists (tests and the leader hand-over read it)
+        self.listed_at = -1e9  # time.monotonic() of the last completed list
+        self.synced = threading.Event()
+        self._halt = threading.Event()
+        self._relist = threading.Event()
+        self._watch: _RawWatch | None = None
+        self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
+
+    # -- control
+    def stop(self) -> None:
+        self._halt.set()
+        self._relist.set()  # wakes a backoff sleep
+        self._interrupt()
+
+    def relist(self) -> None:
+        """List again now (e.g. after becoming leader)."""
+        self._relist.set()
+        self._interrupt()
+
+    def _interrupt(self) -> None:
+        w = self._watch
+        if w is not None:
+            w.stop()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if asked to relist or stop."""
+        if not self._halt.is_set():
+            self._relist.wait(seconds)
+
+    # -- work
+    def _list(self) -> None:
+        items: list[dict[str, Any]] = []
+        cont: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": self.config.list_page, "_preload_content": False,
+                                      "_request_timeout": (self.config.connect_timeout_s, 120)}
+            if cont:
+                kwargs["_continue"] = cont
+            resp = self.list_fn(**kwargs)
+            body = json.loads(resp.data)
+            items.extend(body.get("items") or [])
+            meta = body.get("metadata") or {}
+            cont = meta.get("continue")
+            if not cont:
+                break
+        self.resource_version = meta.get("resourceVersion") or None
+        self.cache.replace(self.kind, items)
+        self.lists += 1
+        self.listed_at = time.monotonic()
+        self.synced.set()
+        _log(logging.INFO, "listed", kind=self.kind, items=len(items), resource_version=self.resource_version)
+
+    def _watch_once(self) -> None:
+        w = self._watch = _RawWatch()
+        if self._halt.is_set() or self._relist.is_set():
+            return
+        read = self.config.read_timeout_s or self.config.watch_timeout_s + 30
+        kwargs: dict[str, Any] = {"allow_watch_bookmarks": True, "timeout_seconds": int(self.config.watch_timeout_s),
+                                  "_request_timeout": (self.config.connect_timeout_s, read)}
+        if self.resource_version:
+            kwargs["resource_version"] = self.resource_version
+        try:
+            for event in w.stream(self.list_fn, **kwargs):
+                if self._halt.is_set() or self._relist.is_set():
+                    break
+                etype = event.get("type")
+                obj = event.get("raw_object") or event.get("object") or {}
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if etype in ("ADDED", "MODIFIED", "DELETED"):
+                    self.cache.apply(self.kind, etype, obj)
+                if rv and etype in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+                    self.resource_version = rv
+                self._backoff.reset()
+        finally:
+            self._watch = None
+
+    def run(self) -> None:
+        need_list = True
+        while not self._halt.is_set():
+            try:
+                if self._relist.is_set():
+                    self._relist.clear()
+                    need_list = True
+                if need_list:
+                    self._list()
+                    need_list = False
+                    self._backoff.reset()
+                self._watch_once()
+            except ApiException as exc:
+                if self._halt.is_set():
+                    break
+                if exc.status == 410:
+                    _log(logging.INFO, "watch_expired", kind=self.kind, resource_version=self.resource_version,
+                         action="relist")
+                    need_list = True
+                    continue
+                if exc.status in (403, 404) and self.optional:
+                    # CRD not installed (404) or not granted to us (403): run without it, look again later.
+                    if self.cache.objects.get(self.kind) is not None or not self.synced.is_set():
+                        _log(logging.INFO if exc.status == 404 else logging.WARNING, "resource_absent",
+                             kind=self.kind, status=exc.status, retry_s=self.config.optional_retry_s)
+                    self.cache.replace(self.kind, None)
+                    self.synced.set()
+                    need_list = True
+                    self._sleep(self.config.optional_retry_s)
+                    continue
+                delay = self._backoff.next()
+                _log(logging.WARNING, "api_error", kind=self.kind, status=exc.status, reason=exc.reason,
+                     retry_s=round(delay, 2))
+                if exc.status in (400, 401, 403, 422) or exc.status is None:
+                    need_list = True
+                self._sleep(delay)
+            except Exception as exc:  # connection refused, reset, read timeout, malformed stream, ...
+                if self._halt.is_set():
+                    break
+                if self._relist.is_set():
+                    continue  # we cut the watch short ourselves to list again
+                delay = self._backoff.next()
+                _log(logging.WARNING, "watch_error", kind=self.kind, error=type(exc).__name__, detail=str(exc)[:200],
+                     retry_s=round(delay, 2))
+                if self._backoff.failures > 5:
+                    need_list = True  # a long outage: do not trust the resourceVersion any more
+                self._sleep(delay)
+        _log(logging.INFO, "reflector_stopped", kind=self.kind)
+
+
+# ------------------------------------------------------------------ the scheduler
+class ParseCache:
+    """:func:`describe_pod` remembered per (UID, resourceVersion): a pod is read once per version, not per cycle.
+
+    Parse errors are remembered too. Pods without a resourceVersion are read every time.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str], PodInfo | RequestParseError] = {}
+        self._seen: set[tuple[str, str]] = set()
+
+    def __call__(self, pod: Mapping[str, Any]) -> PodInfo:
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+        if not key[0] or not key[1]:
+            return describe_pod(pod)
+        self._seen.add(key)
+        hit = self.entries.get(key)
+        if hit is None:
+            try:
+                hit = describe_pod(pod)
+            except RequestParseError as exc:
+                hit = exc
+            self.entries[key] = hit
+        if isinstance(hit, RequestParseError):
+            raise hit
+        return hit
+
+    def prune(self) -> None:
+        """Forget the versions not asked for since the last prune (call once per cycle)."""
+        self.entries = {k: v for k, v in self.entries.items() if k in self._seen}
+        self._seen = set()
+
+
+@dataclass
+class _Assumed:
+    """A pod gpupool is binding (or has bound, until the watch shows it): counted as bound meanwhile."""
+
+    uid: str
+    placement: Placement
+    annotations: dict[str, str]
+    done_at: float | None = None
+    started: float = field(default_factory=time.perf_counter)  # when the cycle that placed it began
+
+
+def assignment_annotations(p: Placement) -> dict[str, str]:
+    """The annotations gpupool writes on a pod it places."""
+    ann = {
+        ANN_NODE: p.node or "",
+        ANN_GPU_INDEX: ",".join(str(g) for g in p.gpus),
+        ANN_GPU_MILLI: str(p.gpu_milli),
+        ANN_GPU_MEMORY: str(p.gpu_memory_mib),
+    }
+    if p.mig:
+        ann[ANN_MIG] = ",".join(f"{prof}={n}" for prof, n in p.mig)
+    return ann
+
+
+class Scheduler:
+    """The live scheduler; :meth:`start` / :meth:`stop`, or :meth:`run` until stopped.
+
+    ``leader``: a callable telling whether this replica may bind now (None: always), e.g.
+    ``lambda: elector.is_leader`` with :class:`gpupool.k8s.leader.LeaderElector`. ``metrics``: a
+    :class:`gpupool.k8s.metrics.SchedulerMetrics` (or anything with some of its methods: each is looked up
+    with getattr). ``prepare_state``: run on the engine's state each cycle before placing (e.g. GPU health
+    from :class:`gpupool.k8s.telemetry.GpuTelemetry`).
+    """
+
+    def __init__(self, api_client: client.ApiClient, config: SchedulerConfig | None = None,
+                 leader: Callable[[], bool] | None = None, metrics: Any = None,
+                 prepare_state: Callable[[Any], Any] | None = None) -> None:
+        self.api_client = api_client
+        self.config = config or SchedulerConfig()
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.cache = ClusterCache()
+        self.leader = leader
+        self.metrics = metrics
+        self.prepare_state = prepare_state
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.assumed: dict[str, _Assumed] = {}
+        self._reported: dict[str, tuple[str, str]] = {}
+        self._leading = False
+        self._lists_at_election: dict[str, int] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=self.config.bind_workers, thread_name_prefix="gpupool-bind")
+        self._thread: threading.Thread | None = None
+        self.cycles = 0
+        self._parse = ParseCache()
+        self._skipped: dict[str, str] = {}
+        self.heartbeat = time.monotonic()
+        self.bindings: list[tuple[str, str]] = []  # (pod, node) bound by this replica, in order
+        cfg = self.config
+        self.reflectors = [
+            Reflector("nodes", self.core.list_node, self.cache, cfg),
+            Reflector("pods", self.core.list_pod_for_all_namespaces, self.cache, cfg),
+            Reflector("podgroups", self._custom_lister(*POD_GROUP_API), self.cache, cfg, optional=True),
+            Reflector("volcanopodgroups", self._custom_lister(*VOLCANO_POD_GROUP_API), self.cache, cfg, optional=True),
+            Reflector("queues", self._custom_lister(*QUEUE_API), self.cache, cfg, optional=True),
+        ]
+
+    def _custom_lister(self, group: str, version: str, plural: str) -> Callable[..., Any]:
+        api = self.custom
+
+        def list_objects(**kwargs: Any) -> Any:
+            return api.list_cluster_custom_object(group, version, plural, **kwargs)
+
+        # Watch.stream reads the wrapped call's docstring for its return type and watch argument name.
+        list_objects.__doc__ = api.list_cluster_custom_object.__doc__
+        return list_objects
+
+    # -- lifecycle
+    def start(self) -> None:
+        for r in self.reflectors:
+            r.start()
+        self._thread = threading.Thread(target=self._loop, name="gpupool-scheduler", daemon=True)
+        self._thread.start()
+        _log(logging.INFO, "started", scheduler=self.config.scheduler_name, policy=self.config.policy,
+             identity=self.config.identity)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self.cache.changed.set()
+        for r in self.reflectors:
+            r.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for r in self.reflectors:
+            if r.is_alive():
+                r.join(timeout)
+        _log(logging.INFO, "stopped", scheduler=self.config.scheduler_name)
+
+    def run(self) -> None:
+        """Start and block until :meth:`stop` is called (from a signal handler or another thread)."""
+        self.start()
+        while not self._stop.wait(1.0):
+            pass
+
+    def healthy(self) -> bool:
+        """Liveness: the scheduling loop is running and went round recently (a cycle stuck for minutes fails)."""
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and time.monotonic() - self.heartbeat < max(120.0, 4 * self.config.resync_s)
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+    # -- leadership
+    def _is_leader(self) -> bool:
+        return True if self.leader is None else bool(self.leader())
+
+    def _check_leadership(self) -> bool:
+        """True when this replica may bind now; on becoming leader, relist everything first."""
+        leading = self._is_leader()
+        if leading and not self._leading:
+            _log(logging.INFO, "elected", identity=self.config.identity, action="relist")
+            with self._lock:
+                self.assumed.clear()
+                self._reported.clear()
+            if self.leader is None:
+                self._lists_at_election = None  # no election: the lists made at start are the rebuild
+            else:
+                self._lists_at_election = {r.kind: r.lists for r in self.reflectors}
+                for r in self.reflectors:
+                    r.relist()
+        elif not leading and self._leading:
+            _log(logging.INFO, "lost_leadership", identity=self.config.identity)
+        if leading != self._leading:
+            self._metric("set_leader", leading)
+        self._leading = leading
+        if not leading:
+            return False
+        if self._lists_at_election is not None:
+            if any(r.lists <= self._lists_at_election[r.kind] and not (r.optional and r.synced.is_set()
+                   and self.cache.objects.get(r.kind) is None) for r in self.reflectors):
+                return False  # the rebuild from the API is not complete yet
+            self._lists_at_election = None
+        return True
+
+    # -- the loop
+    def _loop(self) -> None:
+        self._set_ready(False)
+        while not self._stop.is_set():
+            self.heartbeat = time.monotonic()
+            self.cache.changed.wait(self.config.resync_s)
+            self.heartbeat = time.monotonic()
+            if self._stop.is_set():
+                break
+            time.sleep(self.config.batch_s)
+            self.cache.changed.clear()
+            if not self.synced:
+                continue
+            self._set_ready(True)  # cache synced: ready, as leader or as warm standby
+            if not self._check_leadership():
+                continue
+            try:
+                self.run_cycle()
+            except Exception:  # a bug must not stop the scheduler: log it and go on with the next cycle
+                _log(logging.ERROR, "cycle_failed", exc_info=True)
+                time.sleep(self.config.backoff_initial_s)
+                self.cache.changed.set()
+
+    def _with_assumed(self, snap: ClusterSnapshot) -> ClusterSnapshot:
+        """Drop assumptions the API has caught up with; show the rest as bound pods."""
+        now = time.monotonic()
+        pods = {pod_key(p): p for p in snap.pods}
+        with self._lock:
+            for key, a in list(self.assumed.items()):
+                pod = pods.get(key)
+                uid = (pod or {}).get("metadata", {}).get("uid", "")
+                if pod is None or uid != a.uid or node_name_of(pod):
+                    del self.assumed[key]  # deleted, replaced, or bound as the watch now shows
+                elif a.done_at is not None and now - a.done_at > self.config.assume_ttl_s:
+                    _log(logging.WARNING, "assumption_expired", pod=key, node=a.placement.node)
+                    del self.assumed[key]
+            for key in [k for k in self._reported if k not in pods]:
+                del self._reported[key]
+            assumed = dict(self.assumed)
+        for key, a in assumed.items():
+            pod = copy.deepcopy(pods[key])
+            pod.setdefault("spec", {})["nodeName"] = a.placement.node
+            meta = pod.setdefault("metadata", {})
+            meta["annotations"] = {**(meta.get("annotations") or {}), **a.annotations}
+            pods[key] = pod
+        snap.pods = list(pods.values())
+        return snap
+
+    def run_cycle(self) -> Plan:
+        """One cycle: plan on the cache (plus assumptions) and dispatch bindings and failure reports."""
+        t0 = time.perf_counter()
+        snap = self._with_assumed(self.cache.snapshot())
+        result = plan(snap, self.config.scheduler_name, self.config.policy, self.config.seed, self.prepare_state,
+                      self._parse)
+        self._parse.prune()
+        self.cycles += 1
+        if result.inventory is not None:
+            skipped = dict(result.inventory["skipped_pods"])
+            for key in skipped.keys() - self._skipped.keys():
+                _log(logging.WARNING, "bound_pod_miscounted", pod=key, note=skipped[key])
+            self._skipped = skipped
+        elapsed = time.perf_counter() - t0
+        per_pod = elapsed / max(1, len(result.placements))
+        nodes = {(n.get("metadata") or {}).get("name") for n in snap.nodes}
+        for p in result.placements:
+            pod = self.cache.get("pods", p.pod)
+            if pod is None:
+                continue
+            if p.node is None:
+                self._metric("observe_attempt", "unschedulable", per_pod)
+                self._report_unschedulable(pod, p.reason)
+                continue
+            if p.node not in nodes:  # pragma: no cover - plan only uses known nodes
+                continue
+            uid = (pod.get("metadata") or {}).get("uid", "")
+            with self._lock:
+                if p.pod in self.assumed:
+                    continue
+                a = _Assumed(uid, p, assignment_annotations(p), started=t0)
+                self.assumed[p.pod] = a
+            self._pool.submit(self._bind, pod, a)
+        if result.placements:
+            _log(logging.INFO, "cycle", pending=len(result.placements), placed=len(result.placed),
+                 seconds=round(elapsed, 4))
+        self._metric("set_pending", len(result.placements) - len(result.placed))
+        if result.state is not None:
+            self._metric("set_allocation", result.state)
+        if result.queues is not None and result.queues.known:
+            book = result.queues
+            self._metric("set_queues", {
+                name: (book.used.get(name, 0) / 1000, q.quota_milli / 1000,
+                       -1 if q.limit_milli is None else q.limit_milli / 1000)
+                for name, q in book.specs.items()})
+        return result
+
+    # -- binding
+    def _forget(self, key: str, a: _Assumed) -> None:
+        with self._lock:
+            if self.assumed.get(key) is a:
+                del self.assumed[key]
+        self.cache.changed.set()
+
+    def _bind(self, pod: Mapping[str, Any], a: _Assumed) -> str:
+        """Annotate, bind, report; returns bound|conflict|deleted|node_gone|error|not_leader."""
+        key = a.placement.pod
+        node = a.placement.node or ""
+        meta = pod.get("metadata") or {}
+        ns, name = meta.get("namespace") or "default", meta.get("name", "")
+        result = "error"
+        try:
+            if self._stop.is_set() or not self._is_leader():
+                result = "not_leader"
+                self._forget(key, a)
+                return result
+            if self.cache.get("nodes", node) is None:
+                result = "node_gone"
+                _log(logging.INFO, "bind_skipped", pod=key, node=node, reason="node no longer exists")
+                self._forget(key, a)
+                return result
+            patch = {"metadata": {"annotations": a.annotations}}
+            self.core.patch_namespaced_pod(name, ns, patch, _content_type=MERGE_PATCH, _preload_content=False)
+            body = client.V1Binding(
+                metadata=client.V1ObjectMeta(name=name, namespace=ns, uid=a.uid or None, annotations=a.annotations),
+                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+            )
+            self.core.create_namespaced_pod_binding(name, ns, body, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                result = "deleted"
+                _log(logging.INFO, "bind_skipped", pod=key, node=node, reason="pod deleted")
+                self._forget(key, a)
+            elif exc.status == 409:
+                result = self._on_conflict(ns, name, key, a)
+            else:
+                result = "error"
+                _log(logging.WARNING, "bind_failed", pod=key, node=node, status=exc.status, reason=exc.reason)
+                self._forget(key, a)
+                self._report_unschedulable(pod, f"Binding rejected: {exc.status} {exc.reason}", force=True)
+            if result == "error":
+                self._metric("observe_attempt", "error", time.perf_counter() - a.started)
+            elif result == "bound":
+                self._metric("observe_attempt", "scheduled", time.perf_counter() - a.started)
+            return result
+        except Exception as exc:  # connection errors: plan the pod again in the next cycle
+            _log(logging.WARNING, "bind_failed", pod=key, node=node, error=type(exc).__name__, detail=str(exc)[:200])
+            self._forget(key, a)
+            self._metric("observe_attempt", "error", time.perf_counter() - a.started)
+            return "error"
+        result = "bound"
+        with self._lock:
+            a.done_at = time.monotonic()
+            self.bindings.append((key, node))
+            self._reported.pop(key, None)
+        _log(logging.INFO, "bound", pod=key, node=node, gpus=a.annotations[ANN_GPU_INDEX] or "-",
+             gpu_milli=a.placement.gpu_milli)
+        self._post_event(pod, "Scheduled", f"Successfully assigned {key} to {node}", "Normal", "Binding")
+        self._metric("observe_attempt", "scheduled", time.perf_counter() - a.started)
+        self.cache.changed.set()
+        return result
+
+    def _on_conflict(self, ns: str, name: str, key: str, a: _Assumed) -> str:
+        """409 on binding: someone bound the pod first. Take the API's word for where it runs."""
+        node = a.placement.node
+        try:
+            resp = self.core.read_namespaced_pod(name, ns, _preload_content=False)
+            current = json.loads(resp.data)
+        except ApiException as exc:
+            if exc.status == 404:
+                self._forget(key, a)
+                return "deleted"
+            current = None
+        except Exception:  # pragma: no cover - network trouble while reading back
+            current = None
+        bound_to = node_name_of(current) if current else ""
+        if current is not None and bound_to == node and (current.get("metadata") or {}).get("uid", "") == a.uid:
+            # An earlier attempt of ours went through (e.g. a retried request): it is bound as planned.
+            with self._lock:
+                a.done_at = time.monotonic()
+            _log(logging.INFO, "bound", pod=key, node=node, note="already bound here")
+            return "bound"
+        _log(logging.INFO, "bind_conflict", pod=key, planned=node, bound_to=bound_to or "?")
+        self._forget(key, a)
+        if current is not None and bound_to and annotations_of(current).get(ANN_NODE) == node:
+            # Our annotations describe devices on a node the pod did not go to: remove them.
+            undo = {"metadata": {"annotations": {k: None for k in a.annotations}}}
+            try:
+                self.core.patch_namespaced_pod(name, ns, undo, _content_type=MERGE_PATCH, _preload_content=False)
+            except Exception as exc:  # best effort: readers ignore annotations whose gpupool.io/node differs
+                _log(logging.DEBUG, "unannotate_failed", pod=key, error=type(exc).__name__)
+        return "conflict"
+
+    # -- reporting
+    def _report_unschedulable(self, pod: Mapping[str, Any], message: str, force: bool = False) -> None:
+        meta = pod.get("metadata") or {}
+        key = pod_key(pod)
+        uid = meta.get("uid", "")
+        with self._lock:
+            if not force and self._reported.get(key) == (uid, message):
+                return
+            self._reported[key] = (uid, message)
+        _log(logging.INFO, "unschedulable", pod=key, reason=message)
+        self._pool.submit(self._post_failure, dict(pod), message)
+
+    def _post_failure(self, pod: Mapping[str, Any], message: str) -> None:
+        self._post_event(pod, "FailedScheduling", message, "Warning", "Scheduling")
+        meta = pod.get("metadata") or {}
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+                    and cond.get("reason") == "Unschedulable" and cond.get("message") == message):
+                return
+        body = {"status": {"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+            "lastProbeTime": None, "lastTransitionTime": _now(),
+        }]}}
+        try:
+            self.core.patch_namespaced_pod_status(meta.get("name", ""), meta.get("namespace") or "default", body,
+                                                  _content_type=STRATEGIC_PATCH, _preload_content=False)
+        except Exception as exc:
+            _log(logging.DEBUG, "condition_failed", pod=pod_key(pod), error=type(exc).__name__)
+
+    def _post_event(self, pod: Mapping[str, Any], reason: str, message: str, etype: str, action: str) -> None:
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace") or "default"
+        now = _now()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'pod')}.", "namespace": ns},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name", ""), "namespace": ns,
+                               "uid": meta.get("uid", "")},
+            "reason": reason, "message": message[:1024], "type": etype, "action": action,
+            "source": {"component": self.config.scheduler_name},
+            "reportingComponent": self.config.scheduler_name, "reportingInstance": self.config.identity,
+            "firstTimestamp": now, "lastTimestamp": now, "eventTime": None, "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(ns, body, _preload_content=False)
+        except Exception as exc:  # events are best effort
+            _log(logging.DEBUG, "event_failed", pod=pod_key(pod), reason=reason, error=type(exc).__name__)
+
+    # -- metrics seam
+    def _metric(self, name: str, *args: Any) -> None:
+        fn = getattr(self.metrics, name, None)
+        if fn is not None:
+            try:
+                fn(*args)
+            except Exception:  # pragma: no cover - metrics must never break scheduling
+                _log(logging.DEBUG, "metric_failed", metric=name)
+
+    def _set_ready(self, ready: bool) -> None:
+        self._metric("set_ready", ready)
+
+
+def read_cluster(api_client: client.ApiClient, page: int = 500) -> ClusterSnapshot:
+    """One consistent-enough read of the cluster (Nodes, Pods, PodGroups, Queues) for a dry run."""
+    core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
+
+    def items(fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        cont = None
+        while True:
+            kwargs: dict[str, Any] = {"limit": page, "_preload_content": False}
+            if cont:
+                kwargs["_continue"] = cont
+            body = json.loads(fn(*args, **kwargs).data)
+            out.extend(body.get("items") or [])
+            cont = (body.get("metadata") or {}).get("continue")
+            if not cont:
+                return out
+
+    def optional(*api: str) -> list[dict[str, Any]] | None:
+        try:
+            return items(custom.list_cluster_custom_object, *api)
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return None
+            raise
+
+    groups = (optional(*POD_GROUP_API) or []) + (optional(*VOLCANO_POD_GROUP_API) or [])
+    return ClusterSnapshot(nodes=items(core.list_node), pods=items(core.list_pod_for_all_namespaces),
+                           pod_groups=groups, queues=optional(*QUEUE_API))
+
+
+__all__ = ["read_cluster", "Scheduler", "SchedulerConfig", "Reflector", "ClusterCache", "Backoff",
+           "assignment_annotations"]

@@ -1,0 +1,345 @@
+"""``gpupool scheduler``: run the Kubernetes scheduler, or show what it would do (``--dry-run``).
+
+    gpupool scheduler [--config FILE] [--kubeconfig FILE] [--leader-elect] [--policy gpupool] ...
+    gpupool scheduler --dry-run --snapshot cluster.yaml [--json OUT]
+    gpupool scheduler --dry-run [--kubeconfig FILE]          # plan on the live cluster, bind nothing
+
+``--config`` reads the ConfigMap of ``deploy/`` (``GpupoolSchedulerConfiguration``: ``leaderElection``,
+``profiles[0].schedulerName/policy``, ``metrics.bindAddress``, ``logging``, ``telemetry``); flags given
+on the command line win over it. Exit codes: 0 success; 2 bad usage, unreadable config or snapshot.
+
+Registered on the ``gpupool`` CLI through ``gpupool.cli.EXTENSION_MODULES``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from gpupool.k8s import DEFAULT_SCHEDULER_NAME
+from gpupool.policies import DEFAULT_POLICY, REGISTRY
+
+DEFAULT_LEASE = "gpupool-scheduler"
+DEFAULT_LEASE_NAMESPACE = "gpupool-system"
+
+
+class ConfigError(ValueError):
+    """A configuration file gpupool cannot use (the message names the field)."""
+
+
+def parse_duration(value: Any, where: str) -> float:
+    """Seconds from a Go duration (``15s``, ``1m30s``, ``500ms``) or a plain number of seconds."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: {value!r} is not a duration")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise ConfigError(f"{where}: {value!r} is not a duration like 15s, 1m30s or 500ms")
+        scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+        seconds = sum(float(n) * scale[u] for n, u in parts)
+    if seconds <= 0:
+        raise ConfigError(f"{where}: {value!r} must be positive")
+    return seconds
+
+
+@dataclass
+class Settings:
+    """What ``gpupool scheduler`` runs with (config file, then flags)."""
+
+    scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    policy: str = DEFAULT_POLICY
+    leader_elect: bool = False
+    lease_name: str = DEFAULT_LEASE
+    lease_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or DEFAULT_LEASE_NAMESPACE)
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    metrics_address: str = "0.0.0.0:8080"
+    log_format: str = "json"
+    log_level: str = "info"
+    prometheus_url: str = ""
+    dcgm_endpoints: list[str] = field(default_factory=list)
+
+
+def load_config(path: Path, settings: Settings | None = None) -> Settings:
+    """Read a ``GpupoolSchedulerConfiguration`` YAML file into ``settings`` (raises :class:`ConfigError`)."""
+    s = settings or Settings()
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top")
+
+    def section(name: str) -> dict[str, Any]:
+        value = doc.get(name) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: {name}: expected a mapping")
+        return value
+
+    le = section("leaderElection")
+    if "leaderElect" in le:
+        s.leader_elect = bool(le["leaderElect"])
+    s.lease_name = str(le.get("resourceName") or s.lease_name)
+    s.lease_namespace = str(le.get("resourceNamespace") or s.lease_namespace)
+    for key, attr in (("leaseDuration", "lease_duration"), ("renewDeadline", "renew_deadline"),
+                      ("retryPeriod", "retry_period")):
+        if key in le:
+            setattr(s, attr, parse_duration(le[key], f"{path}: leaderElection.{key}"))
+    profiles = doc.get("profiles") or []
+    if not isinstance(profiles, list):
+        raise ConfigError(f"{path}: profiles: expected a list")
+    if len(profiles) > 1:
+        raise ConfigError(f"{path}: profiles: gpupool runs one profile, got {len(profiles)}")
+    if profiles:
+        prof = profiles[0] or {}
+        s.scheduler_name = str(prof.get("schedulerName") or s.scheduler_name)
+        s.policy = str(prof.get("policy") or s.policy)
+    s.metrics_address = str(section("metrics").get("bindAddress") or s.metrics_address)
+    logging_cfg = section("logging")
+    s.log_format = str(logging_cfg.get("format") or s.log_format)
+    s.log_level = str(logging_cfg.get("level") or s.log_level)
+    tel = section("telemetry")
+    s.prometheus_url = str(tel.get("prometheusURL") or "")
+    s.dcgm_endpoints = [str(x) for x in tel.get("dcgmEndpoints") or []]
+    return s
+
+
+def load_api_client(kubeconfig: Path | None = None, context: str | None = None):
+    """An ``ApiClient``: the given kubeconfig, else the in-cluster ServiceAccount, else ``~/.kube/config``."""
+    from kubernetes import client, config
+
+    if kubeconfig is None and context is None:
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException:
+            pass
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
+                            client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    try:
+        return host or "0.0.0.0", int(port)
+    except ValueError:
+        raise ConfigError(f"metrics bind address {address!r}: expected HOST:PORT") from None
+
+
+def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings, seed: int,
+            kubeconfig: Path | None, context: str | None) -> None:
+    from gpupool.k8s.snapshot import SnapshotError, format_plan, load_snapshot, plan
+
+    if snapshot_path is not None:
+        try:
+            snap = load_snapshot(snapshot_path)
+        except SnapshotError as exc:
+            _fail(str(exc))
+    else:
+        from gpupool.k8s.scheduler import read_cluster
+
+        try:
+            snap = read_cluster(load_api_client(kubeconfig, context))
+        except Exception as exc:
+            _fail(f"cannot read the cluster: {exc}")
+    result = plan(snap, settings.scheduler_name, settings.policy, seed)
+    payload = json.dumps(result.to_json(), indent=2)
+    if json_out == "-":
+        typer.echo(payload)
+        return
+    typer.echo(format_plan(result) if result.placements else
+               f"no pending pod with schedulerName {settings.scheduler_name} (dry run, nothing bound)")
+    if json_out:
+        try:
+            Path(json_out).write_text(payload + "\n", encoding="utf-8")
+        except OSError as exc:
+            _fail(f"{json_out}: cannot write: {exc.strerror or exc}")
+
+
+def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path | None,
+                  context: str | None, stop: threading.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or ``stop`` is set): scheduler, Lease elector, metrics server, telemetry."""
+    import logging
+
+    from gpupool.k8s.leader import LeaderElector
+    from gpupool.k8s.metrics import MetricsServer, SchedulerMetrics, logging_setup
+    from gpupool.k8s.scheduler import Scheduler, SchedulerConfig
+
+    logging_setup(settings.log_level, fmt=settings.log_format)
+    log = logging.getLogger("gpupool.k8s.scheduler")
+    api = load_api_client(kubeconfig, context)
+    metrics = SchedulerMetrics()
+
+    telemetry = poller = None
+    sources: list[Any] = []
+    if settings.dcgm_endpoints or settings.prometheus_url:
+        from gpupool.k8s.telemetry import DcgmExporterSource, GpuTelemetry, PrometheusSource, TelemetryPoller
+
+        if settings.dcgm_endpoints:
+            sources.append(DcgmExporterSource(settings.dcgm_endpoints))
+        if settings.prometheus_url:
+            sources.append(PrometheusSource(settings.prometheus_url))
+        telemetry = GpuTelemetry()
+        poller = TelemetryPoller(telemetry, sources)
+
+    stop = stop if stop is not None else threading.Event()
+    elector = None
+    cfg = SchedulerConfig(scheduler_name=settings.scheduler_name, policy=settings.policy, seed=seed,
+                          identity=identity)
+    sched: Scheduler | None = None
+
+    def wake() -> None:
+        if sched is not None:
+            sched.cache.changed.set()
+
+    if settings.leader_elect:
+        elector = LeaderElector(api, name=settings.lease_name, namespace=settings.lease_namespace, identity=identity,
+                                lease_duration=settings.lease_duration, renew_deadline=settings.renew_deadline,
+                                retry_period=settings.retry_period, on_started_leading=wake,
+                                on_stopped_leading=wake)
+    sched = Scheduler(api, cfg, leader=(lambda: elector.is_leader) if elector else None, metrics=metrics,
+                      prepare_state=telemetry.apply_health if telemetry is not None else None)
+    server = None
+    if settings.metrics_address not in ("", "0"):
+        host, port = _host_port(settings.metrics_address)
+        server = MetricsServer(metrics, host, port, liveness=sched.healthy).start()
+
+    def on_signal(signum, frame) -> None:  # noqa: ARG001
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_signal)
+    if poller is not None:
+        poller.start()
+    sched.start()
+    if elector is not None:
+        elector.start()
+    log.info("scheduler running", extra={"scheduler": settings.scheduler_name, "policy": settings.policy,
+                                         "leader_elect": settings.leader_elect, "identity": identity})
+    try:
+        stop.wait()
+    finally:
+        sched.stop()  # no more bindings before the Lease is released
+        if elector is not None:
+            elector.stop()
+        if poller is not None:
+            poller.stop()
+        if server is not None:
+            server.stop()
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``scheduler`` command to ``app``."""
+
+    @app.command("scheduler")
+    def scheduler_cmd(
+        dry_run_flag: Annotated[bool, typer.Option(
+            "--dry-run", help="Print where each pending pod would go and why; bind nothing.")] = False,
+        snapshot: Annotated[Path | None, typer.Option(
+            "--snapshot", metavar="FILE", dir_okay=False, show_default=False,
+            help="With --dry-run: a cluster snapshot (kubectl get nodes,pods,podgroups,queues -A -o yaml|json) "
+                 "instead of the live cluster.")] = None,
+        json_out: Annotated[str | None, typer.Option(
+            "--json", metavar="OUT", show_default=False,
+            help='With --dry-run: write {"placements": [...]} to OUT ("-" for stdout).')] = None,
+        config: Annotated[Path | None, typer.Option(
+            "--config", metavar="FILE", dir_okay=False, show_default=False,
+            help="GpupoolSchedulerConfiguration YAML (deploy/configmap.yaml); flags override it.")] = None,
+        kubeconfig: Annotated[Path | None, typer.Option(
+            dir_okay=False, show_default=False,
+            help="kubeconfig file. Default: in-cluster ServiceAccount, else ~/.kube/config.")] = None,
+        context: Annotated[str | None, typer.Option(show_default=False, help="kubeconfig context.")] = None,
+        scheduler_name: Annotated[str | None, typer.Option(
+            "--scheduler-name", show_default=False,
+            help=f"Schedule pods whose spec.schedulerName is this. Default: {DEFAULT_SCHEDULER_NAME}.")] = None,
+        policy: Annotated[str | None, typer.Option(
+            show_default=False, help=f"Placement policy: {', '.join(REGISTRY)}. Default: {DEFAULT_POLICY}.")] = None,
+        seed: Annotated[int, typer.Option(help="Seed of the tie-break between equal nodes.")] = 0,
+        leader_elect: Annotated[bool | None, typer.Option(
+            "--leader-elect/--no-leader-elect", show_default=False,
+            help="Elect one binding replica through a coordination.k8s.io Lease. Default: off "
+                 "(or the config's leaderElection.leaderElect).")] = None,
+        lease_name: Annotated[str | None, typer.Option(
+            show_default=False, help=f"Lease name. Default: {DEFAULT_LEASE}.")] = None,
+        lease_namespace: Annotated[str | None, typer.Option(
+            show_default=False, help="Lease namespace. Default: $POD_NAMESPACE, else gpupool-system.")] = None,
+        identity: Annotated[str | None, typer.Option(
+            show_default=False, help="This replica's identity. Default: $POD_NAME, else the hostname.")] = None,
+        metrics_bind_address: Annotated[str | None, typer.Option(
+            "--metrics-bind-address", metavar="HOST:PORT", show_default=False,
+            help="Serve /metrics, /healthz, /readyz here (0 = off). Default: 0.0.0.0:8080.")] = None,
+        log_format: Annotated[str | None, typer.Option(
+            show_default=False, help="Log lines as json or kv (logfmt). Default: json.")] = None,
+        log_level: Annotated[str | None, typer.Option(
+            show_default=False, help="debug, info, warning or error. Default: info.")] = None,
+    ) -> None:
+        """Schedule the pods whose schedulerName is gpupool's: GPU-aware placement, gangs, queues.
+
+        Lists and watches Nodes, Pods, PodGroups and Queues; binds through pods/binding with the devices
+        recorded as gpupool.io/* annotations; posts Scheduled / FailedScheduling events. With --dry-run,
+        prints where each pending pod would go and why, and binds nothing.
+        """
+        try:
+            settings = load_config(config) if config is not None else Settings()
+        except ConfigError as exc:
+            _fail(str(exc))
+        if scheduler_name:
+            settings.scheduler_name = scheduler_name
+        if policy:
+            settings.policy = policy
+        if leader_elect is not None:
+            settings.leader_elect = leader_elect
+        if lease_name:
+            settings.lease_name = lease_name
+        if lease_namespace:
+            settings.lease_namespace = lease_namespace
+        if metrics_bind_address is not None:
+            settings.metrics_address = metrics_bind_address
+        if log_format:
+            settings.log_format = log_format
+        if log_level:
+            settings.log_level = log_level
+        if settings.policy not in REGISTRY:
+            _fail(f"unknown policy {settings.policy!r}; known: {', '.join(REGISTRY)}")
+        if settings.log_format not in ("json", "kv", "logfmt"):
+            _fail(f"log format {settings.log_format!r}: expected json or kv")
+        if (snapshot is not None or json_out is not None) and not dry_run_flag:
+            _fail("--snapshot and --json go with --dry-run")
+        if dry_run_flag:
+            dry_run(snapshot, json_out, settings, seed, kubeconfig, context)
+            return
+        who = identity or os.environ.get("POD_NAME") or socket.gethostname()
+        try:
+            run_scheduler(settings, seed, who, kubeconfig, context)
+        except ConfigError as exc:
+            _fail(str(exc))
+        sys.stdout.flush()
+
+
+__all__ = ["register", "load_config", "Settings", "ConfigError", "parse_duration", "load_api_client"]

@@ -1,0 +1,318 @@
+"""deploy/ (kustomize base), examples/k8s/ and the Dockerfile.
+
+Every object ``kubectl kustomize deploy/`` renders is validated against the Kubernetes 1.30 OpenAPI
+schemas (kubernetes-validate, strict: unknown fields fail); every custom resource under examples/k8s/
+against the openAPIV3Schema of its CRD in deploy/crds/ (jsonschema); the built-in ones like deploy/.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gpupool.cli import app
+from gpupool.k8s.leader import LeaderElector
+from gpupool.policies import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+EXAMPLES = ROOT / "examples" / "k8s"
+K8S_VERSION = "1.30"
+
+needs_kubectl = pytest.mark.skipif(
+    shutil.which("kubectl") is None,
+    reason="kubectl not found: cannot render deploy/ with `kubectl kustomize` (.ci/run installs Debian's "
+           "kubernetes-client when it can)",
+)
+
+
+def _docs(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@cache
+def rendered() -> tuple[dict, ...]:
+    out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return tuple(_docs(out.stdout))
+
+
+def _by_kind(objs, kind: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def _one(objs, kind: str) -> dict:
+    (obj,) = _by_kind(objs, kind)
+    return obj
+
+
+@cache
+def crd_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> openAPIV3Schema, from the CRD files themselves (no kubectl needed)."""
+    out = {}
+    for path in sorted((DEPLOY / "crds").glob("*.yaml")):
+        for crd in _docs(path.read_text()):
+            assert crd["kind"] == "CustomResourceDefinition"
+            spec = crd["spec"]
+            assert crd["metadata"]["name"] == f"{spec['names']['plural']}.{spec['group']}"
+            for version in spec["versions"]:
+                key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])
+                out[key] = version["schema"]["openAPIV3Schema"]
+    return out
+
+
+def validate_custom(obj: dict) -> None:
+    schema = crd_schemas()[(obj["apiVersion"], obj["kind"])]
+    # CRD schemas are OpenAPI v3.0: `exclusiveMinimum: true` is draft-4 style.
+    jsonschema.Draft4Validator(schema).validate(obj)
+
+
+def example_objects() -> list[tuple[str, dict]]:
+    return [(str(p.relative_to(ROOT)), d) for p in sorted(EXAMPLES.rglob("*.yaml")) for d in _docs(p.read_text())]
+
+
+# ---------------------------------------------------------------------- deploy/
+@needs_kubectl
+def test_every_rendered_object_is_valid_kubernetes_1_30():
+    objs = rendered()
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(["Namespace", "CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount",
+                            "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Deployment",
+                            "Service"])
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        if obj["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == "gpupool-system", obj["metadata"]["name"]
+
+
+def test_strict_validation_catches_a_typo():
+    """The check above is not vacuous: strict mode rejects an unknown field."""
+    deployment = _docs((DEPLOY / "deployment.yaml").read_text())[0]
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {"httpGet": {"path": "/readyz",
+                                                                                           "port": 8080}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSION, strict=True)
+
+
+@needs_kubectl
+def test_deployment_runs_two_leader_electing_replicas_with_probes():
+    objs = rendered()
+    dep = _one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == _one(objs, "ServiceAccount")["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    assert c["image"] == "gpupool:0.1.0"
+    assert c["args"][0] == "scheduler" and "--leader-elect" in c["args"]
+    port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+    env = {e["name"] for e in c["env"]}
+    assert {"POD_NAME", "POD_NAMESPACE"} <= env
+    # The config file the args name is the ConfigMap's key, mounted where the args say.
+    cm = _one(objs, "ConfigMap")
+    mount = {v["name"]: v for v in c["volumeMounts"]}["config"]["mountPath"]
+    assert any(a == f"--config={mount}/config.yaml" for a in c["args"])
+    assert {v["name"]: v for v in pod["volumes"]}["config"]["configMap"]["name"] == cm["metadata"]["name"]
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert config["profiles"][0]["schedulerName"] == "gpupool"
+    assert config["profiles"][0]["policy"] in REGISTRY
+    assert config["leaderElection"]["leaderElect"] is True
+    assert config["leaderElection"]["resourceNamespace"] == "gpupool-system"
+    assert config["metrics"]["bindAddress"].endswith(f":{port}")
+    svc = _one(objs, "Service")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+@needs_kubectl
+def test_rbac_is_least_privilege():
+    objs = rendered()
+
+    def grants(role: dict) -> set[tuple[str, str, str, tuple]]:
+        out = set()
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+            for group in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        out.add((group, res, verb, tuple(rule.get("resourceNames", ()))))
+        return out
+
+    cluster = grants(_one(objs, "ClusterRole"))
+    assert cluster == {
+        ("", "pods", "get", ()), ("", "pods", "list", ()), ("", "pods", "watch", ()), ("", "pods", "patch", ()),
+        ("", "pods/binding", "create", ()), ("", "pods/status", "patch", ()),
+        ("", "events", "create", ()), ("", "events", "patch", ()),
+        ("events.k8s.io", "events", "create", ()), ("events.k8s.io", "events", "patch", ()),
+        ("", "nodes", "get", ()), ("", "nodes", "list", ()), ("", "nodes", "watch", ()),
+        ("scheduling.x-k8s.io", "podgroups", "get", ()), ("scheduling.x-k8s.io", "podgroups", "list", ()),
+        ("scheduling.x-k8s.io", "podgroups", "watch", ()),
+        ("gpupool.io", "queues", "get", ()), ("gpupool.io", "queues", "list", ()),
+        ("gpupool.io", "queues", "watch", ()),
+    }
+    local = grants(_one(objs, "Role"))
+    assert local == {
+        ("coordination.k8s.io", "leases", "create", ()),
+        ("coordination.k8s.io", "leases", "get", ("gpupool-scheduler",)),
+        ("coordination.k8s.io", "leases", "update", ("gpupool-scheduler",)),
+        ("", "configmaps", "get", ()), ("", "configmaps", "list", ()), ("", "configmaps", "watch", ()),
+    }
+    sa = _one(objs, "ServiceAccount")["metadata"]["name"]
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = _one(objs, kind)
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
+                                      "name": _one(objs, role_kind)["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": "gpupool-system"}]
+    # The Lease the elector uses by default is the one the Role names.
+    defaults = inspect.signature(LeaderElector).parameters
+    assert defaults["name"].default == "gpupool-scheduler" and defaults["namespace"].default == "gpupool-system"
+
+
+def test_deployment_flags_exist_on_the_cli():
+    commands = {c.name for c in app.registered_commands}
+    dep = _docs((DEPLOY / "deployment.yaml").read_text())[0]
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    if args[0] not in commands:
+        pytest.skip(f"`gpupool {args[0]}` is not part of this build yet")
+    help_text = CliRunner().invoke(app, [args[0], "--help"], terminal_width=200).output
+    for arg in args[1:]:
+        flag = arg.split("=", 1)[0]
+        accepted = re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text)
+        assert accepted, f"{flag} not accepted by gpupool {args[0]}"
+
+
+def test_configmap_is_read_by_the_scheduler(tmp_path):
+    """The scheduler's --config loader takes the ConfigMap's file as it is; its Lease is the Role's."""
+    scheduler_cli = pytest.importorskip("gpupool.k8s.scheduler_cli", reason="`gpupool scheduler` not in this build")
+    cm = _docs((DEPLOY / "configmap.yaml").read_text())[0]
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    s = scheduler_cli.load_config(path)
+    assert (s.scheduler_name, s.policy, s.leader_elect) == ("gpupool", "gpupool", True)
+    assert (s.lease_name, s.lease_namespace) == ("gpupool-scheduler", "gpupool-system")
+    assert s.lease_duration > s.renew_deadline > s.retry_period > 0
+    assert s.metrics_address == "0.0.0.0:8080" and s.log_format == "json"
+    role = next(d for d in _docs((DEPLOY / "rbac.yaml").read_text()) if d["kind"] == "Role")
+    assert any(s.lease_name in r.get("resourceNames", []) for r in role["rules"])
+
+
+# ---------------------------------------------------------------------- CRDs
+def test_crds_define_the_fields_gpupool_reads():
+    queue = crd_schemas()[("gpupool.io/v1alpha1", "Queue")]["properties"]["spec"]["properties"]
+    assert queue["quota"]["type"] == "number" and queue["quota"]["minimum"] == 0
+    assert queue["limit"]["type"] == "number" and queue["limit"]["default"] == -1
+    assert queue["weight"]["minimum"] == 0 and queue["weight"]["exclusiveMinimum"] is True
+    assert queue["parent"]["type"] == "string" and queue["priority"]["type"] == "integer"
+    pg = crd_schemas()[("scheduling.x-k8s.io/v1alpha1", "PodGroup")]["properties"]["spec"]["properties"]
+    assert {"minMember", "minResources", "scheduleTimeoutSeconds"} <= set(pg)
+    from gpupool.k8s import POD_GROUP_API, QUEUE_API
+
+    for group, version, plural in (QUEUE_API, POD_GROUP_API):
+        assert (DEPLOY / "crds" / f"{plural}.{group}.yaml").exists()
+        assert any(k[0] == f"{group}/{version}" for k in crd_schemas())
+    crd = _docs((DEPLOY / "crds" / "queues.gpupool.io.yaml").read_text())[0]
+    assert crd["spec"]["scope"] == "Cluster"
+
+
+@pytest.mark.parametrize("spec", [
+    {"quota": -1}, {"limit": -2}, {"weight": 0}, {"weight": -1}, {"quota": "8"}, {"priority": 1.5},
+    {"parent": 3}, {"unknown": 1, "quota": 1},
+])
+def test_queue_schema_rejects_bad_specs(spec):
+    obj = {"apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": "q"}, "spec": spec}
+    if "unknown" in spec:  # structural schemas prune unknown fields rather than reject them
+        validate_custom(obj)
+        return
+    with pytest.raises(jsonschema.ValidationError):
+        validate_custom(obj)
+
+
+def test_podgroup_schema_rejects_bad_specs():
+    base = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "g"}}
+    validate_custom(base | {"spec": {"minMember": 2, "minResources": {"nvidia.com/gpu": 2, "memory": "64Gi"}}})
+    for bad in ({"minMember": "two"}, {"minMember": 0}, {"minResources": {"cpu": "lots"}},
+                {"scheduleTimeoutSeconds": 0}):
+        with pytest.raises(jsonschema.ValidationError):
+            validate_custom(base | {"spec": bad})
+
+
+# ---------------------------------------------------------------------- examples/k8s
+def test_examples_are_valid():
+    objs = example_objects()
+    kinds = {o["kind"] for _, o in objs}
+    assert {"Pod", "PodGroup", "Queue", "KubeSchedulerConfiguration", "Deployment", "Service"} <= kinds
+    for where, obj in objs:
+        if (obj["apiVersion"], obj["kind"]) in crd_schemas():
+            validate_custom(obj)
+        elif obj["kind"] == "KubeSchedulerConfiguration":
+            continue  # a component config, not an API object (checked below)
+        else:
+            try:
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{where}: {obj['kind']} {obj['metadata']['name']}: {exc.message}")
+
+
+def test_examples_match_what_gpupool_reads():
+    from gpupool.k8s.requests import parse_pod, parse_pod_group, parse_queue, pod_group_of, queue_of
+
+    objs = {(o["kind"], o.get("metadata", {}).get("name")): o for _, o in example_objects()}
+    frac = objs[("Pod", "notebook-quarter-gpu")]
+    assert frac["spec"]["schedulerName"] == "gpupool" and frac["metadata"]["annotations"]["gpu-fraction"] == "0.25"
+    req = parse_pod(frac)
+    assert (req.num_gpu, req.gpu_milli) == (1, 250)
+    assert queue_of(frac) == "team-a"
+
+    group, min_member = parse_pod_group(objs[("PodGroup", "bert-finetune")])
+    members = [o for (kind, _), o in objs.items() if kind == "Pod" and pod_group_of(o) == group]
+    assert min_member == 2 and len(members) == 2
+    assert all(parse_pod(m).num_gpu == 1 and m["spec"]["schedulerName"] == "gpupool" for m in members)
+
+    queues = {name: parse_queue(o) for (kind, name), o in objs.items() if kind == "Queue"}
+    assert queues["team-a"].parent == "research" and queues["team-a"].quota_milli == 8000
+    assert queues["team-a"].limit_milli == 16000 and queues["research"].limit_milli is None
+
+
+def test_extender_example_matches_the_extender():
+    objs = {o["kind"]: o for _, o in example_objects() if "extender" in _}
+    (ext,) = objs["KubeSchedulerConfiguration"]["extenders"]
+    assert ext["nodeCacheCapable"] is True and 1 <= ext["weight"]
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    args = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    opts = dict(a.lstrip("-").split("=", 1) for a in args[1:])
+    assert args[0] == "extender"
+    svc = objs["Service"]
+    assert ext["urlPrefix"] == (f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:"
+                                f"{svc['spec']['ports'][0]['port']}{opts['url-prefix']}")
+    assert opts["policy"] in REGISTRY
+    help_text = CliRunner().invoke(app, ["extender", "--help"], terminal_width=200).output
+    for flag in opts:
+        assert f"--{flag}" in help_text
+
+
+# ---------------------------------------------------------------------- image
+def test_dockerfile_builds_a_non_root_gpupool_image():
+    lines = [ln.strip() for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.strip()
+             and not ln.lstrip().startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim"
+    assert any(ln.startswith("RUN pip install .") for ln in lines)
+    user = [ln for ln in lines if ln.startswith("USER ")][-1].split()[1]
+    assert user.split(":")[0] not in ("root", "0")
+    assert lines[[i for i, ln in enumerate(lines) if ln.startswith("ENTRYPOINT")][-1]] == 'ENTRYPOINT ["gpupool"]'
+    dep = _docs((DEPLOY / "deployment.yaml").read_text())[0]
+    assert str(dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == user.split(":")[0]
+    ignored = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".git", ".venv", "tests"} <= ignored and "src" not in ignored and "pyproject.toml" not in ignored

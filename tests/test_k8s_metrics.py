@@ -1,0 +1,147 @@
+"""SchedulerMetrics over real HTTP: /metrics parsed as the Prometheus text format, /healthz, /readyz; logs."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpupool.cluster import ClusterState
+from gpupool.k8s.metrics import MetricsServer, SchedulerMetrics, logging_setup
+from gpupool.model import NodeSpec, PodRequest
+
+
+def _get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.fixture
+def served():
+    metrics = SchedulerMetrics()
+    alive = {"ok": True}
+    server = MetricsServer(metrics, host="127.0.0.1", port=0, liveness=lambda: alive["ok"]).start()
+    yield metrics, f"http://127.0.0.1:{server.port}", alive
+    server.stop()
+
+
+def test_scrape_reports_every_series(served):
+    metrics, url, _ = served
+    state = ClusterState([NodeSpec("a100-0", 64000, 500_000, 4, "A100-80GB"),
+                          NodeSpec("t4-0", 32000, 100_000, 2, "T4"),
+                          NodeSpec("cpu-0", 16000, 64_000)])
+    state.allocate(PodRequest("train", num_gpu=2, gpu_milli=1000), 0, [0, 1])
+    state.allocate(PodRequest("nb", num_gpu=1, gpu_milli=250), 0, [2])
+    metrics.set_allocation(state)
+    for _ in range(3):
+        metrics.observe_attempt("scheduled", 0.004)
+    with metrics.attempt() as outcome:
+        outcome["result"] = "unschedulable"
+    with pytest.raises(RuntimeError), metrics.attempt():
+        raise RuntimeError("API down")
+    metrics.set_pending(7)
+    metrics.set_queue("team-a", used=6, quota=8, limit=-1)
+    metrics.set_queue("team-b", used=0, quota=2, limit=4)
+    metrics.set_leader(True)
+
+    status, ctype, body = _get(url + "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    s = _samples(body)
+    assert s[("gpupool_schedule_attempts_total", (("result", "scheduled"),))] == 3
+    assert s[("gpupool_schedule_attempts_total", (("result", "unschedulable"),))] == 1
+    assert s[("gpupool_schedule_attempts_total", (("result", "error"),))] == 1
+    assert s[("gpupool_scheduling_duration_seconds_count", ())] == 5
+    assert s[("gpupool_scheduling_duration_seconds_bucket", (("le", "0.005"),))] >= 3
+    assert s[("gpupool_scheduling_duration_seconds_bucket", (("le", "+Inf"),))] == 5
+    assert s[("gpupool_pending_pods", ())] == 7
+    assert s[("gpupool_gpu_allocation_ratio", (("model", "A100-80GB"), ("node", "a100-0")))] == pytest.approx(2.25 / 4)
+    assert s[("gpupool_gpu_allocation_ratio", (("model", "T4"), ("node", "t4-0")))] == 0
+    assert not any(k[0] == "gpupool_gpu_allocation_ratio" and ("node", "cpu-0") in k[1] for k in s)
+    assert s[("gpupool_queue_gpus", (("kind", "used"), ("queue", "team-a")))] == 6
+    assert s[("gpupool_queue_gpus", (("kind", "quota"), ("queue", "team-a")))] == 8
+    assert s[("gpupool_queue_gpus", (("kind", "limit"), ("queue", "team-a")))] == -1
+    assert s[("gpupool_queue_gpus", (("kind", "limit"), ("queue", "team-b")))] == 4
+    assert s[("gpupool_leader", ())] == 1
+
+    # Nodes and queues that disappear stop being reported.
+    metrics.set_allocation(ClusterState([NodeSpec("t4-0", 32000, 100_000, 2, "T4")]))
+    metrics.set_queues({"team-b": (1, 2, 4)})
+    s = _samples(_get(url + "/metrics")[2])
+    alloc = [k for k in s if k[0] == "gpupool_gpu_allocation_ratio"]
+    assert alloc == [("gpupool_gpu_allocation_ratio", (("model", "T4"), ("node", "t4-0")))]
+    assert {dict(k[1])["queue"] for k in s if k[0] == "gpupool_queue_gpus"} == {"team-b"}
+    with pytest.raises(ValueError):
+        metrics.observe_attempt("maybe")
+
+
+def test_health_and_readiness(served):
+    metrics, url, alive = served
+    assert _get(url + "/healthz")[0] == 200
+    status, _, body = _get(url + "/readyz")
+    assert status == 503 and "not synced" in body
+    metrics.set_ready()
+    assert _get(url + "/readyz")[:1] == (200,)
+    metrics.set_ready(False)
+    assert _get(url + "/readyz")[0] == 503
+    alive["ok"] = False
+    assert _get(url + "/healthz")[0] == 503
+    assert _get(url + "/nope")[0] == 404
+
+
+def test_two_instances_do_not_collide():
+    a, b = SchedulerMetrics(), SchedulerMetrics()
+    a.observe_attempt("scheduled")
+    assert a.registry.get_sample_value("gpupool_schedule_attempts_total", {"result": "scheduled"}) == 1
+    assert b.registry.get_sample_value("gpupool_schedule_attempts_total", {"result": "scheduled"}) == 0
+
+
+@pytest.mark.parametrize("fmt", ["json", "kv"])
+def test_structured_logs(fmt):
+    stream = io.StringIO()
+    root_level = logging.getLogger().level
+    handler = logging_setup("DEBUG", fmt=fmt, stream=stream)
+    try:
+        logging.getLogger("gpupool.test").info("bound pod %s", "team-a/p1",
+                                               extra={"node": "a100-0", "gpus": [0, 1], "note": "two words"})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("gpupool.test").exception("bind failed")
+        logging_setup("INFO", fmt=fmt, stream=stream)  # a second call replaces, not stacks, the handler
+        assert sum(getattr(h, "_gpupool", False) for h in logging.getLogger().handlers) == 1
+    finally:
+        for h in list(logging.getLogger().handlers):
+            if getattr(h, "_gpupool", False):
+                logging.getLogger().removeHandler(h)
+        logging.getLogger().setLevel(root_level)
+    lines = stream.getvalue().strip().splitlines()
+    if fmt == "json":
+        first = json.loads(lines[0])
+        assert first["msg"] == "bound pod team-a/p1" and first["level"] == "info"
+        assert first["node"] == "a100-0" and first["gpus"] == [0, 1] and first["logger"] == "gpupool.test"
+        assert first["ts"].endswith("Z")
+        err = json.loads(lines[1])
+        assert err["level"] == "error" and "ValueError: boom" in err["exc"]
+    else:
+        assert lines[0].startswith("ts=") and 'msg="bound pod team-a/p1"' in lines[0]
+        assert "node=a100-0" in lines[0] and 'note="two words"' in lines[0]
+        assert "level=error" in lines[1] and "exc=" in lines[1]
+    with pytest.raises(ValueError):
+        logging_setup(fmt="xml", stream=io.StringIO())
+    assert handler is not None

@@ -1,0 +1,730 @@
+"""The live scheduler against a Kubernetes API mock server over real HTTP, with the official client.
+
+The server is kmock's ``KubernetesEmulator`` (aiohttp, real sockets, the API's JSON and watch-stream wire
+format), extended here with what a scheduler depends on and the emulator leaves out:
+
+* ``resourceVersion`` on every change, LIST answering with the current one, WATCH resuming from a given
+  one (replaying only the later events), ``410 Gone`` for a compacted one, and a BOOKMARK after catch-up;
+* the ``pods/binding`` subresource with the API server's rules (404 for a missing pod, 409 for a pod
+  already bound or a UID mismatch; annotations of the Binding copied onto the pod; PodScheduled=True);
+* ``generateName`` for Events;
+* fault hooks: run something just before a binding is served (bind the pod elsewhere, delete it),
+  end every open watch, compact the history.
+
+The emulator runs on its own event loop thread; the scheduler's threads use the official ``kubernetes``
+client against it exactly as against a real API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import kmock
+import pytest
+from kubernetes import client
+
+from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MILLI, ANN_NODE
+from gpupool.k8s.scheduler import Scheduler, SchedulerConfig, _Assumed, assignment_annotations
+from gpupool.k8s.snapshot import Placement
+
+PODS = kmock.resource("", "v1", "pods")
+NODES = kmock.resource("", "v1", "nodes")
+EVENTS = kmock.resource("", "v1", "events")
+PODGROUPS = kmock.resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
+QUEUES = kmock.resource("gpupool.io", "v1alpha1", "queues")
+
+
+class _EventLog:
+    """Stands in for kmock's per-resource bus: stamps each event (and the stored object) with the next
+    resourceVersion and keeps the event for watches that resume from an older one."""
+
+    def __init__(self, server: ApiServer, resource) -> None:
+        self.server = server
+        self.resource = resource
+        self.events: list[tuple[int, dict[str, Any]]] = []
+
+    async def put(self, *events: dict[str, Any]) -> None:
+        for event in events:
+            self.server.rv += 1
+            rv = str(self.server.rv)
+            obj = copy.deepcopy(dict(event["object"]))
+            meta = obj.setdefault("metadata", {})
+            meta["resourceVersion"] = rv
+            self.events.append((self.server.rv, {"type": event["type"], "object": obj}))
+            key = (self.resource, meta.get("namespace"), meta.get("name"))
+            if event["type"] != "DELETED" and key in self.server._objects and not self.server._objects[key].deleted:
+                self.server._objects[key].patch({"metadata": {"resourceVersion": rv}})
+        async with self.server.cond:
+            self.server.cond.notify_all()
+
+
+class _EventLogs(dict):
+    def __init__(self, server: ApiServer) -> None:
+        super().__init__()
+        self.server = server
+
+    def __missing__(self, resource) -> _EventLog:
+        log = self[resource] = _EventLog(self.server, resource)
+        return log
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    rv: int = 0
+    compacted: int = 0
+    epoch: int = 0
+    cond: asyncio.Condition = attrs.field(factory=asyncio.Condition)
+    before_bind: dict[str, Callable[..., Any]] = attrs.field(factory=dict)
+    binds: list[tuple[str, str, str]] = attrs.field(factory=list)
+    watches: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._buses = _EventLogs(self)
+        self["post", PODS, kmock.subresource("binding")] << self._serve_binding
+        self["put"] << self._serve_replace
+
+    # -- generateName, as the API server does it
+    async def _handle(self, request):  # type: ignore[override]
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            meta.setdefault("uid", str(uuid.uuid4()))
+        return await super()._handle(request)
+
+    def _current(self, resource, namespace: str | None) -> list[dict[str, Any]]:
+        return [copy.deepcopy(obj.raw) for (res, ns, _), obj in self._objects.items()
+                if res == resource and not obj.deleted and (namespace is None or ns == namespace)]
+
+    async def _serve_list(self, request):  # type: ignore[override]
+        result = await super()._serve_list(request)
+        result["metadata"] = {"resourceVersion": str(self.rv)}
+        return result
+
+    async def _serve_watch(self, request):  # type: ignore[override]
+        yield b""
+        self.watches += 1
+        resource, namespace = request.resource, request.namespace
+        log = self._buses[resource]
+        rv = request.params.get("resourceVersion")
+        epoch = self.epoch
+        if rv and rv != "0":
+            pos = int(rv)
+            if pos < self.compacted:
+                yield {"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 410,
+                    "reason": "Expired", "message": f"too old resource version: {pos} ({self.compacted})"}}
+                return
+        else:
+            async with self._lock:
+                objs = self._current(resource, namespace)
+                pos = self.rv
+            for obj in objs:
+                yield {"type": "ADDED", "object": obj}
+        bookmark = request.params.get("allowWatchBookmarks") == "true"
+        while True:
+            for r, event in [(r, e) for r, e in log.events if r > pos]:
+                pos = r
+                if namespace is None or event["object"].get("metadata", {}).get("namespace") == namespace:
+                    yield event
+            if bookmark:
+                bookmark = False
+                yield {"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+                                                      "metadata": {"resourceVersion": str(max(pos, self.rv))}}}
+            async with self.cond:
+                if self.epoch != epoch:
+                    return
+                if not any(r > pos for r, _ in log.events):
+                    await self.cond.wait()
+            if self.epoch != epoch:
+                return
+
+    # -- PUT (replace) with optimistic concurrency, as the Lease elector uses it
+    async def _serve_replace(self, request):
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                raise kmock.KubernetesError(status=404, reason="NotFound", message=f"{request.name} not found")
+            obj = self._objects[key]
+            have = str((obj.raw.get("metadata") or {}).get("resourceVersion") or "")
+            want = str(((request.data or {}).get("metadata") or {}).get("resourceVersion") or "")
+            if want and want != have:
+                raise kmock.KubernetesError(status=409, reason="Conflict",
+                                            message="the object has been modified; please apply your changes")
+            obj.patch({**request.data, "spec": None})
+            obj.patch({"spec": request.data.get("spec")})
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": obj.raw})
+            return obj.raw
+
+    # -- pods/binding
+    async def _serve_binding(self, request):
+        ns, name = request.namespace, request.name
+        hook = self.before_bind.pop(name, None)
+        if hook is not None:
+            await hook(self, ns, name)
+        body = request.data or {}
+        target = (body.get("target") or {}).get("name")
+        async with self._lock:
+            key = (PODS, ns, name)
+            if key not in self._objects or self._objects[key].deleted:
+                raise kmock.KubernetesError(status=404, reason="NotFound", message=f'pods "{name}" not found')
+            obj = self._objects[key]
+            uid = (body.get("metadata") or {}).get("uid")
+            if uid and uid != obj.raw.get("metadata", {}).get("uid"):
+                raise kmock.KubernetesError(status=409, reason="Conflict", message="Precondition failed: UID")
+            bound = (obj.raw.get("spec") or {}).get("nodeName")
+            if bound:
+                raise kmock.KubernetesError(
+                    status=409, reason="Conflict",
+                    message=f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+                            f'assigned to node "{bound}"')
+            await self._set_node(ns, name, target, (body.get("metadata") or {}).get("annotations") or {})
+            self.binds.append((ns, name, target))
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    async def _set_node(self, ns: str, name: str, node: str, annotations: dict[str, str] | None = None) -> None:
+        obj = self._objects[PODS, ns, name]
+        conditions = [c for c in (obj.raw.get("status") or {}).get("conditions") or []
+                      if c.get("type") != "PodScheduled"]
+        conditions.append({"type": "PodScheduled", "status": "True"})
+        obj.patch({"spec": {"nodeName": node}, "metadata": {"annotations": annotations or {}},
+                   "status": {"conditions": conditions}})
+        await self._buses[PODS].put({"type": "MODIFIED", "object": obj.raw})
+
+    # -- fault injection (called in the server's loop)
+    async def bind_elsewhere(self, ns: str, name: str, node: str) -> None:
+        async with self._lock:
+            await self._set_node(ns, name, node)
+
+    async def delete_pod(self, ns: str, name: str) -> None:
+        async with self._lock:
+            obj = self._objects[PODS, ns, name]
+            raw = obj.raw
+            obj.delete()
+            await self._buses[PODS].put({"type": "DELETED", "object": raw})
+
+    async def drop_watches(self) -> None:
+        async with self.cond:
+            self.epoch += 1
+            self.cond.notify_all()
+
+
+class Harness:
+    """The API server on a background event loop, and helpers to talk to it from the test's thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10), "mock API server did not start"
+        cfg = client.Configuration()
+        cfg.host = str(self.srv.url).rstrip("/")
+        self.url = cfg.host
+        self.api = client.ApiClient(cfg)
+        self.v1 = client.CoreV1Api(self.api)
+        self.schedulers: list[Scheduler] = []
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with ApiServer() as server, kmock.Server(server) as srv:
+            self.server, self.srv = server, srv
+            server.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
+            server.resources[NODES] = kmock.ResourceInfo(kind="Node", namespaced=False)
+            server.resources[EVENTS] = kmock.ResourceInfo(kind="Event", namespaced=True)
+            self._ready.set()
+            await self._stop.wait()
+            await server.drop_watches()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (sync, or returning an awaitable) in the server's loop and return its result."""
+        async def wrapper():
+            result = fn()
+            if asyncio.iscoroutine(result):
+                result = await result
+            return result
+        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(10)
+
+    def close(self) -> None:
+        for s in self.schedulers:
+            s.stop()
+        self.api.close()
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    # -- objects
+    def declare(self, resource) -> None:
+        self.call(lambda: self.server.resources.__setitem__(resource, kmock.ResourceInfo(namespaced=True)))
+
+    def put_silently(self, resource, ns: str | None, obj: dict[str, Any]) -> None:
+        """Store an object without any watch event (as if the event was lost to compaction)."""
+        def do():
+            self.server.objects[resource, ns, obj["metadata"]["name"]] = copy.deepcopy(obj)
+        self.call(do)
+
+    def objects(self, resource) -> list[dict[str, Any]]:
+        return self.call(lambda: self.server._current(resource, None))
+
+    def pod(self, name: str, ns: str = "default") -> dict[str, Any] | None:
+        return next((p for p in self.objects(PODS) if p["metadata"]["name"] == name
+                     and p["metadata"].get("namespace") == ns), None)
+
+    def events_for(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.objects(EVENTS) if e.get("involvedObject", {}).get("name") == name]
+
+    def create_node(self, node: dict[str, Any]) -> None:
+        self.v1.create_node(node, _preload_content=False)
+
+    def create_pod(self, pod: dict[str, Any]) -> None:
+        self.v1.create_namespaced_pod(pod["metadata"].get("namespace", "default"), pod, _preload_content=False)
+
+    def scheduler(self, leader: Callable[[], bool] | None = None, identity: str = "gpupool-0") -> Scheduler:
+        cfg = SchedulerConfig(identity=identity, batch_s=0.01, backoff_initial_s=0.05, backoff_max_s=0.3,
+                              optional_retry_s=0.5, resync_s=0.5, watch_timeout_s=30)
+        s = Scheduler(self.api, cfg, leader=leader)
+        self.schedulers.append(s)
+        s.start()
+        return s
+
+
+@pytest.fixture()
+def h():
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 8.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# ------------------------------------------------------------------ builders
+_uids = itertools.count()
+
+
+def gpu_node(name: str, gpus: int = 2, product: str = "NVIDIA-H100-80GB-HBM3", **labels: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": product, **labels}},
+            "spec": {},
+            "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": str(gpus), "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def gpu_pod(name: str, gpus: int | None = None, annotations: dict[str, str] | None = None,
+            labels: dict[str, str] | None = None, node: str | None = None, scheduler: str = "gpupool",
+            ns: str = "default") -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": str(gpus)} if gpus is not None else {}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}-{next(_uids)}",
+                        "annotations": annotations or {}, "labels": labels or {},
+                        "creationTimestamp": "2025-01-01T00:00:00Z"},
+           "spec": {"schedulerName": scheduler,
+                    "containers": [{"name": "main", "image": "busybox",
+                                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": limits}}]},
+           "status": {"phase": "Pending"}}
+    if node:
+        pod["spec"]["nodeName"] = node
+        pod["status"]["phase"] = "Running"
+    return pod
+
+
+def bound_node(h: Harness, name: str) -> str | None:
+    pod = h.pod(name)
+    return (pod or {}).get("spec", {}).get("nodeName")
+
+
+def gpu_use(h: Harness) -> dict[tuple[str, int], int]:
+    """milli-GPU per (node, device) from gpupool's annotations of every bound pod."""
+    use: dict[tuple[str, int], int] = collections.Counter()
+    for p in h.objects(PODS):
+        ann = p["metadata"].get("annotations") or {}
+        node = p.get("spec", {}).get("nodeName")
+        if node and ann.get(ANN_NODE) == node and ann.get(ANN_GPU_INDEX):
+            for g in ann[ANN_GPU_INDEX].split(","):
+                use[node, int(g)] += int(ann[ANN_GPU_MILLI])
+    return use
+
+
+# ------------------------------------------------------------------ tests
+def test_list_watch_bind_fraction_records_gpu_and_events(h):
+    """The issue's acceptance case: a pod with gpu-fraction 0.25 is bound with its GPU recorded on it."""
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_pod(gpu_pod("early", gpus=1, annotations={}))  # exists before the scheduler starts: found by LIST
+    s = h.scheduler()
+    wait_for(lambda: bound_node(h, "early") == "n1", what="early bound")
+    h.create_pod(gpu_pod("frac", annotations={"gpu-fraction": "0.25"}))  # arrives through the WATCH
+    h.create_node(gpu_node("n2", gpus=1))  # a node added later is seen too
+    wait_for(lambda: bound_node(h, "frac") == "n2", what="frac bound to the new node")
+    ann = h.pod("frac")["metadata"]["annotations"]
+    assert ann[ANN_NODE] == "n2" and ann[ANN_GPU_INDEX] == "0" and ann[ANN_GPU_MILLI] == "250"
+    assert ann["gpupool.io/gpu-memory"] == str(81559 * 250 // 1000)
+    scheduled = wait_for(lambda: [e for e in h.events_for("frac") if e["reason"] == "Scheduled"], what="event")
+    assert scheduled[0]["message"] == "Successfully assigned default/frac to n2"
+    assert scheduled[0]["source"]["component"] == "gpupool"
+    assert ("default", "frac", "n2") in h.server.binds
+    assert s.reflectors[0].resource_version is not None
+
+
+def test_unschedulable_pod_gets_event_and_condition(h):
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_pod(gpu_pod("big", gpus=4))
+    h.scheduler()
+    ev = wait_for(lambda: [e for e in h.events_for("big") if e["reason"] == "FailedScheduling"], what="event")
+    assert ev[0]["type"] == "Warning"
+    assert ev[0]["message"] == "0/1 nodes are available: 1 Insufficient GPU share."
+    cond = wait_for(lambda: [c for c in h.pod("big")["status"].get("conditions", [])
+                             if c["type"] == "PodScheduled"], what="condition")
+    assert cond[0] == {**cond[0], "status": "False", "reason": "Unschedulable",
+                       "message": "0/1 nodes are available: 1 Insufficient GPU share."}
+    time.sleep(0.3)  # later cycles do not repeat the same event
+    assert len([e for e in h.events_for("big") if e["reason"] == "FailedScheduling"]) == 1
+    assert bound_node(h, "big") is None
+
+
+def test_malformed_annotation_fails_alone(h):
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_pod(gpu_pod("bad", annotations={"gpu-fraction": "half"}))
+    h.create_pod(gpu_pod("good", annotations={"gpu-fraction": "0.5"}))
+    h.scheduler()
+    wait_for(lambda: bound_node(h, "good") == "n1", what="good bound")
+    ev = wait_for(lambda: [e for e in h.events_for("bad") if e["reason"] == "FailedScheduling"], what="event")
+    assert ev[0]["message"] == 'pod default/bad: annotation gpu-fraction="half": must be a number in (0, 1]'
+    assert bound_node(h, "bad") is None
+    assert "gpupool.io/node" not in h.pod("bad")["metadata"]["annotations"]
+
+
+def test_watch_expiry_relists_and_finds_missed_pod(h):
+    h.create_node(gpu_node("n1", gpus=2))
+    s = h.scheduler()
+    pods = s.reflectors[1]
+    wait_for(lambda: s.synced, what="synced")
+    lists_before = pods.lists
+    # A pod whose ADDED event the scheduler never sees: only a relist can find it.
+    h.put_silently(PODS, "default", gpu_pod("missed", gpus=1))
+    h.call(lambda: setattr(h.server, "compacted", h.server.rv + 1))
+    h.call(h.server.drop_watches)  # the open watch ends; resuming from the old resourceVersion gets 410
+    wait_for(lambda: bound_node(h, "missed") == "n1", what="missed pod bound after relist")
+    assert pods.lists > lists_before
+
+
+def test_watch_resumes_from_resource_version_after_disconnect(h):
+    h.create_node(gpu_node("n1", gpus=2))
+    s = h.scheduler()
+    wait_for(lambda: s.synced, what="synced")
+    pods = s.reflectors[1]
+    wait_for(lambda: pods.resource_version is not None, what="bookmark or event")
+    lists_before, watches_before = pods.lists, h.server.watches
+    h.call(h.server.drop_watches)
+    h.create_pod(gpu_pod("after", gpus=1))
+    wait_for(lambda: bound_node(h, "after") == "n1", what="bound")
+    assert pods.lists == lists_before  # resumed, no relist needed
+    assert h.server.watches > watches_before
+    # Bookmarks: the node watch saw no node change, yet its resourceVersion follows the server's.
+    wait_for(lambda: s.reflectors[0].resource_version == str(h.server.rv) or h.call(h.server.drop_watches),
+             what="bookmark")
+
+
+def test_conflict_409_counts_the_pod_where_the_api_says(h):
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_node(gpu_node("n2", gpus=1, **{"gpupool.io/test": "x"}))
+    h.create_pod(gpu_pod("raced", gpus=1))
+    taken: list[str] = []
+
+    async def someone_else_binds_first(server, ns, name):
+        pod = server._objects[PODS, ns, name].raw
+        planned = pod["metadata"]["annotations"]["gpupool.io/node"]
+        other = "n2" if planned == "n1" else "n1"
+        taken.append(other)
+        await server.bind_elsewhere(ns, name, other)
+
+    h.call(lambda: h.server.before_bind.__setitem__("raced", someone_else_binds_first))
+    s = h.scheduler()
+    wait_for(lambda: taken and bound_node(h, "raced") == taken[0], what="bound elsewhere")
+    wait_for(lambda: "gpupool.io/node" not in h.pod("raced")["metadata"]["annotations"], what="annotations undone")
+    # The GPU the other scheduler took is not handed out again; the free one is.
+    h.create_pod(gpu_pod("next", gpus=1))
+    h.create_pod(gpu_pod("third", gpus=1))
+    free = "n1" if taken[0] == "n2" else "n2"
+    wait_for(lambda: bound_node(h, "next") == free, what="next on the free node")
+    wait_for(lambda: h.events_for("third") and h.events_for("third")[0]["reason"] == "FailedScheduling",
+             what="third unschedulable")
+    assert bound_node(h, "third") is None
+    assert not [b for b in h.server.binds if b[1] == "raced"]  # gpupool's binding was refused (409)
+    assert ("default/raced", taken[0]) not in s.bindings
+
+
+def test_pod_deleted_before_binding(h):
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_pod(gpu_pod("doomed", gpus=1))
+
+    async def delete_first(server, ns, name):
+        await server.delete_pod(ns, name)
+
+    h.call(lambda: h.server.before_bind.__setitem__("doomed", delete_first))
+    s = h.scheduler()
+    wait_for(lambda: h.pod("doomed") is None, what="deleted")
+    h.create_pod(gpu_pod("heir", gpus=1))  # the GPU the deleted pod was given is free again
+    wait_for(lambda: bound_node(h, "heir") == "n1", what="heir bound")
+    assert not any(b[1] == "doomed" for b in h.server.binds)
+    assert "default/doomed" not in s.assumed
+
+
+def test_node_that_vanishes_is_dropped(h):
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_pod(gpu_pod("p", gpus=1))
+    s = h.scheduler()
+    wait_for(lambda: bound_node(h, "p") == "n1", what="bound")
+    h.v1.delete_node("n1", _preload_content=False)  # p is now bound to a node that does not exist
+    h.create_node(gpu_node("n2", gpus=1))
+    h.create_pod(gpu_pod("q", gpus=1))
+    wait_for(lambda: bound_node(h, "q") == "n2", what="q on n2")
+    h.create_pod(gpu_pod("r", gpus=1))
+    ev = wait_for(lambda: h.events_for("r"), what="r reported")
+    assert ev[0]["message"] == "0/1 nodes are available: 1 Insufficient GPU share."
+    assert s.cycles > 0
+
+
+def test_node_gone_at_binding_time_is_planned_again(h):
+    h.create_node(gpu_node("n1", gpus=1))
+    s = Scheduler(h.api, SchedulerConfig())  # not started: drive one binding by hand
+    pod = gpu_pod("p", gpus=1)
+    h.create_pod(pod)
+    placement = Placement("default/p", "n1", (0,), 1000)
+    a = _Assumed(pod["metadata"]["uid"], placement, assignment_annotations(placement))
+    s.assumed["default/p"] = a
+    s.cache.replace("nodes", [])  # the node left the cache after the plan was made
+    assert s._bind(pod, a) == "node_gone"
+    assert "default/p" not in s.assumed and not h.server.binds
+    s.cache.replace("nodes", [gpu_node("n1")])
+    s.assumed["default/p"] = a
+    assert s._bind(pod, a) == "bound"
+    assert h.server.binds == [("default", "p", "n1")]
+    s.stop()
+
+
+def test_restart_with_pods_already_bound_never_double_allocates(h):
+    h.create_node(gpu_node("n1", gpus=2))
+    # Bound before gpupool starts: one by gpupool (annotations), one by kube-scheduler (no annotations).
+    h.create_pod(gpu_pod("mine", node="n1", annotations={"gpu-fraction": "0.5", ANN_NODE: "n1", ANN_GPU_INDEX: "1",
+                                                         ANN_GPU_MILLI: "500"}))
+    h.create_pod(gpu_pod("theirs", gpus=1, node="n1", scheduler="default-scheduler"))
+    h.create_pod(gpu_pod("half", annotations={"gpu-fraction": "0.5"}))
+    h.create_pod(gpu_pod("whole", gpus=1))
+    s1 = h.scheduler(identity="gpupool-a")
+    wait_for(lambda: bound_node(h, "half") == "n1", what="half bound")
+    wait_for(lambda: h.events_for("whole"), what="whole reported")
+    assert h.pod("half")["metadata"]["annotations"][ANN_GPU_INDEX] == "1"  # next to "mine" (0 is "theirs")
+    s1.stop()
+    # A fresh replica rebuilds everything from the API.
+    s2 = h.scheduler(identity="gpupool-b")
+    h.create_pod(gpu_pod("late", annotations={"gpu-fraction": "0.25"}))
+    wait_for(lambda: h.events_for("late"), what="late reported")
+    assert bound_node(h, "late") is None and bound_node(h, "whole") is None
+    assert all(v <= 1000 for v in gpu_use(h).values())
+    assert s2.cycles > 0 and not s2.bindings
+
+
+def test_two_replicas_only_the_leader_binds(h):
+    h.create_node(gpu_node("n1", gpus=2))
+    leader = {"a": True, "b": False}
+    a = h.scheduler(leader=lambda: leader["a"], identity="a")
+    b = h.scheduler(leader=lambda: leader["b"], identity="b")
+    h.create_pod(gpu_pod("p1", gpus=1))
+    wait_for(lambda: bound_node(h, "p1"), what="p1 bound")
+    wait_for(lambda: a.bindings, what="a's record of the binding")
+    assert not b.bindings
+    leader["a"] = False  # hand-over: b becomes leader and rebuilds from the API first
+    leader["b"] = True
+    h.create_pod(gpu_pod("p2", gpus=1))
+    h.create_pod(gpu_pod("p3", gpus=1))
+    wait_for(lambda: bound_node(h, "p2"), what="p2 bound")
+    wait_for(lambda: h.events_for("p3"), what="p3 reported")
+    wait_for(lambda: b.bindings, what="b's record of the binding")
+    assert [p for p, _ in b.bindings] == ["default/p2"]
+    assert b.reflectors[1].lists >= 2  # listed again when elected: state rebuilt from the API
+    assert bound_node(h, "p3") is None
+    assert all(v <= 1000 for v in gpu_use(h).values())
+
+
+def test_gang_binds_all_or_nothing(h):
+    h.declare(PODGROUPS)
+    h.create_node(gpu_node("n1", gpus=2))
+    h.create_node(gpu_node("n2", gpus=2))
+    group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+             "metadata": {"name": "job", "namespace": "default"}, "spec": {"minMember": 3}}
+    client.CustomObjectsApi(h.api).create_namespaced_custom_object(
+        "scheduling.x-k8s.io", "v1alpha1", "default", "podgroups", group, _preload_content=False)
+    label = {"scheduling.x-k8s.io/pod-group": "job"}
+    h.scheduler()
+    h.create_pod(gpu_pod("w0", gpus=2, labels=label))
+    h.create_pod(gpu_pod("w1", gpus=2, labels=label))
+    wait_for(lambda: h.events_for("w0"), what="gang waiting")
+    assert "waiting for the rest" in h.events_for("w0")[0]["message"]
+    h.create_pod(gpu_pod("w2", gpus=2, labels=label))  # 3 x 2 GPUs do not fit on 2 x 2: nothing is bound
+    wait_for(lambda: any("cannot be placed together" in e["message"] for e in h.events_for("w2")), what="refused")
+    assert not h.server.binds
+    h.create_node(gpu_node("n3", gpus=2))
+    wait_for(lambda: all(bound_node(h, f"w{i}") for i in range(3)), what="gang bound")
+    assert sorted(bound_node(h, f"w{i}") for i in range(3)) == ["n1", "n2", "n3"]
+
+
+def test_queue_limit_refuses_and_crd_absence_is_tolerated(h):
+    h.create_node(gpu_node("n1", gpus=4))
+    s = h.scheduler()
+    wait_for(lambda: s.synced, what="synced without Queue or PodGroup CRDs")
+    h.create_pod(gpu_pod("free-for-all", gpus=1, labels={"kueue.x-k8s.io/queue-name": "team-a"}))
+    wait_for(lambda: bound_node(h, "free-for-all"), what="bound with no Queue CRD (no limits)")
+    h.declare(QUEUES)
+    custom = client.CustomObjectsApi(h.api)
+    custom.create_cluster_custom_object("gpupool.io", "v1alpha1", "queues", {
+        "apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": "team-a"},
+        "spec": {"quota": 1, "limit": 2, "weight": 1}}, _preload_content=False)
+    wait_for(lambda: s.cache.objects["queues"], timeout=5, what="queues seen")
+    h.create_pod(gpu_pod("second", gpus=1, labels={"kueue.x-k8s.io/queue-name": "team-a"}))
+    h.create_pod(gpu_pod("third", gpus=1, labels={"kai.scheduler/queue": "team-a"}))
+    h.create_pod(gpu_pod("lost", gpus=1, labels={"kai.scheduler/queue": "nobody"}))
+    wait_for(lambda: bound_node(h, "second"), what="second bound")
+    ev = wait_for(lambda: h.events_for("third"), what="third refused")
+    assert ev[0]["message"] == "queue team-a would exceed its limit: 2 of 2 GPU in use, 1 more asked"
+    ev = wait_for(lambda: h.events_for("lost"), what="lost refused")
+    assert ev[0]["message"].startswith("queue nobody not found")
+
+
+LEASES = kmock.resource("coordination.k8s.io", "v1", "leases")
+
+
+def write_kubeconfig(h: Harness, tmp_path) -> Any:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: mock\n"
+        f"clusters:\n- name: mock\n  cluster:\n    server: {h.url}\n"
+        "users:\n- name: me\n  user:\n    token: t0ken\n"
+        "contexts:\n- name: mock\n  context:\n    cluster: mock\n    user: me\n")
+    return kubeconfig
+
+
+def test_cli_dry_run_on_the_live_cluster_binds_nothing(h, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpupool.cli import app
+
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_pod(gpu_pod("frac", annotations={"gpu-fraction": "0.25"}))
+    h.create_pod(gpu_pod("big", gpus=2))
+    result = CliRunner().invoke(app, ["scheduler", "--dry-run", "--kubeconfig", str(write_kubeconfig(h, tmp_path)),
+                                      "--json", "-"])
+    assert result.exit_code == 0, result.output
+    placements = {p["pod"]: p for p in json.loads(result.output)["placements"]}
+    assert placements["default/frac"]["node"] == "n1" and placements["default/frac"]["gpu_milli"] == 250
+    assert placements["default/big"]["node"] is None
+    assert not h.server.binds and bound_node(h, "frac") is None
+
+
+def test_cli_scheduler_with_lease_metrics_and_kubeconfig(h, tmp_path):
+    """``gpupool scheduler --leader-elect`` end to end: kubeconfig, Lease, /readyz and /metrics, clean stop."""
+    import logging
+    import socket
+    import urllib.request
+
+    from gpupool.k8s.scheduler_cli import Settings, run_scheduler
+
+    kubeconfig = write_kubeconfig(h, tmp_path)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings = Settings(leader_elect=True, lease_namespace="gpupool-system", lease_duration=2.0, renew_deadline=1.5,
+                        retry_period=0.2, metrics_address=f"127.0.0.1:{port}", log_format="kv", log_level="warning")
+    stop = threading.Event()
+    runner = threading.Thread(target=run_scheduler, args=(settings, 0, "replica-1", kubeconfig, None, stop),
+                              daemon=True)
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_pod(gpu_pod("frac", annotations={"gpu-fraction": "0.25"}))
+    runner.start()
+    try:
+        wait_for(lambda: bound_node(h, "frac") == "n1", what="bound through the CLI")
+        assert h.pod("frac")["metadata"]["annotations"][ANN_GPU_MILLI] == "250"
+        (lease,) = h.objects(LEASES)
+        assert lease["spec"]["holderIdentity"] == "replica-1"
+
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                    return resp.status, resp.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.code, ""
+
+        assert get("/readyz")[0] == 200 and get("/healthz")[0] == 200
+        metrics = wait_for(lambda: (m := get("/metrics")[1]) and 'result="scheduled"} 1.0' in m and m,
+                           what="metrics")
+        assert "gpupool_leader 1.0" in metrics
+    finally:
+        stop.set()
+        runner.join(15)
+        for handler in [x for x in logging.getLogger().handlers if getattr(x, "_gpupool", False)]:
+            logging.getLogger().removeHandler(handler)
+    assert not runner.is_alive()
+    (lease,) = h.objects(LEASES)
+    assert lease["spec"]["holderIdentity"] == ""  # released on a clean stop
+
+
+def test_api_errors_reconnect_with_backoff(h):
+    """A flaky API server (500 on list, 503 on watch) only delays scheduling."""
+    calls = {"list": 0, "watch": 0}
+
+    def flaky_list(request):
+        calls["list"] += 1
+        if calls["list"] <= 2:
+            raise kmock.KubernetesError(status=500, reason="InternalError", message="etcd timeout")
+        raise kmock.ReactionMismatchError()  # then the normal answer
+
+    def flaky_watch(request):
+        calls["watch"] += 1
+        if calls["watch"] <= 2:
+            raise kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="try later")
+        raise kmock.ReactionMismatchError()
+
+    h.call(lambda: h.server[kmock.action.LIST, PODS] << flaky_list)
+    h.call(lambda: h.server[kmock.action.WATCH, PODS] << flaky_watch)
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_pod(gpu_pod("p", gpus=1))
+    s = h.scheduler()
+    wait_for(lambda: bound_node(h, "p") == "n1", what="bound despite the errors")
+    assert calls["list"] >= 3
+    wait_for(lambda: calls["watch"] >= 3, what="watch retried")
+    h.create_node(gpu_node("n2", gpus=1))
+    h.create_pod(gpu_pod("q", gpus=1))  # seen only through the watch that finally works
+    wait_for(lambda: bound_node(h, "q") == "n2", what="q bound")
+    assert s.reflectors[1].lists >= 1
+
+
+def test_backoff_grows_and_resets():
+    from gpupool.k8s.scheduler import Backoff
+
+    b = Backoff(0.5, 4.0)
+    delays = [b.next() for _ in range(6)]
+    assert 0.25 <= delays[0] <= 0.5 and 2.0 <= delays[-1] <= 4.0
+    assert all(d <= 4.0 for d in delays)
+    b.reset()
+    assert b.next() <= 0.5
