@@ -1,7 +1,7 @@
 """``gpupool``: gpupool's default placement policy: FGD plus GPU-model scarcity and GPU packing.
 
 Starts from FGD (Weng et al., ATC'23; :mod:`gpupool.policies.fgd`: integer fragmentation-gradient
-scores, ties by node order) and adds two terms, each measured in the README (openb traces,
+scores, ties by node order) and adds three things, each measured in the README (openb traces,
 inflation protocol, 10 seeds):
 
 1. **GPU-model scarcity.** Pods restricted to a few GPU models (``gpu_spec``) can only use those
@@ -18,6 +18,9 @@ inflation protocol, 10 seeds):
    free GPU share wins (then node order, as FGD), which keeps emptier nodes whole for multi-GPU and
    whole-GPU pods. Only the GPU share counts here: adding CPU to this tie-break packed CPU-poor
    nodes first and stranded their GPUs on ``gpushare100``.
+3. **Memory-aware fragmentation.** A typical pod that fits a node's GPUs and CPU but not its free
+   host memory cannot use those GPUs either (FGD reads CPU only); each typical shape carries the
+   median memory of its pods (:func:`gpupool.frag.typical_pods`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ class GpupoolPolicy(FGD):
     name = "gpupool"
     description = "gpupool default: FGD + GPU-model scarcity (gpu_spec pressure) + GPU packing among ties"
 
+    use_memory = True
     kappa = 1.0
     """Weight of the scarcity term (score points per GPU at pressure 1, in units of POINTS_PER_GPU)."""
     pack_epsilon = 1e-6

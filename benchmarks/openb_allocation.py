@@ -1,0 +1,125 @@
+"""GPU allocation of placement policies on the openb trace variants (inflation protocol).
+
+Reproduces the headline figure of Weng et al., "Beware of Fragmentation", USENIX ATC 2023: the GPU
+allocation ratio when the arrived GPU demand reaches 100% of cluster capacity, mean of 10 seeds
+(42..51), on the 1,213-node openb GPU cluster, for every openb pod list found in
+``../shared/traces/openb`` (default, gpushare100, gpuspec33, multigpu50). Published figures (paper,
+Fig. 9/11/12 as quoted in the project issue): default fgd 95.2%, best-fit 92.9%; gpushare100 fgd
+86.6%, best-fit 84.6%; multigpu50 fgd 97.1%, best-fit 95.6%.
+
+Usage: ``python benchmarks/openb_allocation.py [--policies fgd,best-fit,gpupool] [--seeds 10]
+[--variants default,...] [--jobs 2]``; writes ``benchmarks/results/openb_allocation.{json,md}``.
+``gpupool-no-scarcity``, ``gpupool-no-packing`` and ``gpupool-no-memory`` name ablations of the
+``gpupool`` policy. Each (variant, policy, seed) run is independent; ``--jobs`` runs them in parallel processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from gpupool.policies.gpupool_policy import GpupoolPolicy
+from gpupool.sim.inflation import run_inflation
+from gpupool.traces import load_openb_nodes, load_openb_pods
+
+# ablations of the gpupool policy: each switches one of its ideas off (see its module docstring)
+ABLATIONS = {
+    "gpupool-no-scarcity": type("NoScarcity", (GpupoolPolicy,), {"kappa": 0.0}),
+    "gpupool-no-packing": type("NoPacking", (GpupoolPolicy,), {"pack_epsilon": 0.0}),
+    "gpupool-no-memory": type("NoMemory", (GpupoolPolicy,), {"use_memory": False}),
+}
+
+ROOT = Path(__file__).resolve().parents[1]
+ORDER = ["fgd", "best-fit", "gpupool", *ABLATIONS]
+TRACES = ROOT.parent / "shared" / "traces" / "openb"
+PUBLISHED = {
+    ("default", "fgd"): 95.2, ("default", "best-fit"): 92.9,
+    ("gpushare100", "fgd"): 86.6, ("gpushare100", "best-fit"): 84.6,
+    ("multigpu50", "fgd"): 97.1, ("multigpu50", "best-fit"): 95.6,
+}
+
+
+def _one(args: tuple[str, str, int]) -> dict:
+    variant, policy, seed = args
+    nodes = load_openb_nodes(TRACES / "openb_node_list_gpu_node.csv")
+    pods = load_openb_pods(TRACES / f"openb_pod_list_{variant}.csv")
+    t0 = time.perf_counter()
+    res = run_inflation(nodes, pods, ABLATIONS[policy]() if policy in ABLATIONS else policy, seed=seed)
+    m = res.metrics
+    return {
+        "variant": variant, "policy": policy, "seed": seed,
+        "gpu_allocation_ratio_at_100": res.allocation_at_100,
+        "gpu_allocation_ratio": float(res.allocation[-1]),
+        "unallocated_gpus": m.unallocated_gpus if m else None,
+        "failed_pods": len(res.failed),
+        "first_failure_arrived": res.first_failure_arrived,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policies", default="fgd,best-fit,gpupool")
+    ap.add_argument("--variants", default="default,gpushare100,gpuspec33,multigpu50")
+    ap.add_argument("--seeds", type=int, default=10, help="number of seeds, starting at 42")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the runs of other (variant, policy) pairs from the existing results file")
+    args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    missing = [v for v in variants if not (TRACES / f"openb_pod_list_{v}.csv").exists()]
+    if missing:
+        ap.error(f"trace files not found under {TRACES}: {missing}")
+    tasks = [(v, p, s) for v in variants for p in args.policies.split(",") for s in range(42, 42 + args.seeds)]
+    start = time.time()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = []
+        for i, row in enumerate(pool.map(_one, tasks), 1):
+            rows.append(row)
+            print(f"[{i}/{len(tasks)}] {row['variant']:12s} {row['policy']:10s} seed {row['seed']}: "
+                  f"{100 * row['gpu_allocation_ratio_at_100']:.2f}%", flush=True)
+    pairs = [(v, p) for v in variants for p in args.policies.split(",")]
+    old = args.out / "openb_allocation.json"
+    if args.merge and old.exists():
+        kept = [r for r in json.loads(old.read_text())["runs"] if (r["variant"], r["policy"]) not in pairs]
+        rows = kept + rows
+        pairs = sorted({(r["variant"], r["policy"]) for r in rows},
+                       key=lambda vp: (vp[0], ORDER.index(vp[1]) if vp[1] in ORDER else 99, vp[1]))
+    summary = []
+    for v, p in pairs:
+        mine = [r for r in rows if r["variant"] == v and r["policy"] == p]
+        vals = np.array([r["gpu_allocation_ratio_at_100"] for r in mine])
+        unalloc = np.array([r["unallocated_gpus"] for r in mine])
+        summary.append({"variant": v, "policy": p, "seeds": len(vals),
+                        "mean_at_100_pct": round(100 * vals.mean(), 2), "std_pct": round(100 * vals.std(), 2),
+                        "min_pct": round(100 * vals.min(), 2), "max_pct": round(100 * vals.max(), 2),
+                        "mean_unallocated_gpus_end": round(float(unalloc.mean()), 1),
+                        "published_pct": PUBLISHED.get((v, p))})
+    machine = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+               "numpy": np.__version__, "date": datetime.now(UTC).isoformat(timespec="seconds"),
+               "wall_s": round(time.time() - start, 1)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "openb_allocation.json").write_text(json.dumps(
+        {"machine": machine, "summary": summary, "runs": rows}, indent=1))
+    lines = ["| variant | policy | GPU alloc @100% arrived (mean of seeds) | std | min..max | published |",
+             "|---|---|---:|---:|---|---:|"]
+    for s in summary:
+        pub = f"{s['published_pct']:.1f}" if s["published_pct"] is not None else "-"
+        lines.append(f"| {s['variant']} | {s['policy']} | {s['mean_at_100_pct']:.2f} | {s['std_pct']:.2f} | "
+                     f"{s['min_pct']:.2f}..{s['max_pct']:.2f} | {pub} |")
+    lines.append(f"\nSeeds 42..{41 + args.seeds}; machine: {machine}")
+    (args.out / "openb_allocation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
