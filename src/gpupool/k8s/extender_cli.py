@@ -10,23 +10,8 @@ from typing import Annotated
 
 import typer
 
+from gpupool.k8s.scheduler_cli import ConfigError, load_api_client
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
-
-
-def load_api_client(kubeconfig: Path | None = None, context: str | None = None):
-    """An ``ApiClient``: the given kubeconfig, else the in-cluster ServiceAccount, else ``~/.kube/config``."""
-    from kubernetes import client, config
-
-    if kubeconfig is None and context is None:
-        try:
-            config.load_incluster_config()
-            return client.ApiClient()
-        except config.ConfigException:
-            pass
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
-                            client_configuration=cfg)
-    return client.ApiClient(cfg)
 
 
 def run_extender(*, host: str, port: int, url_prefix: str, policy: str, kubeconfig: Path | None,
@@ -117,11 +102,15 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--policy")
         if log_format not in ("json", "kv", "logfmt"):
             raise typer.BadParameter("expected json or kv", param_hint="--log-format")
-        run_extender(host=host, port=port, url_prefix=url_prefix, policy=policy, kubeconfig=kubeconfig,
-                     context=context, resync=resync, log_format=log_format, log_level=log_level,
-                     dcgm_endpoints=list(dcgm_endpoint or []), prometheus_url=prometheus_url,
-                     telemetry_interval=telemetry_interval, telemetry_max_age=telemetry_max_age,
-                     load_weight=load_weight)
+        try:
+            run_extender(host=host, port=port, url_prefix=url_prefix, policy=policy, kubeconfig=kubeconfig,
+                         context=context, resync=resync, log_format=log_format, log_level=log_level,
+                         dcgm_endpoints=list(dcgm_endpoint or []), prometheus_url=prometheus_url,
+                         telemetry_interval=telemetry_interval, telemetry_max_age=telemetry_max_age,
+                         load_weight=load_weight)
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
 
 
 __all__ = ["load_api_client", "register", "run_extender"]

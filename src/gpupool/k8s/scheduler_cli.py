@@ -75,6 +75,9 @@ class Settings:
     dcgm_endpoints: list[str] = field(default_factory=list)
 
 
+CONFIG_KEYS = {"apiVersion", "kind", "leaderElection", "profiles", "metrics", "logging", "telemetry"}
+
+
 def load_config(path: Path, settings: Settings | None = None) -> Settings:
     """Read a ``GpupoolSchedulerConfiguration`` YAML file into ``settings`` (raises :class:`ConfigError`)."""
     s = settings or Settings()
@@ -86,6 +89,19 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
         raise ConfigError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping at the top")
+    if doc.get("kind") == "ConfigMap":  # deploy/configmap.yaml as it is: read its data["config.yaml"]
+        inner = (doc.get("data") or {}).get("config.yaml")
+        if not isinstance(inner, str):
+            raise ConfigError(f"{path}: ConfigMap without a data['config.yaml'] entry")
+        try:
+            doc = yaml.safe_load(inner) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: data['config.yaml']: invalid YAML: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: data['config.yaml']: expected a mapping at the top")
+    unknown = sorted(set(doc) - CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(CONFIG_KEYS))}")
 
     def section(name: str) -> dict[str, Any]:
         value = doc.get(name) or {}
@@ -109,6 +125,11 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
         raise ConfigError(f"{path}: profiles: gpupool runs one profile, got {len(profiles)}")
     if profiles:
         prof = profiles[0] or {}
+        if not isinstance(prof, dict):
+            raise ConfigError(f"{path}: profiles[0]: expected a mapping")
+        bad = sorted(set(prof) - {"schedulerName", "policy"})
+        if bad:
+            raise ConfigError(f"{path}: profiles[0]: unknown field(s) {', '.join(bad)}; known: policy, schedulerName")
         s.scheduler_name = str(prof.get("schedulerName") or s.scheduler_name)
         s.policy = str(prof.get("policy") or s.policy)
     s.metrics_address = str(section("metrics").get("bindAddress") or s.metrics_address)
@@ -122,7 +143,10 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
 
 
 def load_api_client(kubeconfig: Path | None = None, context: str | None = None):
-    """An ``ApiClient``: the given kubeconfig, else the in-cluster ServiceAccount, else ``~/.kube/config``."""
+    """An ``ApiClient``: the given kubeconfig, else the in-cluster ServiceAccount, else ``~/.kube/config``.
+
+    Raises :class:`ConfigError` when none of them gives a usable configuration.
+    """
     from kubernetes import client, config
 
     if kubeconfig is None and context is None:
@@ -132,8 +156,12 @@ def load_api_client(kubeconfig: Path | None = None, context: str | None = None):
         except config.ConfigException:
             pass
     cfg = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
-                            client_configuration=cfg)
+    try:
+        config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
+                                client_configuration=cfg)
+    except (config.ConfigException, OSError) as exc:
+        where = kubeconfig or "~/.kube/config (or $KUBECONFIG)"
+        raise ConfigError(f"no usable Kubernetes configuration: not in a cluster, and {where}: {exc}") from None
     return client.ApiClient(cfg)
 
 

@@ -1,0 +1,43 @@
+"""`gpupool scheduler --config`: the deploy ConfigMap as it is, strict keys, no kubeconfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpupool.cli import app
+from gpupool.k8s.scheduler_cli import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_configmap_file_is_read_as_deployed(tmp_path: Path) -> None:
+    settings = load_config(ROOT / "deploy" / "configmap.yaml")
+    assert settings.policy == "gpupool" and settings.scheduler_name == "gpupool" and settings.leader_elect
+    changed = tmp_path / "cm.yaml"
+    changed.write_text((ROOT / "deploy" / "configmap.yaml").read_text().replace("policy: gpupool",
+                                                                                "policy: k8s-default"))
+    assert load_config(changed).policy == "k8s-default"
+
+
+@pytest.mark.parametrize("text, match", [
+    ("profiles:\n  - schedulerName: gpupool\n    polcy: fgd\n", "unknown field.*polcy"),
+    ("leaderElecton:\n  leaderElect: true\n", "unknown field.*leaderElecton"),
+    ("kind: ConfigMap\ndata: {}\n", "data\\['config.yaml'\\]"),
+])
+def test_config_typos_are_errors(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_config(path)
+
+
+def test_no_kubeconfig_is_a_clean_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    result = CliRunner().invoke(app, ["scheduler"])
+    assert result.exit_code == 2
+    assert "no usable Kubernetes configuration" in result.output
