@@ -8,7 +8,7 @@ Fig. 9/11/12 as quoted in the project issue): default fgd 95.2%, best-fit 92.9%;
 86.6%, best-fit 84.6%; multigpu50 fgd 97.1%, best-fit 95.6%.
 
 Usage: ``python benchmarks/openb_allocation.py [--policies fgd,best-fit,gpupool] [--seeds 10]
-[--variants default,...] [--jobs 2]``; writes ``benchmarks/results/openb_allocation.{json,md}``.
+[--variants default,...] [--jobs 2] [--traces DIR]``; writes ``benchmarks/results/openb_allocation.{json,md}``.
 ``gpupool-no-scarcity``, ``gpupool-no-packing`` and ``gpupool-no-memory`` name ablations of the
 ``gpupool`` policy. Each (variant, policy, seed) run is independent; ``--jobs`` runs them in parallel processes.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -38,7 +39,7 @@ ABLATIONS = {
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["fgd", "best-fit", "gpupool", *ABLATIONS]
-TRACES = ROOT.parent / "shared" / "traces" / "openb"
+TRACES = Path(os.environ.get("GPUPOOL_TRACES", ROOT.parent / "shared" / "traces")) / "openb"
 PUBLISHED = {
     ("default", "fgd"): 95.2, ("default", "best-fit"): 92.9,
     ("gpushare100", "fgd"): 86.6, ("gpushare100", "best-fit"): 84.6,
@@ -46,10 +47,10 @@ PUBLISHED = {
 }
 
 
-def _one(args: tuple[str, str, int]) -> dict:
-    variant, policy, seed = args
-    nodes = load_openb_nodes(TRACES / "openb_node_list_gpu_node.csv")
-    pods = load_openb_pods(TRACES / f"openb_pod_list_{variant}.csv")
+def _one(args: tuple[str, str, int, str]) -> dict:
+    variant, policy, seed, traces = args
+    nodes = load_openb_nodes(Path(traces) / "openb_node_list_gpu_node.csv")
+    pods = load_openb_pods(Path(traces) / f"openb_pod_list_{variant}.csv")
     t0 = time.perf_counter()
     res = run_inflation(nodes, pods, ABLATIONS[policy]() if policy in ABLATIONS else policy, seed=seed)
     m = res.metrics
@@ -84,24 +85,32 @@ def ablation_table(rows: list[dict], variants: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policies", default="fgd,best-fit,gpupool")
-    ap.add_argument("--variants", default="default,gpushare100,gpuspec33,multigpu50")
+    ap.add_argument("--policies", default="fgd,best-fit,gpupool",
+                    help="comma list of policies (see `gpupool policies`) or ablations: " + ", ".join(ABLATIONS))
+    ap.add_argument("--variants", default="default,gpushare100,gpuspec33,multigpu50",
+                    help="comma list of openb pod lists (openb_pod_list_<variant>.csv)")
     ap.add_argument("--seeds", type=int, default=10, help="number of seeds, starting at 42")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel worker processes")
+    ap.add_argument("--traces", type=Path, default=TRACES,
+                    help="folder with the openb CSVs (default: ../shared/traces/openb beside the repo, "
+                         "or $GPUPOOL_TRACES/openb)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results",
+                    help="folder for openb_allocation.json / .md (default: benchmarks/results)")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite the markdown table from the existing results file; run nothing")
     ap.add_argument("--merge", action="store_true",
                     help="keep the runs of other (variant, policy) pairs from the existing results file")
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
-    missing = [v for v in variants if not (TRACES / f"openb_pod_list_{v}.csv").exists()]
-    if missing:
-        ap.error(f"trace files not found under {TRACES}: {missing}")
+    missing = [v for v in variants if not (args.traces / f"openb_pod_list_{v}.csv").exists()]
+    if missing and not args.report_only:
+        ap.error(f"trace files not found under {args.traces}: {missing} (use --traces DIR)")
     if args.report_only:
         args.merge = True
         args.policies = ""
-    tasks = [(v, p, s) for v in variants for p in args.policies.split(",") if p for s in range(42, 42 + args.seeds)]
+    tasks = [(v, p, s) for v in variants for p in args.policies.split(",") if p
+             for s in range(42, 42 + args.seeds)]
+    tasks = [(v, p, s, str(args.traces)) for v, p, s in tasks]
     start = time.time()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         rows = []
