@@ -187,7 +187,9 @@ class ClusterState:
 
         Raises :class:`AllocationError` for a node or device index that does not exist.
         """
-        if not (0 <= node < self.n_nodes and 0 <= gpu < self.max_gpus) or not self.gpu_exists[node, gpu]:
+        if not 0 <= node < self.n_nodes:
+            raise AllocationError(f"node index {node} out of range 0..{self.n_nodes - 1}")
+        if not 0 <= gpu < self.max_gpus or not self.gpu_exists[node, gpu]:
             raise AllocationError(f"node {self.node_names[node]} has no GPU {gpu}")
         self.gpu_healthy[node, gpu] = healthy
         self.version[node] += 1

@@ -14,10 +14,33 @@ These types do no I/O and know nothing of Kubernetes or of the simulator.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 MILLI = 1000
 """milli-GPU in one whole GPU."""
+
+MAX_CPU_MILLI = 10**9
+"""Largest CPU capacity or request accepted (milli-cores; a million cores)."""
+MAX_MEMORY_MIB = 2**34
+"""Largest memory capacity or request accepted (MiB; 16 PiB)."""
+MAX_GPUS_PER_NODE = 64
+"""Most GPUs one node may declare."""
+MAX_POD_GPUS = 4096
+"""Most GPUs one pod may ask for (it can never fit, but is reported rather than rejected as absurd)."""
+
+
+def _check_int(owner: str, field_name: str, value: object, high: int, error: type[Exception]) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(f"{owner}: {field_name} must be an integer, got {value!r}")
+    if not 0 <= value <= high:
+        raise error(f"{owner}: {field_name} {value} outside 0..{high}")
+
+
+def _check_model_name(owner: str, model: object, error: type[Exception]) -> None:
+    if not isinstance(model, str) or not model or model != model.strip() or "|" in model or "\n" in model:
+        raise error(f"{owner}: GPU model {model!r} must be a non-empty name without surrounding spaces or '|'")
 
 
 class GpupoolError(Exception):
@@ -53,12 +76,16 @@ class NodeSpec:
     labels: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("node name is empty")
-        if self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_count < 0:
-            raise ValueError(f"node {self.name}: negative capacity")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"node name must be a non-empty string, got {self.name!r}")
+        owner = f"node {self.name}"
+        _check_int(owner, "cpu_milli", self.cpu_milli, MAX_CPU_MILLI, ValueError)
+        _check_int(owner, "memory_mib", self.memory_mib, MAX_MEMORY_MIB, ValueError)
+        _check_int(owner, "gpu_count", self.gpu_count, MAX_GPUS_PER_NODE, ValueError)
         if self.gpu_count > 0 and not self.gpu_model:
             raise ValueError(f"node {self.name}: {self.gpu_count} GPUs but no GPU model")
+        if self.gpu_model:
+            _check_model_name(owner, self.gpu_model, ValueError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +116,28 @@ class PodRequest:
     labels: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        if self.cpu_milli < 0 or self.memory_mib < 0 or self.gpu_memory_mib < 0:
-            raise InvalidRequestError(f"pod {self.name}: negative request")
-        if self.num_gpu < 0:
-            raise InvalidRequestError(f"pod {self.name}: num_gpu {self.num_gpu} < 0")
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidRequestError(f"pod name must be a non-empty string, got {self.name!r}")
+        owner = f"pod {self.name}"
+        _check_int(owner, "cpu_milli", self.cpu_milli, MAX_CPU_MILLI, InvalidRequestError)
+        _check_int(owner, "memory_mib", self.memory_mib, MAX_MEMORY_MIB, InvalidRequestError)
+        _check_int(owner, "num_gpu", self.num_gpu, MAX_POD_GPUS, InvalidRequestError)
+        _check_int(owner, "gpu_milli", self.gpu_milli, MILLI, InvalidRequestError)
+        _check_int(owner, "gpu_memory_mib", self.gpu_memory_mib, MAX_MEMORY_MIB, InvalidRequestError)
+        _check_int(owner, "priority", abs(self.priority) if isinstance(self.priority, numbers.Integral) else
+                   self.priority, 10**9, InvalidRequestError)
+        if not isinstance(self.gpu_spec, tuple):
+            raise InvalidRequestError(f"{owner}: gpu_spec must be a tuple of GPU model names, got {self.gpu_spec!r}")
+        for model in self.gpu_spec:
+            _check_model_name(owner, model, InvalidRequestError)
+        if self.gpu_memory_mib and not self.num_gpu:
+            raise InvalidRequestError(f"{owner}: gpu_memory_mib without num_gpu")
+        for label, t in (("creation_time", self.creation_time), ("deletion_time", self.deletion_time)):
+            if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t)):
+                raise InvalidRequestError(f"{owner}: {label} must be a finite number of seconds, got {t!r}")
+        if (self.creation_time is not None and self.deletion_time is not None
+                and self.deletion_time < self.creation_time):
+            raise InvalidRequestError(f"{owner}: deletion_time before creation_time")
         if self.num_gpu == 0:
             if self.gpu_milli != 0:
                 raise InvalidRequestError(f"pod {self.name}: gpu_milli {self.gpu_milli} without num_gpu")

@@ -196,6 +196,9 @@ class Engine:
 
     def place(self, req: PodRequest) -> Decision:
         """Schedule ``req`` and, if a node was found, allocate it there."""
+        placed = self.state.assignments.get(req.name)
+        if placed is not None:
+            return Decision(req.name, None, f"pod {req.name} is already placed on {placed.node_name}")
         decision = self.schedule(req)
         if decision.assignment is None:
             return decision

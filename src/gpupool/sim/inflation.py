@@ -10,6 +10,7 @@ pod, the arrived GPU demand and the GPU allocation, both as fractions of capacit
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,8 +32,8 @@ def build_inflation_workload(pods: Sequence[PodRequest], capacity_milli: int, ra
     """
     if not pods:
         raise ValueError("the pod trace is empty")
-    if ratio <= 0:
-        raise ValueError(f"inflation ratio must be > 0, got {ratio}")
+    if not (math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"inflation ratio must be a finite number > 0, got {ratio}")
     rng = np.random.default_rng(seed)
     out = [pods[i] for i in rng.permutation(len(pods))]
     target = ratio * capacity_milli

@@ -91,6 +91,8 @@ class ReplayResult:
     n_finished: int = 0
     n_running: int = 0
     n_pending: int = 0
+    still_pending: list[dict] = field(default_factory=list)
+    """Pods never placed and still waiting at the end (no deletion_time), with their last reason."""
     n_not_arrived: int = 0
     events: int = 0
     truncated: bool = False
@@ -387,7 +389,12 @@ def run_replay(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy: st
     mean_alloc = _time_weighted_mean(times, allocation)
     peak = float(allocation.max()) if len(allocation) else float("nan")
     keep = _downsample(len(times))
+    still_pending = [{"pod": pods[i].name, "reason": class_reason.get(class_of[i], "unschedulable"),
+                      "creation_time": pods[i].creation_time, "num_gpu": pods[i].num_gpu,
+                      "gpu_milli": pods[i].gpu_milli}
+                     for i in np.flatnonzero(status == _PENDING)]
     return ReplayResult(
+        still_pending=still_pending,
         policy=pol.name, seed=seed, n_pods=n,
         times=times[keep], allocation=allocation[keep], pending=pending[keep],
         failed=failed, pending_times=np.array(pending_times, dtype=np.float64), metrics=metrics,

@@ -87,12 +87,16 @@ class _Row:
             raise self.error(column, "empty value")
         return value
 
-    def integer(self, column: str, *, minimum: int | None = 0) -> int:
+    def integer(self, column: str, *, minimum: int | None = 0, maximum: int | None = 2**53) -> int:
         value = self._fields[column]
         if not _INT_RE.fullmatch(value):
             raise self.error(column, f"expected an integer, got {value!r}")
+        if len(value) > 30:
+            raise self.error(column, f"value out of range: {value[:30]}...")
         number = int(value)
         _check_minimum(self, column, number, minimum)
+        if maximum is not None and number > maximum:
+            raise self.error(column, f"value {value} out of range (at most {maximum})")
         return number
 
     def number(self, column: str, *, minimum: float | None = 0.0, positive: bool = False) -> float:

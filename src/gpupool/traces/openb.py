@@ -6,7 +6,16 @@ memory in MiB, GPU share in milli-GPU, times in seconds from the start of the tr
 
 from __future__ import annotations
 
-from gpupool.model import MILLI, InvalidRequestError, NodeSpec, PodRequest
+from gpupool.model import (
+    MAX_CPU_MILLI,
+    MAX_GPUS_PER_NODE,
+    MAX_MEMORY_MIB,
+    MAX_POD_GPUS,
+    MILLI,
+    InvalidRequestError,
+    NodeSpec,
+    PodRequest,
+)
 
 from .errors import StrPath, read_table
 
@@ -36,10 +45,12 @@ def load_openb_nodes(path: StrPath) -> list[NodeSpec]:
     nodes: list[NodeSpec] = []
     for row in read_table(path, NODE_COLUMNS, unique="sn"):
         name = row.text("sn")
-        cpu_milli = row.integer("cpu_milli")
-        memory_mib = row.integer("memory_mib")
-        gpu_count = row.integer("gpu")
+        cpu_milli = row.integer("cpu_milli", maximum=MAX_CPU_MILLI)
+        memory_mib = row.integer("memory_mib", maximum=MAX_MEMORY_MIB)
+        gpu_count = row.integer("gpu", maximum=MAX_GPUS_PER_NODE)
         model = row.text("model", allow_empty=True)
+        if model and (model != model.strip() or "|" in model):
+            raise row.error("model", f"GPU model {model!r} has surrounding spaces or a '|'")
         if gpu_count > 0 and not model:
             raise row.error("model", f"empty GPU model on a node with {gpu_count} GPU(s)")
         try:
@@ -74,15 +85,17 @@ def load_openb_pods(path: StrPath) -> list[PodRequest]:
     pods: list[PodRequest] = []
     for row in read_table(path, POD_REQUIRED, POD_OPTIONAL, unique="name"):
         name = row.text("name")
-        cpu_milli = row.integer("cpu_milli")
-        memory_mib = row.integer("memory_mib")
-        num_gpu = row.integer("num_gpu")
-        gpu_milli = row.integer("gpu_milli")
+        cpu_milli = row.integer("cpu_milli", maximum=MAX_CPU_MILLI)
+        memory_mib = row.integer("memory_mib", maximum=MAX_MEMORY_MIB)
+        num_gpu = row.integer("num_gpu", maximum=MAX_POD_GPUS)
+        gpu_milli = row.integer("gpu_milli", maximum=MILLI)
 
         spec_text = row.raw("gpu_spec") or ""
         gpu_spec = tuple(spec_text.split("|")) if spec_text else ()
         if any(not model for model in gpu_spec):
             raise row.error("gpu_spec", f"empty GPU model in {spec_text!r}")
+        if any(model != model.strip() for model in gpu_spec):
+            raise row.error("gpu_spec", f"GPU model with surrounding spaces in {spec_text!r}")
 
         qos = row.raw("qos") or ""
         if qos not in QOS_PRIORITY:
