@@ -564,12 +564,16 @@ def load_cluster(path: str | os.PathLike[str]) -> LoadedCluster:
     """Read and validate a cluster YAML file (``yaml.safe_load``).
 
     Raises:
-        ClusterSpecError: invalid YAML or an invalid document; the message names the file (as given) and the
-            YAML path and line of every problem.
+        ClusterSpecError: invalid YAML, text that is not UTF-8, or an invalid document; the message names the
+            file (as given) and the YAML path and line of every problem.
         OSError: the file cannot be read.
     """
     source = os.fspath(path)
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        bad = f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+        raise ClusterSpecError(source, [("", f"not UTF-8 text ({bad}); save the file as UTF-8", None)]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -38,8 +39,13 @@ from gpupool.catalog import SHARED_SUFFIX, resolve_name
 from gpupool.cluster import ClusterState
 from gpupool.engine.filters import EffectiveRequest
 from gpupool.k8s import (
+    ANN_ALIBABA_GPU_COUNT,
+    ANN_ALIBABA_GPU_MILLI,
     ANN_GPU_INDEX,
     ANN_GPU_MILLI,
+    ANN_KAI_FRACTION,
+    ANN_KAI_MEMORY,
+    ANN_KAI_NUM_DEVICES,
     ANN_NODE,
     LABEL_ALIBABA_MODEL,
     LABEL_GPU_CLIQUE,
@@ -51,13 +57,22 @@ from gpupool.k8s import (
     LABEL_RACK,
     LABEL_SWITCH,
     RES_GPU,
+    RES_HAMI_GPUCORES,
+    RES_HAMI_GPUMEM,
+    RES_HAMI_GPUMEM_PERCENT,
     RES_MIG_PREFIX,
+    RES_VOLCANO_VGPU_CORES,
+    RES_VOLCANO_VGPU_MEMORY,
+    RES_VOLCANO_VGPU_NUMBER,
 )
 from gpupool.k8s.requests import (
     MIB,
     MIG_PROFILE,
     PodInfo,
     RequestParseError,
+    _expect_list,
+    _expect_mapping,
+    _mapping,
     _quantity,
     annotations_of,
     describe_pod,
@@ -78,13 +93,45 @@ class NodeParseError(RequestParseError):
 
 
 # ------------------------------------------------------------------ nodes
+# The accessors never raise (a field of the wrong type reads as absent); check_node_shape reports such fields.
 def _labels(node: Mapping[str, Any]) -> Mapping[str, str]:
-    return (node.get("metadata") or {}).get("labels") or {}
+    labels = _mapping(_mapping(node.get("metadata") if isinstance(node, Mapping) else None).get("labels"))
+    return {str(k): "" if v is None else str(v) for k, v in labels.items()}
 
 
 def _allocatable(node: Mapping[str, Any]) -> Mapping[str, Any]:
-    status = node.get("status") or {}
-    return status.get("allocatable") or status.get("capacity") or {}
+    status = _mapping(node.get("status") if isinstance(node, Mapping) else None)
+    return _mapping(status.get("allocatable") or status.get("capacity"))
+
+
+def node_name(node: Any) -> str:
+    """``metadata.name`` of a node ("" when it is missing or not a string)."""
+    name = _mapping(node.get("metadata") if isinstance(node, Mapping) else None).get("name")
+    return name if isinstance(name, str) else ""
+
+
+def check_node_shape(node: Any) -> str:
+    """The node's name; raises :class:`NodeParseError` naming the first field whose type is wrong."""
+    if not isinstance(node, Mapping):
+        raise NodeParseError(f"node: expected a mapping, got {type(node).__name__}")
+    raw = _mapping(node.get("metadata")).get("name")
+    name = raw if isinstance(raw, str) else ""
+    try:
+        meta = _expect_mapping(node.get("metadata"), "metadata")
+        if not isinstance(raw, str) or not raw:
+            raise RequestParseError("metadata.name: expected a non-empty string" +
+                                    (f", got {type(raw).__name__} {raw!r}" if raw is not None else ""))
+        _expect_mapping(meta.get("labels"), "metadata.labels")
+        spec = _expect_mapping(node.get("spec"), "spec")
+        _expect_list(spec.get("taints"), "spec.taints")
+        status = _expect_mapping(node.get("status"), "status")
+        _expect_mapping(status.get("allocatable"), "status.allocatable")
+        _expect_mapping(status.get("capacity"), "status.capacity")
+        _expect_list(status.get("conditions"), "status.conditions")
+    except RequestParseError as exc:
+        label = name or (repr(raw) if raw is not None else "(no name)")
+        raise NodeParseError(f"node {label}: {exc}") from None
+    return name
 
 
 def _gpu_model(labels: Mapping[str, str]) -> str:
@@ -112,8 +159,7 @@ def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
 
     Raises :class:`NodeParseError` when a capacity figure is unreadable.
     """
-    meta = node.get("metadata") or {}
-    name = meta.get("name") or ""
+    name = check_node_shape(node)
     labels = _labels(node)
     alloc = _allocatable(node)
     where = f"node {name}: status.allocatable"
@@ -144,10 +190,11 @@ def mig_capacity(node: Mapping[str, Any]) -> dict[str, int]:
     """MIG devices the node offers per profile (``nvidia.com/mig-<profile>`` allocatable, ``mixed`` strategy)."""
     out: dict[str, int] = {}
     for res, value in _allocatable(node).items():
+        res = str(res)
         if res.startswith(RES_MIG_PREFIX) and MIG_PROFILE.fullmatch(res[len(RES_MIG_PREFIX):]):
             try:
-                n = int(Decimal(str(value)))
-            except ArithmeticError:
+                n = int(_quantity(value, res))
+            except RequestParseError:
                 continue
             if n > 0:
                 out[res[len(RES_MIG_PREFIX):]] = n
@@ -166,7 +213,8 @@ class InventoryInfo(TypedDict):
     * ``assignments``: ``namespace/name`` -> :class:`Assignment` (same as ``state.assignments``);
     * ``mig_capacity`` / ``mig_used``: node -> {profile: count};
     * ``skipped_nodes``: node -> why it was left out; ``skipped_pods``: pod -> why it was not counted
-      (or counted only in part).
+      (or counted only in part, or counted conservatively);
+    * ``nodes``: node name -> the Node object counted under that name.
     """
 
     pods: dict[str, PodInfo]
@@ -175,21 +223,98 @@ class InventoryInfo(TypedDict):
     mig_used: dict[str, dict[str, int]]
     skipped_nodes: dict[str, str]
     skipped_pods: dict[str, str]
+    nodes: dict[str, Mapping[str, Any]]
+
+
+class NoUsableNodeError(ValueError):
+    """:func:`build_state` found no node it can use; ``skipped_nodes`` says why each was left out."""
+
+    def __init__(self, message: str, skipped_nodes: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.skipped_nodes = dict(skipped_nodes)
+
+
+def _skip_key(node: Any, index: int, taken: Mapping[str, str]) -> str:
+    name = node_name(node)
+    if not name:
+        raw = _mapping(node.get("metadata") if isinstance(node, Mapping) else None).get("name")
+        name = f"{raw!r}" if raw is not None else f"<node #{index} without a name>"
+    key, n = name, 2
+    while key in taken:
+        key, n = f"{name} ({n})", n + 1
+    return key
+
+
+_GPU_RESOURCES = frozenset((RES_GPU, RES_HAMI_GPUMEM, RES_HAMI_GPUMEM_PERCENT, RES_HAMI_GPUCORES,
+                            RES_VOLCANO_VGPU_NUMBER, RES_VOLCANO_VGPU_MEMORY, RES_VOLCANO_VGPU_CORES))
+_GPU_ANNOTATIONS = frozenset((ANN_KAI_FRACTION, ANN_KAI_MEMORY, ANN_KAI_NUM_DEVICES, ANN_ALIBABA_GPU_MILLI,
+                              ANN_ALIBABA_GPU_COUNT))
+_WARNED: dict[tuple[str, str], None] = {}  # (object, problem) already logged at warning level (bounded)
+
+
+def _warn_once(what: str, problem: str, message: str, **extra: Any) -> None:
+    """Log ``message`` at warning level the first time ``what`` shows ``problem`` (not again every cycle)."""
+    if (what, problem) in _WARNED:
+        return
+    if len(_WARNED) >= 4096:
+        _WARNED.clear()
+    _WARNED[(what, problem)] = None
+    log.warning(message, extra=extra)
+
+
+def _readable_resources(pod: Mapping[str, Any]) -> tuple[dict[str, Decimal], set[str]]:
+    """(effective requests, names of every resource asked): :func:`pod_resources` when the pod reads, else the
+    sum of every readable value over all containers and init containers (an over-estimate, never less)."""
+    names: set[str] = set()
+    total: dict[str, Decimal] = {}
+    spec = _mapping(pod.get("spec"))
+    for kind in ("containers", "initContainers"):
+        containers = spec.get(kind)
+        for i, c in enumerate(containers if isinstance(containers, list) else []):
+            resources = _mapping(_mapping(c).get("resources"))
+            per: dict[str, Decimal] = {}
+            for part in ("limits", "requests"):
+                for name, value in _mapping(resources.get(part)).items():
+                    names.add(str(name))
+                    try:
+                        per[str(name)] = _quantity(value, f"spec.{kind}[{i}]")
+                    except RequestParseError:
+                        continue
+            for name, q in per.items():
+                total[name] = total.get(name, Decimal(0)) + q
+    try:
+        return pod_resources(pod), names
+    except Exception:  # noqa: BLE001 - an unreadable pod: count what can be read
+        return total, names
+
+
+def _conservative_gpus(pod: Mapping[str, Any], res: Mapping[str, Decimal], names: set[str]) -> int:
+    """Whole GPUs a bound pod is counted as holding when its GPU request cannot be read: the largest count any
+    of its GPU spellings gives, and at least one when it uses any GPU spelling at all."""
+    counts = [math.ceil(res[k]) for k in (RES_GPU, RES_VOLCANO_VGPU_NUMBER) if k in res]
+    ann = annotations_of(pod)
+    for key in (ANN_KAI_NUM_DEVICES, ANN_ALIBABA_GPU_COUNT):
+        text = str(ann.get(key, "")).strip()
+        if text.isdigit() and len(text) <= 6:
+            counts.append(int(text))
+    n = max(counts, default=0)
+    if n == 0 and (any(k in ann for k in _GPU_ANNOTATIONS) or names & _GPU_RESOURCES):
+        n = 1
+    return n
 
 
 def _lenient_info(pod: Mapping[str, Any], error: Exception) -> PodInfo:
-    """What a bound pod whose annotations gpupool cannot read still holds: its CPU, memory and whole GPUs."""
+    """What a bound pod whose request gpupool cannot read still holds, counted conservatively: its CPU and memory
+    as far as they read, and whole GPUs (the count it asks for, or one GPU when its fraction or memory share
+    cannot be read), so that its devices are not handed out again."""
     key = pod_key(pod)
-    try:
-        res = pod_resources(pod)
-    except RequestParseError:
-        res = {}
-    gpus = res.get(RES_GPU, Decimal(0))
-    n = int(gpus) if gpus == gpus.to_integral_value() else 0
-    req = PodRequest(name=key, cpu_milli=int(res.get("cpu", Decimal(0)) * 1000),
-                     memory_mib=int(res.get("memory", Decimal(0)) / MIB), num_gpu=n, gpu_milli=MILLI if n else 0)
-    log.debug("bound pod unreadable", extra={"event": "bound_pod_unreadable", "pod": key, "error": str(error),
-                                             "counted": "cpu,memory,nvidia.com/gpu"})
+    res, names = _readable_resources(pod)
+    n = _conservative_gpus(pod, res, names)
+    req = PodRequest(name=key, cpu_milli=math.ceil(res.get("cpu", Decimal(0)) * 1000),
+                     memory_mib=math.ceil(res.get("memory", Decimal(0)) / MIB), num_gpu=n,
+                     gpu_milli=MILLI if n else 0)
+    _warn_once(key, str(error), "bound pod unreadable; counted conservatively", event="bound_pod_unreadable",
+               pod=key, error=str(error), counted=f"cpu,memory,{n} whole GPU(s)")
     return PodInfo(key, req)
 
 
@@ -201,10 +326,12 @@ def annotated_devices(pod: Mapping[str, Any]) -> tuple[tuple[int, ...], int] | N
     if not node or ann.get(ANN_NODE) != node or ANN_GPU_INDEX not in ann:
         return None
     try:
-        text = ann[ANN_GPU_INDEX].strip()
+        text = str(ann[ANN_GPU_INDEX]).strip()
         gpus = tuple(int(x) for x in text.split(",")) if text else ()
-        milli = int(ann.get(ANN_GPU_MILLI, str(MILLI)) or 0)
+        milli = int(str(ann.get(ANN_GPU_MILLI, MILLI) or 0))
     except ValueError:
+        return None
+    if len(gpus) > 1024:
         return None
     if any(g < 0 for g in gpus) or not (0 <= milli <= MILLI):
         return None
@@ -261,7 +388,7 @@ def count_bound_pod(state: ClusterState, info: PodInfo, node: int,
 
 def _bound_order(pod: Mapping[str, Any]) -> tuple:
     # Pods with gpupool's own device annotations first: they claim specific devices; then oldest first.
-    meta = pod.get("metadata") or {}
+    meta = _mapping(pod.get("metadata"))
     return (annotated_devices(pod) is None, str(meta.get("creationTimestamp") or ""), pod_key(pod))
 
 
@@ -288,64 +415,88 @@ def build_state(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, 
     specs: list[NodeSpec] = []
     replicas: dict[str, int] = {}
     info: InventoryInfo = {"pods": {}, "assignments": {}, "mig_capacity": {}, "mig_used": {},
-                           "skipped_nodes": {}, "skipped_pods": {}}
-    seen: set[str] = set()
-    for node in nodes:
+                           "skipped_nodes": {}, "skipped_pods": {}, "nodes": {}}
+    for index, node in enumerate(nodes):
         try:
             spec = node_spec_from_node(node)
-        except (NodeParseError, ValueError) as exc:
-            name = (node.get("metadata") or {}).get("name") or "?"
-            info["skipped_nodes"][name] = str(exc)
+            if spec.name in info["nodes"]:
+                raise NodeParseError(f"node {spec.name}: duplicate node name (the first one is used)")
+            node_replicas = _replicas(_labels(node))
+            cap = mig_capacity(node) if mig_strategy(node) == "mixed" else {}
+        except Exception as exc:  # noqa: BLE001 - one unreadable node never stops the others
+            reason = str(exc) if isinstance(exc, ValueError) else f"invalid object: {type(exc).__name__}: {exc}"
+            key = _skip_key(node, index, info["skipped_nodes"])
+            info["skipped_nodes"][key] = reason
+            _warn_once(key, reason, "node skipped", event="node_skipped", node=key, reason=reason)
             continue
-        if spec.name in seen:
-            info["skipped_nodes"][spec.name] = "duplicate node name"
-            continue
-        seen.add(spec.name)
         specs.append(spec)
-        replicas[spec.name] = _replicas(_labels(node))
-        if mig_strategy(node) == "mixed":
-            cap = mig_capacity(node)
-            if cap:
-                info["mig_capacity"][spec.name] = cap
+        info["nodes"][spec.name] = node
+        replicas[spec.name] = node_replicas
+        if cap:
+            info["mig_capacity"][spec.name] = cap
     if not specs:
-        raise ValueError("no usable node" + (f" ({len(info['skipped_nodes'])} unreadable)"
-                                             if info["skipped_nodes"] else ""))
+        raise NoUsableNodeError("no usable node" + (f" ({len(info['skipped_nodes'])} unreadable)"
+                                                    if info["skipped_nodes"] else ""), info["skipped_nodes"])
     state = ClusterState(specs)
-    bound = [p for p in pods if node_name_of(p) and not is_terminal(p)]
+    bound = [p for p in pods if isinstance(p, Mapping) and node_name_of(p) and not is_terminal(p)]
     for pod in sorted(bound, key=_bound_order):
         key = pod_key(pod)
-        node_name = node_name_of(pod)
-        node = state.node_index.get(node_name)
-        if node is None:
-            info["skipped_pods"][key] = f"bound to node {node_name}, which gpupool does not know"
-            continue
-        if key in state.assignments:
-            info["skipped_pods"][key] = "duplicate pod"
-            continue
         try:
-            pinfo = describe(pod)
-        except RequestParseError as exc:
-            pinfo = _lenient_info(pod, exc)
-        if annotated_devices(pod) is None:
-            pinfo = _time_sliced(pinfo, replicas.get(node_name, 1))
-        assignment, note = count_bound_pod(state, pinfo, node, annotated_devices(pod))
-        info["pods"][key] = pinfo
-        if assignment is not None:
-            info["assignments"][key] = assignment
-        if note:
-            info["skipped_pods"][key] = note
-            log.debug("bound pod miscounted", extra={"event": "bound_pod_miscounted", "pod": key, "node": node_name,
-                                                     "note": note})
-        for profile, count in pinfo.mig:
-            used = info["mig_used"].setdefault(node_name, {})
-            used[profile] = used.get(profile, 0) + count
+            _count_bound(state, info, pod, key, replicas, describe)
+        except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the others
+            info["skipped_pods"][key] = f"invalid object: {type(exc).__name__}: {exc}"
+            _warn_once(key, str(exc), "bound pod not counted", event="bound_pod_invalid", pod=key, error=str(exc))
     return state, info
+
+
+def _count_bound(state: ClusterState, info: InventoryInfo, pod: Mapping[str, Any], key: str,
+                 replicas: Mapping[str, int], describe: Callable[[Mapping[str, Any]], PodInfo]) -> None:
+    bound_to = node_name_of(pod)
+    node = state.node_index.get(bound_to)
+    if node is None:
+        info["skipped_pods"][key] = f"bound to node {bound_to}, which gpupool does not know"
+        return
+    lenient = ""
+    try:
+        pinfo = describe(pod)
+    except RequestParseError as exc:
+        pinfo = _lenient_info(pod, exc)
+        req = pinfo.request
+        lenient = (f"request unreadable ({exc}); counted conservatively: "
+                   f"{req.num_gpu} whole GPU(s), {req.cpu_milli}m CPU, {req.memory_mib} MiB")
+    if key in state.assignments:
+        # Two objects with one namespace/name: both hold resources, so count this one too, under its own name.
+        n = 2
+        while f"{key}#{n}" in state.assignments:
+            n += 1
+        alias = f"{key}#{n}"
+        pinfo = replace(pinfo, key=alias, request=replace(pinfo.request, name=alias))
+        lenient = "; ".join(x for x in (f"duplicate pod {key}: counted again as {alias}", lenient) if x)
+        key = alias
+    devices = annotated_devices(pod)
+    if devices is None:
+        pinfo = _time_sliced(pinfo, replicas.get(bound_to, 1))
+    assignment, note = count_bound_pod(state, pinfo, node, devices)
+    info["pods"][key] = pinfo
+    if assignment is not None:
+        info["assignments"][key] = assignment
+    note = "; ".join(x for x in (lenient, note) if x)
+    if note:
+        info["skipped_pods"][key] = note
+        log.debug("bound pod miscounted", extra={"event": "bound_pod_miscounted", "pod": key, "node": bound_to,
+                                                 "note": note})
+    for profile, count in pinfo.mig:
+        used = info["mig_used"].setdefault(bound_to, {})
+        used[profile] = used.get(profile, 0) + count
 
 
 # ------------------------------------------------------------------ node eligibility (per pod)
 def node_ready(node: Mapping[str, Any]) -> bool:
     """False when the node's ``Ready`` condition exists and is not ``True``."""
-    for cond in (node.get("status") or {}).get("conditions") or []:
+    conditions = _mapping(node.get("status")).get("conditions")
+    for cond in conditions if isinstance(conditions, list) else []:
+        if not isinstance(cond, Mapping):
+            continue
         if cond.get("type") == "Ready":
             return cond.get("status") == "True"
     return True
@@ -354,6 +505,8 @@ def node_ready(node: Mapping[str, Any]) -> bool:
 def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
     """kube's ToleratesTaint: some toleration matches the taint's key, value and effect."""
     for t in tolerations:
+        if not isinstance(t, Mapping):
+            continue
         if t.get("effect") and t.get("effect") != taint.get("effect"):
             continue
         op = t.get("operator") or "Equal"
@@ -368,7 +521,8 @@ def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]
 
 def _match_expression(expr: Mapping[str, Any], value: str | None) -> bool:
     op = expr.get("operator")
-    values = [str(v) for v in expr.get("values") or []]
+    raw = expr.get("values")
+    values = [str(v) for v in raw] if isinstance(raw, list) else []
     if op == "In":
         return value is not None and value in values
     if op == "NotIn":
@@ -388,17 +542,21 @@ def _match_expression(expr: Mapping[str, Any], value: str | None) -> bool:
 
 def matches_node_selector_term(term: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     """One ``nodeSelectorTerm``: all its matchExpressions (labels) and matchFields (``metadata.name``) hold."""
+    if not isinstance(term, Mapping):
+        return False
     exprs = term.get("matchExpressions") or []
     fields = term.get("matchFields") or []
+    if not isinstance(exprs, list) or not isinstance(fields, list):
+        return False
     if not exprs and not fields:
         return False  # an empty term matches no node
     labels = _labels(node)
-    name = (node.get("metadata") or {}).get("name")
+    name = node_name(node)
     for e in exprs:
-        if not _match_expression(e, labels.get(e.get("key", ""))):
+        if not isinstance(e, Mapping) or not _match_expression(e, labels.get(str(e.get("key", "")))):
             return False
     for f in fields:
-        if f.get("key") != "metadata.name" or not _match_expression(f, name):
+        if not isinstance(f, Mapping) or f.get("key") != "metadata.name" or not _match_expression(f, name):
             return False
     return True
 
@@ -418,17 +576,20 @@ class Constraints:
 
 
 def constraints_of(pod: Mapping[str, Any], mig: tuple[tuple[str, int], ...] = ()) -> Constraints:
-    spec = pod.get("spec") or {}
-    selector = tuple(sorted((str(k), str(v)) for k, v in (spec.get("nodeSelector") or {}).items()))
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    spec = _mapping(pod.get("spec"))
+    selector = tuple(sorted((str(k), str(v)) for k, v in _mapping(spec.get("nodeSelector")).items()))
+    required = _mapping(_mapping(_mapping(spec.get("affinity")).get("nodeAffinity"))
+                        .get("requiredDuringSchedulingIgnoredDuringExecution"))
     terms = required.get("nodeSelectorTerms")
-    tolerations = [t for t in spec.get("tolerations") or [] if t.get("effect") in (None, "", "NoSchedule",
-                                                                                     "NoExecute")]
+    if terms is not None and not isinstance(terms, list):
+        terms = []  # unreadable terms match no node (describe_pod reports them)
+    raw = spec.get("tolerations")
+    tolerations = [t for t in (raw if isinstance(raw, list) else []) if isinstance(t, Mapping)
+                   and t.get("effect") in (None, "", "NoSchedule", "NoExecute")]
     return Constraints(
         node_selector=selector,
-        required_terms=json.dumps(terms, sort_keys=True) if terms is not None else "",
-        tolerations=json.dumps(tolerations, sort_keys=True),
+        required_terms=json.dumps(terms, sort_keys=True, default=str) if terms is not None else "",
+        tolerations=json.dumps(tolerations, sort_keys=True, default=str),
         mig=tuple(mig),
     )
 
@@ -477,10 +638,13 @@ class Eligibility:
         aff = np.ones(n, dtype=bool)
         cordon = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
         for i, node in enumerate(self.nodes):
-            spec = node.get("spec") or {}
+            spec = _mapping(node.get("spec"))
             if (spec.get("unschedulable") and not tolerates(tolerations, cordon)) or not node_ready(node):
                 sched[i] = False
-            for taint in spec.get("taints") or []:
+            taints = spec.get("taints")
+            for taint in taints if isinstance(taints, list) else []:
+                if not isinstance(taint, Mapping):
+                    continue
                 if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
                     taint_ok[i] = False
                     break
@@ -549,5 +713,5 @@ __all__ = [
     "node_spec_from_node", "build_state", "mig_capacity", "mig_strategy", "InventoryInfo", "NodeParseError",
     "annotated_devices", "lowest_free_devices", "count_bound_pod", "node_ready", "tolerates",
     "matches_node_selector_term", "Constraints", "constraints_of", "ConstrainedRequest", "Eligibility",
-    "UNKNOWN_GPU_MODEL",
+    "UNKNOWN_GPU_MODEL", "NoUsableNodeError", "check_node_shape", "node_name",
 ]

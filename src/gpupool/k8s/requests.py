@@ -43,7 +43,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
@@ -86,32 +86,59 @@ class RequestParseError(GpupoolError, ValueError):
 
 
 # ------------------------------------------------------------------ small accessors
+# They never raise: a field of the wrong type reads as absent. :func:`check_pod_shape` (run by
+# :func:`describe_pod`) is what reports such a field.
+_EMPTY: Mapping[str, Any] = {}
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a mapping, else an empty one."""
+    return value if isinstance(value, Mapping) else _EMPTY
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return obj.get("metadata") or {}
+    return _mapping(obj.get("metadata")) if isinstance(obj, Mapping) else _EMPTY
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return _mapping(obj.get("spec")) if isinstance(obj, Mapping) else _EMPTY
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of any namespaced object (``default`` namespace when none is given)."""
+    meta = _meta(obj)
+    name = meta.get("name")
+    return f"{meta.get('namespace') or 'default'}/{'' if name is None else name}"
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
     """``namespace/name`` (the name gpupool gives the pod's :class:`PodRequest`)."""
-    meta = _meta(pod)
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+    return object_key(pod)
 
 
 def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    return _meta(obj).get("annotations") or {}
+    return _mapping(_meta(obj).get("annotations"))
 
 
 def labels_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    return _meta(obj).get("labels") or {}
+    return _mapping(_meta(obj).get("labels"))
 
 
 def node_name_of(pod: Mapping[str, Any]) -> str:
     """``spec.nodeName`` ("" while the pod is not bound)."""
-    return (pod.get("spec") or {}).get("nodeName") or ""
+    name = _spec(pod).get("nodeName")
+    return str(name) if name else ""
 
 
 def is_terminal(pod: Mapping[str, Any]) -> bool:
     """True once the pod has finished (``Succeeded`` / ``Failed``) and holds nothing any more."""
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    status = pod.get("status") if isinstance(pod, Mapping) else None
+    return _mapping(status).get("phase") in ("Succeeded", "Failed")
+
+
+def spec_unreadable(pod: Mapping[str, Any]) -> bool:
+    """True when the pod's ``spec`` is there but not a mapping (which scheduler it names cannot be told)."""
+    return not isinstance(pod, Mapping) or (pod.get("spec") is not None and not isinstance(pod.get("spec"), Mapping))
 
 
 def is_waiting_for(pod: Mapping[str, Any], scheduler_name: str) -> bool:
@@ -119,7 +146,7 @@ def is_waiting_for(pod: Mapping[str, Any], scheduler_name: str) -> bool:
 
     Unbound, not finished, not being deleted, without scheduling gates, and naming that scheduler.
     """
-    spec = pod.get("spec") or {}
+    spec = _spec(pod)
     return (
         spec.get("schedulerName", "default-scheduler") == scheduler_name
         and not spec.get("nodeName")
@@ -139,15 +166,92 @@ def parse_time(value: Any) -> float | None:
         return None
 
 
+# ------------------------------------------------------------------ object shapes
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _expect_mapping(value: Any, where: str) -> Mapping[str, Any]:
+    """``value`` (None: empty) if it is a mapping, else :class:`RequestParseError` naming ``where``."""
+    if value is None:
+        return _EMPTY
+    if not isinstance(value, Mapping):
+        raise RequestParseError(f"{where}: expected a mapping, got {type(value).__name__} {_shown(value)}")
+    return value
+
+
+def _expect_list(value: Any, where: str, of_mappings: bool = True) -> list[Any]:
+    """``value`` (None: empty) if it is a list (of mappings), else :class:`RequestParseError` naming ``where``."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RequestParseError(f"{where}: expected a list, got {type(value).__name__} {_shown(value)}")
+    if of_mappings:
+        for i, item in enumerate(value):
+            if not isinstance(item, Mapping):
+                raise RequestParseError(f"{where}[{i}]: expected a mapping, got {type(item).__name__} {_shown(item)}")
+    return value
+
+
+def check_selector_terms(terms: Any, where: str) -> None:
+    """``nodeSelectorTerms`` (a list of terms, each with lists of matchExpressions / matchFields)."""
+    for i, term in enumerate(_expect_list(terms, where)):
+        for part in ("matchExpressions", "matchFields"):
+            for j, expr in enumerate(_expect_list(term.get(part), f"{where}[{i}].{part}")):
+                _expect_list(expr.get("values"), f"{where}[{i}].{part}[{j}].values", of_mappings=False)
+
+
+def check_pod_shape(pod: Any) -> None:
+    """Raise :class:`RequestParseError` naming the first field of ``pod`` whose type is wrong (a mapping where
+    a list belongs, ...); the accessors above read such a field as absent, this is what reports it."""
+    if not isinstance(pod, Mapping):
+        raise RequestParseError(f"expected a mapping, got {type(pod).__name__}")
+    meta = _expect_mapping(pod.get("metadata"), "metadata")
+    for name in ("name", "namespace"):
+        if meta.get(name) is not None and not isinstance(meta.get(name), str):
+            raise RequestParseError(f"metadata.{name}: expected a string, got {_shown(meta.get(name))}")
+    _expect_mapping(meta.get("labels"), "metadata.labels")
+    _expect_mapping(meta.get("annotations"), "metadata.annotations")
+    spec = _expect_mapping(pod.get("spec"), "spec")
+    _expect_mapping(pod.get("status"), "status")
+    for kind in ("containers", "initContainers"):
+        for i, c in enumerate(_expect_list(spec.get(kind), f"spec.{kind}")):
+            resources = _expect_mapping(c.get("resources"), f"spec.{kind}[{i}].resources")
+            for part in ("limits", "requests"):
+                _expect_mapping(resources.get(part), f"spec.{kind}[{i}].resources.{part}")
+    _expect_mapping(spec.get("overhead"), "spec.overhead")
+    _expect_mapping(spec.get("nodeSelector"), "spec.nodeSelector")
+    _expect_list(spec.get("tolerations"), "spec.tolerations")
+    affinity = _expect_mapping(spec.get("affinity"), "spec.affinity")
+    for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+        _expect_mapping(affinity.get(kind), f"spec.affinity.{kind}")
+    required = _expect_mapping(_mapping(affinity.get("nodeAffinity")).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"),
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution")
+    check_selector_terms(required.get("nodeSelectorTerms"),
+                         "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms")
+    _expect_list(spec.get("topologySpreadConstraints"), "spec.topologySpreadConstraints")
+
+
 # ------------------------------------------------------------------ quantities
+MAX_QUANTITY = Decimal(2) ** 63  # Kubernetes stores quantities as int64 (milli-units for CPU)
+
+
 def _quantity(value: Any, where: str) -> Decimal:
+    """A finite, non-negative Kubernetes quantity (NaN and Infinity are not quantities)."""
     try:
-        q = parse_quantity(value if isinstance(value, str | int | float) else str(value))
-    except (ValueError, TypeError, InvalidOperation):
+        q = Decimal(parse_quantity(value if isinstance(value, str | int | float) else str(value)))
+        finite = q.is_finite()
+    except (ValueError, TypeError, ArithmeticError):
+        finite = False
+    if not finite:
         raise RequestParseError(f'{where}: "{value}" is not a Kubernetes quantity') from None
     if q < 0:
         raise RequestParseError(f'{where}: "{value}" is negative')
-    return Decimal(q)
+    if q > MAX_QUANTITY:
+        raise RequestParseError(f'{where}: "{value}" is too large')
+    return q
 
 
 def _whole(value: Any, where: str, minimum: int = 0) -> int:
@@ -174,6 +278,8 @@ def _int_annotation(value: str, where: str, lo: int, hi: int | None = None) -> i
     text = str(value).strip()
     if not re.fullmatch(r"[+-]?\d+", text):
         raise RequestParseError(f"{where}: must be a whole number" + (f" in {lo}..{hi}" if hi else f" >= {lo}"))
+    if len(text.lstrip("+-")) > 18:
+        raise RequestParseError(f"{where}: must be" + (f" in {lo}..{hi}" if hi else f" >= {lo}") + ": too large")
     x = int(text)
     if x < lo or (hi is not None and x > hi):
         raise RequestParseError(f"{where}: must be" + (f" in {lo}..{hi}" if hi else f" >= {lo}"))
@@ -183,14 +289,11 @@ def _int_annotation(value: str, where: str, lo: int, hi: int | None = None) -> i
 def _memory_mib(value: Any, where: str) -> int:
     """GPU memory: a plain number is MiB (KAI, HAMi); a quantity with a unit (``20Gi``) is bytes."""
     text = str(value).strip()
-    if re.fullmatch(r"\d+", text):
-        mib = int(text)
+    q = _quantity(text, where)
+    if re.fullmatch(r"[0-9.]+", text):  # a plain number: MiB
+        mib = math.ceil(q)
     else:
-        q = _quantity(text, where)
-        if re.fullmatch(r"[0-9.]+", text):  # a plain decimal: MiB as well
-            mib = math.ceil(q)
-        else:
-            mib = math.ceil(q / MIB)
+        mib = math.ceil(q / MIB)
     if mib <= 0:
         raise RequestParseError(f"{where}: must be a positive amount of MiB")
     return mib
@@ -198,27 +301,27 @@ def _memory_mib(value: Any, where: str) -> int:
 
 # ------------------------------------------------------------------ resources
 def _container_requests(container: Mapping[str, Any], where: str) -> dict[str, Decimal]:
-    resources = container.get("resources") or {}
+    resources = _expect_mapping(container.get("resources"), f"{where}.resources")
     out: dict[str, Decimal] = {}
     for kind in ("limits", "requests"):  # requests override limits; a limit alone counts as the request
-        for name, value in (resources.get(kind) or {}).items():
+        for name, value in _expect_mapping(resources.get(kind), f"{where}.resources.{kind}").items():
             out[name] = _quantity(value, f'{where}.resources.{kind}["{name}"]')
     return out
 
 
 def pod_resources(pod: Mapping[str, Any]) -> dict[str, Decimal]:
     """Effective request of every resource (CPU in cores, memory in bytes, extended resources as counts)."""
-    spec = pod.get("spec") or {}
+    spec = _expect_mapping(pod.get("spec"), "spec")
     total: dict[str, Decimal] = {}
 
     def add(into: dict[str, Decimal], res: Mapping[str, Decimal]) -> None:
         for k, v in res.items():
             into[k] = into.get(k, Decimal(0)) + v
 
-    for i, c in enumerate(spec.get("containers") or []):
+    for i, c in enumerate(_expect_list(spec.get("containers"), "spec.containers")):
         add(total, _container_requests(c, f"spec.containers[{i}]"))
     init_max: dict[str, Decimal] = {}
-    for i, c in enumerate(spec.get("initContainers") or []):
+    for i, c in enumerate(_expect_list(spec.get("initContainers"), "spec.initContainers")):
         res = _container_requests(c, f"spec.initContainers[{i}]")
         if c.get("restartPolicy") == "Always":  # sidecar: runs beside the app containers
             add(total, res)
@@ -227,7 +330,7 @@ def pod_resources(pod: Mapping[str, Any]) -> dict[str, Decimal]:
                 init_max[k] = max(init_max.get(k, Decimal(0)), v)
     for k, v in init_max.items():
         total[k] = max(total.get(k, Decimal(0)), v)
-    for name, value in (spec.get("overhead") or {}).items():
+    for name, value in _expect_mapping(spec.get("overhead"), "spec.overhead").items():
         total[name] = total.get(name, Decimal(0)) + _quantity(value, f'spec.overhead["{name}"]')
     return total
 
@@ -436,11 +539,12 @@ def describe_pod(pod: Mapping[str, Any]) -> PodInfo:
     """Read everything gpupool needs from ``pod``; raises :class:`RequestParseError` naming the field at fault."""
     key = pod_key(pod)
     try:
+        check_pod_shape(pod)
         res = pod_resources(pod)
         ask = gpu_ask(pod, res)
         cpu = math.ceil(res.get("cpu", Decimal(0)) * 1000)
         mem = math.ceil(res.get("memory", Decimal(0)) / MIB)
-        spec = pod.get("spec") or {}
+        spec = _spec(pod)
         priority = spec.get("priority") or 0
         if not isinstance(priority, int):
             raise RequestParseError(f"spec.priority={priority!r}: not an integer")
@@ -453,7 +557,7 @@ def describe_pod(pod: Mapping[str, Any]) -> PodInfo:
             gpu_milli=ask.gpu_milli,
             gpu_spec=gpu_spec_of(pod) if ask.num_gpu else (),
             gpu_memory_mib=ask.gpu_memory_mib,
-            qos=str((pod.get("status") or {}).get("qosClass") or ""),
+            qos=str(_mapping(pod.get("status")).get("qosClass") or ""),
             priority=priority,
             creation_time=parse_time(_meta(pod).get("creationTimestamp")),
             labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
@@ -463,6 +567,9 @@ def describe_pod(pod: Mapping[str, Any]) -> PodInfo:
         raise _with_pod(exc, pod) from None
     except InvalidRequestError as exc:  # PodRequest's own checks (already name the pod)
         raise RequestParseError(str(exc)) from None
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError, ArithmeticError) as exc:
+        # Whatever else a malformed object trips over: this pod alone is invalid.
+        raise RequestParseError(f"pod {key}: invalid object: {type(exc).__name__}: {exc}") from None
 
 
 def parse_pod(pod: Mapping[str, Any]) -> PodRequest:
@@ -509,9 +616,15 @@ def min_member_of(pod: Mapping[str, Any]) -> int | None:
 
 def parse_pod_group(obj: Mapping[str, Any]) -> tuple[str, int]:
     """A PodGroup (scheduler-plugins or Volcano) -> (``namespace/name``, minMember >= 1)."""
-    meta = _meta(obj)
-    key = f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
-    raw = (obj.get("spec") or {}).get("minMember", 1)
+    key = object_key(obj)
+    if not isinstance(obj, Mapping):
+        raise RequestParseError(f"PodGroup {key}: expected a mapping")
+    try:
+        _expect_mapping(obj.get("metadata"), "metadata")
+        spec = _expect_mapping(obj.get("spec"), "spec")
+    except RequestParseError as exc:
+        raise RequestParseError(f"PodGroup {key}: {exc}") from None
+    raw = spec.get("minMember", 1)
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
         raise RequestParseError(f"PodGroup {key}: spec.minMember={raw!r}: must be a whole number >= 1")
     return key, raw
@@ -539,7 +652,10 @@ def _gpus_milli(value: Any, where: str) -> int | None:
         return None  # KAI's "unlimited"
     try:
         q = Decimal(str(parse_quantity(str(value))))
-    except (ValueError, TypeError, InvalidOperation):
+        finite = q.is_finite()
+    except (ValueError, TypeError, ArithmeticError):
+        finite = False
+    if not finite or q > MAX_QUANTITY:
         raise RequestParseError(f"{where}={value!r}: not a number of GPUs") from None
     if q < 0:
         raise RequestParseError(f"{where}={value!r}: must be >= 0 (or -1 for unlimited)")
@@ -549,8 +665,8 @@ def _gpus_milli(value: Any, where: str) -> int | None:
 def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
     """A ``queues.gpupool.io`` object -> :class:`QueueSpec` (quota/limit in GPUs: ``4``, ``"2.5"``, ``"500m"``)."""
     name = _meta(obj).get("name", "")
-    spec = obj.get("spec") or {}
     where = f"Queue {name}: spec"
+    spec = _expect_mapping(obj.get("spec") if isinstance(obj, Mapping) else None, where)
     quota = _gpus_milli(spec.get("quota"), f"{where}.quota") or 0
     limit = _gpus_milli(spec.get("limit"), f"{where}.limit")
     weight_raw = spec.get("weight", 1)
@@ -572,4 +688,5 @@ __all__ = [
     "parse_pod", "describe_pod", "pod_key", "pod_group_of", "queue_of", "min_member_of",
     "parse_pod_group", "parse_queue", "pod_resources", "gpu_ask", "gpu_spec_of",
     "annotations_of", "labels_of", "node_name_of", "is_terminal", "is_waiting_for", "parse_time",
+    "check_pod_shape", "check_selector_terms", "object_key", "spec_unreadable",
 ]

@@ -308,7 +308,7 @@ def register(app: typer.Typer) -> None:
             help=f"Schedule pods whose spec.schedulerName is this. Default: {DEFAULT_SCHEDULER_NAME}.")] = None,
         policy: Annotated[str | None, typer.Option(
             show_default=False, help=f"Placement policy: {', '.join(REGISTRY)}. Default: {DEFAULT_POLICY}.")] = None,
-        seed: Annotated[int, typer.Option(help="Seed of the tie-break between equal nodes.")] = 0,
+        seed: Annotated[int, typer.Option(min=0, help="Seed of the tie-break between equal nodes (>= 0).")] = 0,
         leader_elect: Annotated[bool | None, typer.Option(
             "--leader-elect/--no-leader-elect", show_default=False,
             help="Elect one binding replica through a coordination.k8s.io Lease. Default: off "

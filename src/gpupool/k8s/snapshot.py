@@ -31,6 +31,7 @@ from gpupool.k8s.inventory import (
     Constraints,
     Eligibility,
     InventoryInfo,
+    NoUsableNodeError,
     build_state,
     constraints_of,
 )
@@ -39,10 +40,14 @@ from gpupool.k8s.requests import (
     QueueSpec,
     RequestParseError,
     describe_pod,
+    is_terminal,
     is_waiting_for,
+    node_name_of,
+    object_key,
     parse_pod_group,
     parse_queue,
     pod_key,
+    spec_unreadable,
 )
 from gpupool.model import MILLI, Assignment, GpupoolError
 from gpupool.policies import DEFAULT_POLICY, make_policy
@@ -117,6 +122,9 @@ def load_snapshot(path: str | Path) -> ClusterSnapshot:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise SnapshotError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SnapshotError(f"{p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                            "kubectl writes UTF-8") from None
     stripped = text.lstrip()
     try:
         if stripped.startswith(("{", "[")):
@@ -129,6 +137,8 @@ def load_snapshot(path: str | Path) -> ClusterSnapshot:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         raise SnapshotError(f"{p}: {where}invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    except (ValueError, RecursionError) as exc:  # e.g. a YAML value PyYAML cannot construct
+        raise SnapshotError(f"{p}: unreadable: {exc}") from None
     if not any(isinstance(d, Mapping | list) for d in docs):
         raise SnapshotError(f"{p}: no Kubernetes objects found")
     snap = snapshot_from_objects(docs)
@@ -196,11 +206,13 @@ def queue_book(queues: Sequence[Mapping[str, Any]] | None) -> QueueBook:
     specs: dict[str, QueueSpec] = {}
     errors: dict[str, str] = {}
     for obj in queues:
-        name = (obj.get("metadata") or {}).get("name", "")
+        name = str(object_key(obj).split("/", 1)[1])
         try:
             specs[name] = parse_queue(obj)
         except RequestParseError as exc:
             errors[name] = str(exc)
+        except Exception as exc:  # noqa: BLE001 - one unreadable Queue never stops the cycle
+            errors[name] = f"Queue {name}: invalid object: {type(exc).__name__}: {exc}"
     return QueueBook(specs, errors)
 
 
@@ -237,13 +249,29 @@ class Plan:
     policy: str
     state: ClusterState | None = None
     queues: QueueBook | None = None
+    skipped_nodes: dict[str, str] = field(default_factory=dict)
 
     @property
     def placed(self) -> list[Placement]:
         return [p for p in self.placements if p.node is not None]
 
+    @property
+    def skipped(self) -> list[dict[str, str]]:
+        """Nodes left out (``{"node", "reason"}``) and bound pods not (fully) counted (``{"pod", "reason"}``)."""
+        nodes = dict(self.skipped_nodes)
+        pods: dict[str, str] = {}
+        if self.inventory is not None:
+            nodes.update(self.inventory["skipped_nodes"])
+            pods = self.inventory["skipped_pods"]
+        return ([{"node": n, "reason": r} for n, r in nodes.items()]
+                + [{"pod": k, "reason": r} for k, r in pods.items()])
+
     def to_json(self) -> dict[str, Any]:
-        return {"placements": [p.to_json() for p in self.placements]}
+        out: dict[str, Any] = {"placements": [p.to_json() for p in self.placements]}
+        skipped = self.skipped
+        if skipped:
+            out["skipped"] = skipped
+        return out
 
 
 UNSUPPORTED = "gpupool does not support"
@@ -296,28 +324,48 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
     :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod (the live
     scheduler passes a cache of :func:`~gpupool.k8s.requests.describe_pod` keyed by UID and resourceVersion).
     """
-    pending_pods = [p for p in snapshot.pods if is_waiting_for(p, scheduler_name)]
+    # A pod whose spec is not even a mapping cannot say which scheduler it names: it is reported, not dropped.
+    pending_pods = [p for p in snapshot.pods if isinstance(p, Mapping) and (
+        is_waiting_for(p, scheduler_name) or (spec_unreadable(p) and not is_terminal(p)))]
     out: list[Placement] = []
     if not pending_pods:
         return Plan(out, None, policy)
     try:
         state, inv = build_state(snapshot.nodes, snapshot.pods, describe)
     except ValueError as exc:
+        skipped = exc.skipped_nodes if isinstance(exc, NoUsableNodeError) else {}
         return Plan([Placement(pod_key(p), None, reason=f"0/0 nodes are available: {exc}")
-                     for p in pending_pods], None, policy)
+                     for p in pending_pods], None, policy, skipped_nodes=skipped)
     if prepare_state is not None:
         prepare_state(state)
 
-    # Read every pending pod; a pod that cannot be read fails alone.
+    # Read every pending pod; a pod that cannot be read (or is not the only one of its name) fails alone.
+    bound_to = {pod_key(p): node_name_of(p) for p in snapshot.pods
+                if isinstance(p, Mapping) and node_name_of(p) and not is_terminal(p)}
+    pending_count: dict[str, int] = {}
+    for pod in pending_pods:
+        pending_count[pod_key(pod)] = pending_count.get(pod_key(pod), 0) + 1
     infos: list[tuple[dict[str, Any], PodInfo]] = []
+    constraints: dict[str, Constraints] = {}
     for pod in pending_pods:
         key = pod_key(pod)
+        why = _identity_problem(pod, key, pending_count, bound_to)
+        if why:
+            out.append(Placement(key, None, reason=f"pod {key}: {why}", invalid=True))
+            continue
         try:
             info = describe(pod)
+            why = unsupported_constraint(pod)
+            if not why:
+                constraints[info.key] = constraints_of(pod, info.mig)
         except RequestParseError as exc:
             out.append(Placement(key, None, reason=str(exc), invalid=True))
             continue
-        why = unsupported_constraint(pod)
+        except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the cycle
+            log.warning("pod unreadable", exc_info=True, extra={"event": "pod_invalid", "pod": key})
+            out.append(Placement(key, None, reason=f"pod {key}: invalid object: {type(exc).__name__}: {exc}",
+                                 invalid=True))
+            continue
         if why:
             out.append(Placement(key, None, reason=f"pod {key}: {why}", invalid=True))
             continue
@@ -330,8 +378,11 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
         try:
             gkey, min_member = parse_pod_group(obj)
         except RequestParseError as exc:
-            meta = obj.get("metadata") or {}
-            group_errors[f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"] = str(exc)
+            group_errors[object_key(obj)] = str(exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - one unreadable PodGroup never stops the cycle
+            gkey = object_key(obj)
+            group_errors[gkey] = f"PodGroup {gkey}: invalid object: {type(exc).__name__}: {exc}"
             continue
         groups.setdefault(gkey, min_member)
     scheduled_in: dict[str, int] = {}
@@ -372,12 +423,9 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
         book.charge(pinfo.queue, pinfo.gpu_milli_total)
 
     # The engine, with node eligibility (selectors, taints, cordons, MIG counts) as extra filters.
-    nodes_by_name = {(n.get("metadata") or {}).get("name"): n for n in snapshot.nodes}
-    elig = Eligibility(state, nodes_by_name, inv["mig_capacity"], inv["mig_used"])
-    constraints: dict[str, Constraints] = {}
+    elig = Eligibility(state, inv["nodes"], inv["mig_capacity"], inv["mig_used"])
     for unit in units:
-        for pod, info in unit.members:
-            constraints[info.key] = constraints_of(pod, info.mig)
+        for _, info in unit.members:
             if info.mig:
                 elig.pending_mig[info.key] = info.mig
     pol = make_policy(policy)
@@ -393,43 +441,72 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
     engine = Engine(state, pol, seed=seed, workload=workload if len(workload) >= 50 else None)
 
     for unit in sorted(units, key=_Unit.order):
-        demands: dict[str, int] = {}
-        for _, info in unit.members:
-            if info.queue:
-                demands[info.queue] = demands.get(info.queue, 0) + info.gpu_milli_total
-        refused = book.admit(demands)
-        if refused:
-            out.extend(Placement(i.key, None, reason=refused, gang=unit.gang) for _, i in unit.members)
-            continue
-        if unit.gang is None:
-            _, info = unit.members[0]
-            feasible = int(engine.feasible_mask(pol.effective(info.request)).sum())
-            decision = engine.place(info.request)
-            if decision.assignment is None:
-                out.append(Placement(info.key, None, reason=decision.reason))
-                continue
-            placed = {info.key: (decision.assignment, feasible)}
-        else:
-            feasible = {i.key: int(engine.feasible_mask(pol.effective(i.request)).sum()) for _, i in unit.members}
-            assignments, reason = place_gang(engine, [i.request for _, i in unit.members], unit.need)
-            if not assignments and unit.need > 0:
-                out.extend(Placement(i.key, None, reason=f"gang {unit.gang} cannot be placed together: {reason}",
-                                     gang=unit.gang) for _, i in unit.members)
-                continue
-            placed = {a.pod: (a, feasible[a.pod]) for a in assignments}
-        for _, info in unit.members:
-            if info.key not in placed:
-                why = engine.schedule(info.request).reason or "no room"
-                out.append(Placement(info.key, None, reason=f"gang {unit.gang} has its minMember without this pod; "
-                                     f"this pod waits: {why}", gang=unit.gang))
-                continue
-            a, feasible_n = placed[info.key]
-            book.charge(info.queue, info.gpu_milli_total)
-            out.append(Placement(
-                info.key, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
-                _success_reason(policy, a, feasible_n, unit.gang, info.mig), a.gpu_memory_mib, info.mig, unit.gang,
-            ))
+        try:
+            out.extend(_place_unit(unit, engine, pol, book, policy))
+        except Exception as exc:  # noqa: BLE001 - a unit that trips the engine fails alone
+            log.error("placement failed", exc_info=True, extra={"event": "placement_error",
+                                                                 "pods": [i.key for _, i in unit.members]})
+            out.extend(Placement(i.key, None, reason=f"gpupool could not place this pod: {type(exc).__name__}: {exc}",
+                                 gang=unit.gang) for _, i in unit.members)
     return Plan(out, inv, policy, state, book)
+
+
+def _identity_problem(pod: Mapping[str, Any], key: str, pending_count: Mapping[str, int],
+                      bound_to: Mapping[str, str]) -> str:
+    """Why a pending pod cannot be told apart from others (no name, or a name another pod has too), or ""."""
+    meta = pod.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        return ("invalid object: metadata.name is missing" if name is None or name == "" else
+                f"invalid object: metadata.name: expected a string, got {type(name).__name__} {name!r}")
+    if namespace is not None and not isinstance(namespace, str):
+        return f"invalid object: metadata.namespace: expected a string, got {type(namespace).__name__}"
+    if pending_count.get(key, 0) > 1:
+        return (f"duplicate pod: {pending_count[key]} pending pods are named {key} in the snapshot; "
+                "none of them is placed")
+    if key in bound_to:
+        return f"duplicate pod: a pod named {key} is already bound to node {bound_to[key]}"
+    return ""
+
+
+def _place_unit(unit: _Unit, engine: Engine, pol: Any, book: QueueBook, policy: str) -> list[Placement]:
+    """Place one unit (a single pod, or a gang all or nothing) within its queues' limits."""
+    demands: dict[str, int] = {}
+    for _, info in unit.members:
+        if info.queue:
+            demands[info.queue] = demands.get(info.queue, 0) + info.gpu_milli_total
+    refused = book.admit(demands)
+    if refused:
+        return [Placement(i.key, None, reason=refused, gang=unit.gang) for _, i in unit.members]
+    if unit.gang is None:
+        _, info = unit.members[0]
+        feasible = int(engine.feasible_mask(pol.effective(info.request)).sum())
+        decision = engine.place(info.request)
+        if decision.assignment is None:
+            return [Placement(info.key, None, reason=decision.reason)]
+        placed = {info.key: (decision.assignment, feasible)}
+    else:
+        feasible_of = {i.key: int(engine.feasible_mask(pol.effective(i.request)).sum()) for _, i in unit.members}
+        assignments, reason = place_gang(engine, [i.request for _, i in unit.members], unit.need)
+        if not assignments and unit.need > 0:
+            return [Placement(i.key, None, reason=f"gang {unit.gang} cannot be placed together: {reason}",
+                              gang=unit.gang) for _, i in unit.members]
+        placed = {a.pod: (a, feasible_of[a.pod]) for a in assignments}
+    out: list[Placement] = []
+    for _, info in unit.members:
+        if info.key not in placed:
+            why = engine.schedule(info.request).reason or "no room"
+            out.append(Placement(info.key, None, reason=f"gang {unit.gang} has its minMember without this pod; "
+                                 f"this pod waits: {why}", gang=unit.gang))
+            continue
+        a, feasible_n = placed[info.key]
+        book.charge(info.queue, info.gpu_milli_total)
+        out.append(Placement(
+            info.key, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
+            _success_reason(policy, a, feasible_n, unit.gang, info.mig), a.gpu_memory_mib, info.mig, unit.gang,
+        ))
+    return out
 
 
 def format_plan(result: Plan) -> str:
@@ -440,6 +517,9 @@ def format_plan(result: Plan) -> str:
                      p.reason))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    for item in result.skipped:
+        what = f"node {item['node']}" if "node" in item else f"bound pod {item['pod']}"
+        lines.append(f"skipped {what}: {item['reason']}")
     placed = len(result.placed)
     lines.append(f"{placed} of {len(result.placements)} pending pod(s) placed (policy {result.policy}; dry run, "
                  "nothing bound)")
