@@ -63,8 +63,9 @@ TRACES = {
 POLICIES = ("fifo", "round-robin", "gpupool")
 TARGET_EVENTS_PER_S = 50_000
 KEYS = ("mean_jct_s", "p95_jct_s", "mean_queueing_delay_s", "makespan_s", "gpu_utilization", "jain_fairness",
+        "jain_fairness_capped",
         "preemptions", "deadlocks", "energy_kwh", "events", "wall_seconds", "events_per_second", "finished_jobs",
-        "unfinished_jobs", "worst_quota_deficit", "lost_gpu_hours")
+        "unfinished_jobs", "worst_quota_deficit", "worst_quota_deficit_raw", "lost_gpu_hours", "restarts")
 
 
 def measure_one(trace: str, policy: str, seed: int, max_jobs: int | None) -> dict:
@@ -134,8 +135,8 @@ def markdown(rows: list[dict], machine: dict) -> str:
         "(checkpoint every 1,800 s, 30 s restart overhead, no failures). See `bench_jobs.py` for the method.",
         "",
         "| trace | policy | jobs | GPUs | mean JCT (h) | p95 JCT (h) | mean queueing delay (h) | makespan (d) "
-        "| GPU util | Jain | worst quota deficit | preemptions | deadlocks | energy (MWh) | events | events/s "
-        "| engine share |",
+        "| GPU util | Jain (capped) | worst quota deficit | preemptions | deadlocks | energy (MWh) | events "
+        "| events/s | engine share |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -143,14 +144,18 @@ def markdown(rows: list[dict], machine: dict) -> str:
             f"| {r['trace']} | {r['policy']} | {r['jobs']:,} | {r['gpus']:,} | {_fmt(r['mean_jct_s'] / 3600)} "
             f"| {_fmt(r['p95_jct_s'] / 3600)} | {_fmt(r['mean_queueing_delay_s'] / 3600, 2)} "
             f"| {_fmt(r['makespan_s'] / 86400)} | {100 * r['gpu_utilization']:.1f}% | {_fmt(r['jain_fairness'], 3)} "
+            f"({_fmt(r['jain_fairness_capped'], 3)}) "
             f"| {100 * r['worst_quota_deficit']:.1f}% | {r['preemptions']:,} | {r['deadlocks']} "
             f"| {_fmt(r['energy_kwh'] / 1000)} | {r['events']:,} | {_fmt(r['events_per_second'], 0)} "
             f"| {100 * r['engine_share']:.0f}% |")
     lines += [
         "",
+        "`Jain`: Jain's index over queues of GPU-time held / GPU-time of fair share (capped: each ratio capped at "
+        "1, so that only queues that got less than their share count). "
         "`engine share`: fraction of the event loop's wall time spent inside `Engine.place` (placing pods with "
         "the placement policy). `worst quota deficit`: over the queues, the largest share of "
-        "`min(demand, quota)` GPU-time the queue did not get.",
+        "`min(demand, quota)` GPU-time the queue did not get while one of its waiting jobs fitted in what was "
+        "left of its quota (`worst_quota_deficit_raw` in the JSON: at any time).",
         "",
         f"Target: >= {TARGET_EVENTS_PER_S:,} simulated events/s on one core (whole Philly trace).",
     ]

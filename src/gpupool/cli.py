@@ -8,6 +8,11 @@ Common options: ``--nodes FILE --pods FILE`` (openb CSVs; default: the embedded 
 ``--protocol inflation|replay``, ``--seed N`` (repeatable, or ``--seeds 42,43``), ``--ratio 1.3``,
 ``--out DIR`` (PNG plots), ``--json FILE`` (``-`` for stdout), ``--quiet``.
 
+Job traces (the pool scheduler, :mod:`gpupool.sim.jobs`): ``--jobs FILE [--format philly|itp]
+--cluster FILE.yaml [--queues FILE.yaml]`` replays a Philly or ITP job trace on the cluster file's nodes
+with the job-level policies ``fifo``, ``round-robin`` and ``gpupool`` (default), plus the failure,
+checkpoint, elastic and GPU-speed options listed in ``--help``.
+
 Exit codes: 0 success; 2 bad usage, unknown policy, unreadable or malformed trace (the message names
 the file, the line and the column), or an unavailable protocol.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +37,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
 from gpupool import __version__, report
 from gpupool.model import GpupoolError, NodeSpec, PodRequest
 from gpupool.policies import BASELINES, DEFAULT_POLICY, REGISTRY
-from gpupool.traces import TraceFormatError, load_openb_nodes, load_openb_pods
+from gpupool.traces import TraceFormatError, load_jobs, load_openb_nodes, load_openb_pods
 
 EMBEDDED_NODES = "openb_node_list_gpu_node.csv"
 EMBEDDED_PODS = "openb_pod_list_default.csv"
@@ -116,6 +122,80 @@ JsonOpt = Annotated[
 QuietOpt = Annotated[
     bool,
     typer.Option("--quiet", "-q", help="No progress bar (it is also off when stdout is not a terminal)."),
+]
+
+
+class JobFormat(StrEnum):
+    philly = "philly"
+    itp = "itp"
+
+
+JobsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--jobs", metavar="FILE", dir_okay=False, show_default=False,
+        help="Job trace CSV (Philly: timestamp,duration,num_gpus,gpu_time,cluster; ITP: "
+             "job_id,submission_time,duration,num_gpu): run the pool scheduler's job-level policies "
+             "(fifo, round-robin, gpupool; also lowest-power) instead of pod placement. Needs --cluster.",
+        rich_help_panel="Job traces",
+    ),
+]
+FormatOpt = Annotated[
+    JobFormat | None,
+    typer.Option("--format", case_sensitive=False, show_default=False,
+                 help="Format of --jobs (default: detected from its header).", rich_help_panel="Job traces"),
+]
+ClusterOpt = Annotated[
+    Path | None,
+    typer.Option("--cluster", metavar="FILE.yaml", dir_okay=False, show_default=False,
+                 help="Cluster file (node pools: count, GPU model, GPUs per node, NVLink, racks, switches); "
+                      "see examples/clusters/.", rich_help_panel="Job traces"),
+]
+QueuesOpt = Annotated[
+    Path | None,
+    typer.Option("--queues", metavar="FILE.yaml", dir_okay=False, show_default=False,
+                 help="Queue file (name, parent, quota, limit, weight, priority). Default: one queue per "
+                      "Philly virtual cluster with a quota in proportion to its GPU-time demand (one queue "
+                      "for ITP).", rich_help_panel="Job traces"),
+]
+CheckpointOpt = Annotated[
+    float,
+    typer.Option("--checkpoint-interval", metavar="S", help="Seconds of progress between job checkpoints "
+                 "(0: none; an evicted job always checkpoints first).",
+                 rich_help_panel="Job traces"),
+]
+NodeMtbfOpt = Annotated[
+    float | None,
+    typer.Option("--node-mtbf-hours", metavar="H", show_default=False,
+                 help="Inject node failures (seeded) with this mean time between failures.",
+                 rich_help_panel="Job traces"),
+]
+GpuMtbfOpt = Annotated[
+    float | None,
+    typer.Option("--gpu-mtbf-hours", metavar="H", show_default=False,
+                 help="Inject single-GPU failures (seeded) with this mean time between failures.",
+                 rich_help_panel="Job traces"),
+]
+RepairOpt = Annotated[
+    float,
+    typer.Option("--repair-hours", metavar="H", help="Hours until a failed node or GPU is back.",
+                 rich_help_panel="Job traces"),
+]
+ElasticOpt = Annotated[
+    float,
+    typer.Option("--elastic-fraction", metavar="F", help="Share of multi-GPU jobs made elastic "
+                 "(half to double their pods).", rich_help_panel="Job traces"),
+]
+GpuSpeedOpt = Annotated[
+    str,
+    typer.Option("--gpu-speed", metavar="none|catalog", help="none: trace durations on every GPU model; "
+                 "catalog: scaled by the catalog's relative throughput (energy vs JCT studies).",
+                 rich_help_panel="Job traces"),
+]
+MaxJobsOpt = Annotated[
+    int | None,
+    typer.Option("--max-jobs", metavar="N", show_default=False, help="Only the first N jobs of the trace.",
+                 rich_help_panel="Job traces"),
 ]
 
 
@@ -233,8 +313,8 @@ def _execute(
 ) -> None:
     policy_names = _check_policies(policies)
     seeds = _parse_seeds(seed)
-    if not ratio > 0:
-        _fail(f"--ratio must be > 0, got {ratio}")
+    if not (math.isfinite(ratio) and ratio > 0):
+        _fail(f"--ratio must be a finite number > 0, got {ratio}")
     proto = protocol.value
     if proto == "replay":
         runner = _replay_runner()
@@ -330,6 +410,142 @@ def _execute(
         typer.echo(f"wrote {path}", err=to_stdout)
 
 
+def _execute_jobs(
+    *, policies: Sequence[str], jobs: Path, fmt: JobFormat | None, cluster: Path | None, queues: Path | None,
+    seed: Sequence[str] | None, out: Path | None, json_file: str | None, quiet: bool, checkpoint: float,
+    node_mtbf: float | None, gpu_mtbf: float | None, repair: float, elastic: float, gpu_speed: str,
+    max_jobs: int | None,
+) -> None:
+    """``simulate``/``compare`` on a job trace: the pool scheduler's job-level policies."""
+    from gpupool.clusterspec import load_cluster_yaml
+    from gpupool.engine.pool.queues import load_queues_yaml
+    from gpupool.engine.pool.scheduler import JOB_POLICIES
+    from gpupool.sim.jobs import JobSimConfig, run_jobs
+
+    names: list[str] = []
+    for name in policies:
+        if name not in JOB_POLICIES:
+            _fail(f"unknown job policy {name!r}; known: {', '.join(JOB_POLICIES)}")
+        if name not in names:
+            names.append(name)
+    if not names:
+        _fail("no policy given")
+    if cluster is None:
+        _fail("--jobs needs --cluster FILE.yaml (see examples/clusters/)")
+    seeds = _parse_seeds(seed)
+    for flag, value in (("--checkpoint-interval", checkpoint), ("--repair-hours", repair)):
+        if not value >= 0:
+            _fail(f"{flag} must be >= 0, got {value}")
+    for flag, value in (("--node-mtbf-hours", node_mtbf), ("--gpu-mtbf-hours", gpu_mtbf)):
+        if value is not None and not value > 0:
+            _fail(f"{flag} must be > 0, got {value}")
+    if not 0.0 <= elastic <= 1.0:
+        _fail(f"--elastic-fraction must be within 0..1, got {elastic}")
+    if gpu_speed not in ("none", "catalog"):
+        _fail(f"--gpu-speed must be 'none' or 'catalog', got {gpu_speed!r}")
+    if max_jobs is not None and max_jobs < 1:
+        _fail(f"--max-jobs must be >= 1, got {max_jobs}")
+    try:
+        node_list = load_cluster_yaml(cluster)
+        tree = load_queues_yaml(queues) if queues is not None else None
+        records = load_jobs(jobs, fmt.value if fmt is not None else None)
+    except TraceFormatError as exc:
+        _fail(_trace_error(exc))
+    except OSError as exc:
+        _fail(f"cannot read {exc.filename or ''}: {exc.strerror or exc}")
+    except ValueError as exc:  # cluster or queue file errors name the file and the field
+        _fail(str(exc))
+    if not records:
+        _fail(f"{jobs}: the job trace has no jobs")
+    if max_jobs is not None:
+        records = records[:max_jobs]
+    if tree is not None:
+        leaves = {tree.names[i] for i in tree.leaves}
+        missing = sorted({r.queue or "default" for r in records} - leaves)
+        if missing:
+            _fail(f"{queues}: no leaf queue for trace queue(s) {', '.join(missing[:5])}"
+                  + (" ..." if len(missing) > 5 else ""))
+    config = JobSimConfig(checkpoint_interval_s=checkpoint if checkpoint > 0 else math.inf,
+                          node_mtbf_h=node_mtbf, gpu_mtbf_h=gpu_mtbf, repair_h=repair, elastic_fraction=elastic,
+                          gpu_speed=gpu_speed)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    show_progress = not quiet and sys.stdout.isatty()
+    progress = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+        TimeElapsedColumn(), console=console, transient=True, disable=not show_progress,
+    )
+    runs: list[report.JobRun] = []
+    total_runs = len(names) * len(seeds)
+    with progress:
+        task = progress.add_task("simulating", total=total_runs)
+        for i, name in enumerate(names):
+            for j, s in enumerate(seeds):
+                k = i * len(seeds) + j
+                progress.update(task, completed=k, description=f"{name} (seed {s}) [{k + 1}/{total_runs}]")
+
+                def tick(done: int, total: int, k: int = k) -> None:
+                    progress.update(task, completed=k + (done / total if total else 1.0))
+
+                try:
+                    res = run_jobs(node_list, records, name, seed=s, queues=tree, config=config, progress=tick)
+                except (GpupoolError, ValueError, KeyError) as exc:
+                    progress.stop()
+                    _fail(f"{name} (seed {s}): {exc}", code=1)
+                runs.append(report.run_from_jobs(res))
+        progress.update(task, completed=total_runs)
+    summary = report.summarize_jobs(runs)
+    doc = report.jobs_json_document(str(jobs), str(cluster), str(queues) if queues else None, runs, summary)
+    to_stdout = json_file == "-"
+    if to_stdout:
+        sys.stdout.write(report.dumps(doc))
+    else:
+        gpus = sum(n.gpu_count for n in node_list)
+        title = (f"job trace {jobs} ({len(records):,} jobs) on {cluster} ({len(node_list):,} nodes, {gpus:,} GPUs)"
+                 f", queues: {queues or 'one per trace queue'}, seed{'s' if len(seeds) > 1 else ''} "
+                 f"{', '.join(map(str, seeds))}" + (" (mean ± std)" if len(seeds) > 1 else ""))
+        console.print(report.jobs_table(summary, title))
+        unfinished = sum(len(r.record["unfinished"]) for r in runs)
+        if unfinished:
+            first = next(u for r in runs for u in r.record["unfinished"])
+            console.print(f"{unfinished} job(s) did not finish, e.g. {first['job_id']}: {first['reason']}",
+                          highlight=False, soft_wrap=True)
+    written: list[Path] = []
+    if json_file and not to_stdout:
+        path = Path(json_file)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(report.dumps(doc), encoding="utf-8")
+        except OSError as exc:
+            _fail(f"cannot write {path}: {exc.strerror or exc}", code=1)
+        written.append(path)
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            written.append(report.plot_jct_cdf(runs, out / "jct_distribution.png"))
+            written.append(report.plot_queue_share(runs, out / "queue_share.png"))
+        except OSError as exc:
+            _fail(f"cannot write plots to {out}: {exc.strerror or exc}", code=1)
+    for path in written:
+        typer.echo(f"wrote {path}", err=to_stdout)
+
+
+def _job_only_flags(jobs: Path | None, **given: Any) -> None:
+    if jobs is None:
+        used = [flag for flag, value in given.items() if value]
+        if used:
+            _fail(f"{', '.join(used)} only apply with --jobs")
+
+
+def _pod_only_flags(nodes: Path | None, pods: Path | None, protocol: Protocol, ratio: float) -> None:
+    used = [f for f, v in (("--nodes", nodes), ("--pods", pods)) if v is not None]
+    if protocol != Protocol.inflation:
+        used.append("--protocol")
+    if ratio != 1.3:
+        used.append("--ratio")
+    if used:
+        _fail(f"{', '.join(used)} do not apply to job traces (--jobs)")
+
+
 # --------------------------------------------------------------------------------------------------
 # Commands
 
@@ -374,11 +590,33 @@ def simulate_cmd(
     out: OutOpt = None,
     json_file: JsonOpt = None,
     quiet: QuietOpt = False,
+    jobs: JobsOpt = None,
+    fmt: FormatOpt = None,
+    cluster: ClusterOpt = None,
+    queues: QueuesOpt = None,
+    checkpoint: CheckpointOpt = 1800.0,
+    node_mtbf: NodeMtbfOpt = None,
+    gpu_mtbf: GpuMtbfOpt = None,
+    repair: RepairOpt = 4.0,
+    elastic: ElasticOpt = 0.0,
+    gpu_speed: GpuSpeedOpt = "none",
+    max_jobs: MaxJobsOpt = None,
 ) -> None:
     """Run one placement policy on a trace and print its GPU allocation, fragmentation and failures.
 
-    Same options and outputs as `compare`, for a single policy.
+    Same options and outputs as `compare`, for a single policy. With --jobs, run one job-level policy
+    (fifo, round-robin, gpupool) on a job trace and print JCT, queueing delay, utilization, fairness,
+    preemptions and energy.
     """
+    if jobs is not None:
+        _pod_only_flags(nodes, pods, protocol, ratio)
+        _execute_jobs(policies=[policy], jobs=jobs, fmt=fmt, cluster=cluster, queues=queues, seed=seed, out=out,
+                      json_file=json_file, quiet=quiet, checkpoint=checkpoint, node_mtbf=node_mtbf,
+                      gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed, max_jobs=max_jobs)
+        return
+    _job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
+                             "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
+                             "--max-jobs": max_jobs, "--elastic-fraction": elastic})
     _execute(policies=[policy], nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
              out=out, json_file=json_file, quiet=quiet)
 
@@ -400,12 +638,36 @@ def compare_cmd(
     out: OutOpt = None,
     json_file: JsonOpt = None,
     quiet: QuietOpt = False,
+    jobs: JobsOpt = None,
+    fmt: FormatOpt = None,
+    cluster: ClusterOpt = None,
+    queues: QueuesOpt = None,
+    checkpoint: CheckpointOpt = 1800.0,
+    node_mtbf: NodeMtbfOpt = None,
+    gpu_mtbf: GpuMtbfOpt = None,
+    repair: RepairOpt = 4.0,
+    elastic: ElasticOpt = 0.0,
+    gpu_speed: GpuSpeedOpt = "none",
+    max_jobs: MaxJobsOpt = None,
 ) -> None:
     """Run several placement policies on the same trace and seeds and show them side by side.
 
     Under the table, a line for each of the worst policies says why it loses: its most common
-    unschedulable reason, GPUs held but unused, fragmentation and load imbalance.
+    unschedulable reason, GPUs held but unused, fragmentation and load imbalance. With --jobs, compare
+    the job-level policies (default: fifo, round-robin, gpupool) on a job trace.
     """
+    if jobs is not None:
+        from gpupool.engine.pool.scheduler import DEFAULT_JOB_POLICIES
+
+        _pod_only_flags(nodes, pods, protocol, ratio)
+        _execute_jobs(policies=_split(policies) or list(DEFAULT_JOB_POLICIES), jobs=jobs, fmt=fmt, cluster=cluster,
+                      queues=queues, seed=seed, out=out, json_file=json_file, quiet=quiet, checkpoint=checkpoint,
+                      node_mtbf=node_mtbf, gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed,
+                      max_jobs=max_jobs)
+        return
+    _job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
+                             "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
+                             "--max-jobs": max_jobs, "--elastic-fraction": elastic})
     names = _split(policies) or list(REGISTRY)
     _execute(policies=names, nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
              out=out, json_file=json_file, quiet=quiet)

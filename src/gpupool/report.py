@@ -142,9 +142,10 @@ def _metric(metrics: Any, name: str) -> float:
     return NAN if value is None else float(value)
 
 
-def _common_record(res: Any, protocol: str, capacity_gpus: float | None) -> tuple[dict[str, Any], Counter, Counter]:
+def _common_record(res: Any, protocol: str, capacity_gpus: float | None,
+                   extra_failed: Sequence[dict] = ()) -> tuple[dict[str, Any], Counter, Counter]:
     metrics = getattr(res, "metrics", None)
-    failed = list(getattr(res, "failed", []) or [])
+    failed = list(getattr(res, "failed", []) or []) + list(extra_failed)
     counts = reason_counts(failed)
     rejections = node_rejections(failed)
     reserved = _metric(metrics, "reserved_gpu_ratio")
@@ -201,7 +202,10 @@ def run_from_replay(res: Any, capacity_gpus: float | None = None, max_points: in
     (NaN). The time of the first failure is kept (``first_failure_time_s``) when the failures carry a
     ``time``. ``capacity_gpus`` as for :func:`run_from_inflation`.
     """
-    record, counts, rejections = _common_record(res, "replay", capacity_gpus)
+    # pods never placed and still waiting when the trace ends failed too
+    pending = list(getattr(res, "still_pending", None) or [])
+    record, counts, rejections = _common_record(res, "replay", capacity_gpus, extra_failed=pending)
+    record["still_pending_pods"] = len(pending)
     record["mean_pending_s"] = float(getattr(res, "mean_pending_s", NAN))
     record["p95_pending_s"] = float(getattr(res, "p95_pending_s", NAN))
     record["mean_gpu_allocation"] = float(getattr(res, "mean_allocation", NAN))
@@ -588,5 +592,177 @@ def plot_unallocated(summary: Sequence[dict[str, Any]], path: Path) -> Path:
     ax.set_title("GPUs not used by any pod at the end of the run (lower is better)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
+    fig.savefig(path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# Job-level runs (``gpupool simulate/compare --jobs``): records, summary, table, plots
+
+JOB_METRIC_KEYS = (
+    "mean_jct_s",
+    "p95_jct_s",
+    "mean_queueing_delay_s",
+    "makespan_s",
+    "gpu_utilization",
+    "jain_fairness",
+    "jain_fairness_capped",
+    "preemptions",
+    "deadlocks",
+    "energy_kwh",
+    "events_per_second",
+    "lost_gpu_hours",
+    "worst_quota_deficit",
+    "unfinished_jobs",
+)
+"""Numeric keys of a job-run record that :func:`summarize_jobs` averages over seeds."""
+
+
+@dataclass
+class JobRun:
+    """One job-level policy on one seed: a flat JSON-ready ``record`` and the curves to plot.
+
+    ``jct``: (n_finished,) job completion times (s); ``share_times`` (k,) and ``share_alloc`` (k, q): GPUs
+    held per leaf queue over time, ``queue_names`` (q,) in that column order.
+    """
+
+    record: dict[str, Any]
+    jct: np.ndarray = field(default_factory=lambda: np.empty(0))
+    share_times: np.ndarray = field(default_factory=lambda: np.empty(0))
+    share_alloc: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+    share_fair: np.ndarray = field(default_factory=lambda: np.empty((0, 0)))
+    queue_names: tuple[str, ...] = ()
+
+    @property
+    def policy(self) -> str:
+        return self.record["policy"]
+
+
+def run_from_jobs(res: Any) -> JobRun:
+    """A :class:`JobRun` from a :class:`gpupool.sim.jobs.JobSimResult`."""
+    record = {"policy": res.policy, "seed": int(res.seed), "n_jobs": int(res.n_jobs), **res.metrics,
+              "queues": res.queues, "unfinished": res.unfinished}
+    return JobRun(record, np.asarray(res.jct, dtype=float), np.asarray(res.share_times, dtype=float),
+                  np.asarray(res.share_alloc, dtype=float), np.asarray(res.share_fair, dtype=float),
+                  tuple(res.queue_names))
+
+
+def summarize_jobs(runs: Sequence[JobRun]) -> list[dict[str, Any]]:
+    """Per-policy means (and sample std, ``<key>_std``) over seeds of :data:`JOB_METRIC_KEYS`."""
+    by_policy: dict[str, list[JobRun]] = {}
+    for run in runs:
+        by_policy.setdefault(run.policy, []).append(run)
+    out = []
+    for policy, group in by_policy.items():
+        entry: dict[str, Any] = {"policy": policy, "seeds": [r.record["seed"] for r in group], "n_seeds": len(group)}
+        for key in JOB_METRIC_KEYS:
+            mean, std = _stats([r.record.get(key) for r in group])
+            entry[key] = mean
+            entry[f"{key}_std"] = std
+        out.append(entry)
+    return out
+
+
+def jobs_table(summary: Sequence[dict[str, Any]], title: str = "") -> Table:
+    """One row per job-level policy: JCT, queueing delay, makespan, utilization, fairness, preemptions,
+    deadlocks, energy, events/s; mean (± std over seeds). Best values in bold green."""
+    table = Table(title=title or None, title_justify="left")
+    cols: list[tuple[str, str, int, dict]] = [
+        ("mean JCT\n(h)", "mean_jct_s", -1, {"scale": 1 / 3600}),
+        ("p95 JCT\n(h)", "p95_jct_s", -1, {"scale": 1 / 3600}),
+        ("mean queueing\ndelay (h)", "mean_queueing_delay_s", -1, {"scale": 1 / 3600, "digits": 2}),
+        ("makespan\n(days)", "makespan_s", -1, {"scale": 1 / 86400}),
+        ("GPU\nutilization", "gpu_utilization", 1, {"pct": True}),
+        ("Jain\nfairness", "jain_fairness", 1, {"digits": 3}),
+        ("worst quota\ndeficit", "worst_quota_deficit", -1, {"pct": True}),
+        ("preemptions", "preemptions", 0, {"digits": 0, "thousands": True}),
+        ("deadlocks", "deadlocks", -1, {"digits": 0}),
+        ("energy\n(MWh)", "energy_kwh", -1, {"scale": 1 / 1000}),
+        ("events/s", "events_per_second", 0, {"digits": 0, "thousands": True}),
+    ]
+    table.add_column("policy", style="bold", no_wrap=True)
+    for header, _, _, _ in cols:
+        table.add_column(header, justify="right")
+    best: dict[str, float] = {}
+    for _, key, better, _ in cols:
+        values = [e[key] for e in summary if math.isfinite(e[key])]
+        if better and values and len(summary) > 1:
+            best[key] = max(values) if better > 0 else min(values)
+    for entry in summary:
+        cells: list[Any] = [entry["policy"]]
+        for _, key, _, kw in cols:
+            kw = dict(kw)
+            scale = kw.pop("scale", 1.0)
+            std = entry.get(f"{key}_std")
+            text = _fmt(entry[key] * scale, std * scale if std is not None else std, entry["n_seeds"], **kw)
+            is_best = key in best and math.isfinite(entry[key]) and math.isclose(entry[key], best[key])
+            cells.append(Text(text, style="bold green" if is_best else ""))
+        table.add_row(*cells)
+    return table
+
+
+def jobs_json_document(jobs: str, cluster: str, queues: str | None, runs: Sequence[JobRun],
+                       summary: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The ``--json`` document of a job-level run: inputs, one record per policy and seed, summary."""
+    return jsonable({"protocol": "jobs", "jobs": jobs, "cluster": cluster, "queues": queues,
+                     "results": [r.record for r in runs], "summary": list(summary)})
+
+
+def plot_jct_cdf(runs: Sequence[JobRun], path: Path) -> Path:
+    """Empirical CDF of job completion time (log x axis, hours), one line per policy (first seed)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    seen: dict[str, JobRun] = {}
+    for run in runs:
+        seen.setdefault(run.policy, run)
+    for i, run in enumerate(seen.values()):
+        jct = np.sort(run.jct[np.isfinite(run.jct)]) / 3600.0
+        if len(jct) == 0:
+            continue
+        y = np.arange(1, len(jct) + 1) / len(jct)
+        jct = np.maximum(jct, 1e-3)
+        ax.plot(jct, y, label=f"{run.policy} (mean {jct.mean():.1f} h)", linewidth=1.4, **_line_style(i))
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT distribution")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.savefig(path)
+    return path
+
+
+def plot_queue_share(runs: Sequence[JobRun], path: Path, max_queues: int = 10) -> Path:
+    """GPUs held per queue over time (stacked), one panel per policy (first seed); the largest
+    ``max_queues`` queues by GPU-time, the rest summed as "other"."""
+    seen: dict[str, JobRun] = {}
+    for run in runs:
+        seen.setdefault(run.policy, run)
+    panels = [r for r in seen.values() if len(r.share_times)]
+    fig = _figure(9.0, 2.6 * max(1, len(panels)) + 0.6)
+    if not panels:
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, "no queue samples", ha="center", va="center")
+        fig.savefig(path)
+        return path
+    axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True)[:, 0]
+    for ax, run in zip(axes, panels, strict=True):
+        t = run.share_times
+        unit, div = ("days", 86400.0) if t.max(initial=0) > 2 * 86400 else ("hours", 3600.0)
+        alloc = run.share_alloc
+        order = np.argsort(-alloc.sum(axis=0), kind="stable")
+        top = order[:max_queues]
+        rest = order[max_queues:]
+        series = [alloc[:, k] for k in top]
+        labels = [run.queue_names[k] for k in top]
+        if len(rest):
+            series.append(alloc[:, rest].sum(axis=1))
+            labels.append("other")
+        ax.stackplot(t / div, *series, labels=labels, step="post")
+        ax.set_ylabel("GPUs held")
+        ax.set_title(f"{run.policy}: GPUs per queue over time", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel(f"trace time ({unit})")
+    axes[0].legend(fontsize=7, loc="upper right", ncol=2)
     fig.savefig(path)
     return path

@@ -1,0 +1,343 @@
+"""The pool scheduler's eviction actions: reclaim, preempt, elastic grow/shrink, and the shared victim
+solver's verification. A mixin of :class:`gpupool.engine.pool.scheduler.PoolScheduler` (it uses that
+class's books); split out so that each file stays readable. No I/O.
+
+Every eviction goes through :meth:`EvictionActions._solve`: choose victims with
+:func:`~gpupool.engine.pool.victims.select_victims`, release them, place the preemptor through the engine,
+then put back (on exactly their old devices) the victims the placement did not need; if the preemptor
+cannot be placed, every victim is put back and nothing happened (all or nothing).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpupool.engine.pool.job import RUNNING, PoolJob
+from gpupool.engine.pool.victims import select_victims
+from gpupool.model import MILLI, AllocationError, Assignment
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpupool.engine.pool.scheduler import CycleResult
+
+_EPS = 1e-6
+
+Candidate = tuple[PoolJob, Sequence[Assignment], bool]
+"""(job, the pods it would give up, True for an elastic shrink / False for an eviction)."""
+
+
+class EvictionActions:
+    """Reclaim, preempt and elastic actions (mixin; see the module docstring)."""
+
+    # ------------------------------------------------------------------ the shared solver
+    @staticmethod
+    def _holdings(pods: Sequence[Assignment], allowed: np.ndarray | None) -> list[tuple[int, int]]:
+        """(node, GPUs) a victim's pods would free on nodes the preemptor may use (running pods sit on
+        healthy GPUs: a failure kills its pods at once)."""
+        out: dict[int, int] = {}
+        for a in pods:
+            if allowed is not None and not allowed[a.node]:
+                continue
+            out[a.node] = out.get(a.node, 0) + len(a.gpus)
+        return list(out.items())
+
+    def _solve(self, job: PoolJob, cands: list[Candidate], guard: tuple[list, list] | None,
+               allowed: np.ndarray | None, now: float, res: CycleResult, reason: str) -> bool:
+        """Evict a subset of ``cands`` so that ``job`` starts now; all or nothing. True if it started."""
+        if not cands:
+            return False
+        g = job.gpus_per_pod
+        free = ((self.state.gpu_free >= MILLI) & self.state.gpu_healthy).sum(axis=1)
+        if allowed is not None:
+            free = np.where(allowed, free, 0)
+        holdings = [self._holdings(p, allowed) for _, p, _ in cands]
+        costs, budget = guard if guard is not None else (None, None)
+        chosen = select_victims(free, max(g, 1), job.min_pods, holdings, costs, budget)
+        if not chosen:
+            return False
+        for i in chosen:
+            self._release_pods(cands[i][0], cands[i][1])
+        placed = self._place(job, allowed, job.n_pods, job.min_pods)
+        if placed is None:
+            for i in chosen:
+                self._restore(cands[i][0], cands[i][1])
+            return False
+        evicted = []
+        for i in reversed(chosen):  # keep the victims the placement did not need
+            if self._restore(cands[i][0], cands[i][1], quiet=True):
+                self.stats["victim_restores"] += 1
+            else:
+                evicted.append(i)
+        shrunk: dict[int, tuple[PoolJob, list[Assignment]]] = {}
+        for i in reversed(evicted):
+            victim, pods, shrink = cands[i]
+            if shrink:
+                shrunk.setdefault(victim.seq, (victim, []))[1].extend(pods)
+            else:
+                self._account_stop(victim, now)
+                victim.preemptions += 1
+                self._enqueue(victim, now)
+                res.preempted.append((victim, f"{reason} by {job.name}"))
+        for victim, pods in shrunk.values():
+            self._shrink(victim, pods, now, res)
+        self._start(job, placed, now, res)
+        return True
+
+    def _restore(self, job: PoolJob, pods: Sequence[Assignment], quiet: bool = False) -> bool:
+        """Put ``pods`` back on exactly their devices, all or none; True on success."""
+        done: list[Assignment] = []
+        try:
+            for a in pods:
+                req = job.pods[int(a.pod.rsplit("/", 1)[1])]
+                b = self.state.allocate(req, a.node, a.gpus, a.gpu_milli if a.gpus else None)
+                self.picker.on_allocate(self.state, b)
+                done.append(b)
+        except AllocationError:
+            for b in done:
+                self.engine.release(b.pod)
+            if not quiet:
+                raise
+            return False
+        self.free_gpus -= sum(len(a.gpus) for a in pods if a.gpu_milli >= MILLI)
+        return True
+
+    def _shrink(self, job: PoolJob, pods: Sequence[Assignment], now: float, res: CycleResult) -> None:
+        """Books of an elastic job that gave up ``pods`` (already released)."""
+        old = len(job.placed)
+        gone = {a.pod for a in pods}
+        self._fold_service(job, now)
+        self._lv_add(job, -1)
+        self._qnode_add(job, [a for a in job.placed if a.pod in gone], -1)
+        job.placed = [a for a in job.placed if a.pod not in gone]
+        self._lv_add(job, 1)
+        self._add(self.alloc, job, old - len(job.placed), -1.0)
+        self._fs_dirty = True
+        res.resized.append((job, old, len(job.placed)))
+
+    def _fold_service(self, job: PoolJob, now: float) -> None:
+        """Move the current run's service into ``attained`` (before the job's size changes)."""
+        job.attained += len(job.placed) * job.gpus_per_pod * max(0.0, now - job.run_since)
+        job.run_since = now
+
+    def _extras(self, now: float) -> list[Candidate]:
+        """Elastic workers above their job's minimum, one candidate per worker (the newest first):
+        opportunistic, the first to go (not those that grew or started in this very cycle)."""
+        return [(j, [a], True) for j in self.elastic_running.values()
+                if len(j.placed) > j.min_pods and j.run_since < now for a in reversed(j.placed[j.min_pods:])]
+
+    def _victim_ok(self, v: PoolJob, now: float) -> bool:
+        """May ``v`` be evicted now? Preemptible and past its minimum runtime (else a wake-up is noted)."""
+        if not v.preemptible:
+            return False
+        ready = v.run_since + self.cfg.min_run_s
+        if ready > now + 1e-9:
+            self._wake_at = min(self._wake_at, ready)
+            return False
+        return True
+
+    def _victim_rank(self, job: PoolJob) -> tuple:
+        """Sort key of a running job as a victim: lowest priority, highest level, latest submitted,
+        most recently started first."""
+        k = job.key
+        return (-k[0], -k[1], -k[2], -job.run_since)
+
+    def _queue_victims(self, q: int, now: float) -> list[PoolJob]:
+        """Evictable running jobs of leaf queue ``q``, most evictable first (cached for the cycle)."""
+        got = self._victim_cache.get(q)
+        if got is None:
+            got = sorted((v for v in self.running[q].values() if self._victim_ok(v, now)), key=self._victim_rank)
+            self._victim_cache[q] = got
+        return got
+
+    def _failed_search(self, job: PoolJob, now: float) -> None:
+        """Back off: no new victim search for ``job`` for 30 s, doubling up to 480 s (simulated time),
+        or until it starts; the next search happens at the first cycle after that. Like kube-scheduler's
+        backoff of unschedulable pods, it bounds the work of retrying a search that failed while
+        nothing much changed."""
+        job.backoff = min(480.0, max(30.0, 2 * job.backoff))
+        job.retry_at = now + job.backoff
+
+    def _searchable(self, plist_jobs: Sequence[PoolJob], now: float, limit: int) -> list[PoolJob]:
+        out = []
+        for job in plist_jobs:
+            if len(out) >= limit:
+                break
+            if job.retry_at <= now + 1e-9:
+                out.append(job)
+        return out
+
+    def _path_below_lca(self, r: int, q: int) -> list[int]:
+        """Queues from leaf ``r`` up to, not including, its lowest common ancestor with ``q`` (cached)."""
+        key = (r, q)
+        got = self._lca_paths.get(key)
+        if got is None:
+            above_q = set(self.paths[q])
+            got = self._lca_paths[key] = [b for b in self.paths[r] if b not in above_q]
+        return got
+
+    # ------------------------------------------------------------------ reclaim
+    def _reclaim(self, now: float, res: CycleResult) -> bool:
+        """Cross-queue reclaim up to fair share, and in-quota reclaim by priority (scheduler docstring)."""
+        if not self.cfg.fair_share or len(self.tree.leaves) <= 1:
+            return False
+        fs = self._fs_g
+        nq = len(self.tree)
+        over = [self.alloc[b][0] - fs[b] for b in range(nq)]
+        any_over = any(x > _EPS for x in over)
+        acted = False
+        leaves = self.tree.leaves.tolist()
+        order = sorted((self._qkey(q), q) for q in leaves if len(self.pending[q]))
+        for _, q in order:
+            if self.alloc[q][0] >= fs[q] - _EPS and self.alloc[q][0] >= self.quota_g[q] - _EPS:
+                continue
+            path_q = self.paths[q]
+            # queues that may give GPUs: by priority (to an in-quota job), by fair share (to an in-share job)
+            by_prio: list[int] = []
+            by_fs: list[tuple[int, list[int]]] = []
+            prio_q = self.qprio[q]
+            for r in leaves:
+                if r == q or not self.running[r]:
+                    continue
+                if self.qprio[r] < prio_q:
+                    by_prio.append(r)
+                if any_over:
+                    path_r = self._path_below_lca(r, q)
+                    if all(over[b] > _EPS for b in path_r):
+                        by_fs.append((r, path_r))
+            if not by_prio and not by_fs:
+                continue
+            attempts = 0
+            for job in self._searchable(self.pending[q].jobs, now, 2 * self.cfg.max_attempts):
+                if attempts >= self.cfg.max_attempts:
+                    break
+                need = job.min_pods * job.gpus_per_pod
+                in_fs = bool(by_fs) and all(self.alloc[a][0] + need <= fs[a] + _EPS for a in path_q)
+                in_quota = bool(by_prio) and self.alloc[q][0] + need <= self.quota_g[q] + _EPS
+                if not (in_fs or in_quota) or not self._admissible(job, job.min_pods):
+                    continue
+                # eligible queues (guarded by their share unless taken by priority), and an O(1) bound
+                eligible: list[tuple[int, list[int]]] = [(r, []) for r in by_prio] if in_quota else []
+                if in_fs:
+                    seen = {r for r, _ in eligible}
+                    eligible += [(r, path_r) for r, path_r in by_fs if r not in seen]
+                budget = sum(self.alloc[r][0] for r, _ in eligible)  # victims only need their queue above its share
+                allowed = self._allowed_for(job)
+                if self.free_gpus + budget < need - _EPS or not self._node_bound(
+                        [r for r, _ in eligible], job.gpus_per_pod, job.min_pods, 0, allowed, budget=budget):
+                    self._failed_search(job, now)
+                    continue
+                cands: list[Candidate] = []
+                costs: list[list[tuple[int, float]]] = []
+                ranks: list[tuple] = []
+                for r, guard in eligible:
+                    ratio = self.alloc[r][0] / fs[r] if fs[r] > _EPS else math.inf
+                    for v in self._queue_victims(r, now):
+                        cands.append((v, v.placed, False))
+                        costs.append([(b, float(v.running_gpus)) for b in guard])
+                        ranks.append((-ratio,) + self._victim_rank(v))
+                if not cands:
+                    continue
+                idx = sorted(range(len(cands)), key=ranks.__getitem__)
+                attempts += 1
+                self.stats["reclaim_attempts"] += 1
+                if self._solve(job, [cands[i] for i in idx], ([costs[i] for i in idx], over),
+                               allowed, now, res, "reclaimed"):
+                    acted = True
+                    self._victim_cache.clear()
+                    over = [self.alloc[b][0] - fs[b] for b in range(nq)]
+                    any_over = any(x > _EPS for x in over)
+                else:
+                    self._failed_search(job, now)
+        return acted
+
+    # ------------------------------------------------------------------ preempt
+    def _preempt(self, now: float, res: CycleResult) -> bool:
+        """Within a queue: a waiting job evicts running preemptible jobs of strictly lower order (lower
+        priority; with Tiresias, a higher level); elastic extras go first."""
+        acted = False
+        extras_all = self._extras(now)
+        for grp in range(self.n_groups):
+            plist = self.pending[grp]
+            if not len(plist):
+                continue
+            extras = [c for c in extras_all if c[0].status == RUNNING and c[1][0] in c[0].placed]
+            extra_gpus = sum(len(p) * j.gpus_per_pod for j, p, _ in extras)
+            top = self._worst_running(grp)
+            if not extras and (top is None or not self._outranks(plist.jobs[0].key, top)):
+                continue
+            levels = self.level_gpus[grp] if self.cfg.fair_share else sum(self.level_gpus, Counter())
+            attempts = 0
+            for job in self._searchable(plist.jobs, now, 4 * self.cfg.max_attempts):
+                if attempts >= self.cfg.max_attempts:
+                    break
+                if not extras and not self._outranks(job.key, top):
+                    break  # later jobs rank no better
+                if not self._admissible(job, job.min_pods):
+                    continue
+                bound = self.free_gpus + extra_gpus + sum(g for k, g in levels.items() if self._outranks(job.key, k))
+                queues = [grp] if self.cfg.fair_share else range(len(self.running))
+                allowed = self._allowed_for(job)
+                if bound < job.min_pods * job.gpus_per_pod or not self._node_bound(
+                        list(queues), job.gpus_per_pod, job.min_pods, extra_gpus, allowed, outranked=job.key):
+                    self._failed_search(job, now)
+                    continue
+                worse = [v for q in queues for v in self._queue_victims(q, now) if self._outranks(job.key, v.key)]
+                if not self.cfg.fair_share:
+                    worse.sort(key=self._victim_rank)
+                cands = extras + [(v, v.placed, False) for v in worse]
+                if not cands:
+                    continue
+                attempts += 1
+                self.stats["preempt_attempts"] += 1
+                if self._solve(job, cands, None, allowed, now, res, "preempted"):
+                    acted = True
+                    self._victim_cache.clear()
+                    break  # the running set changed; the next pass starts afresh
+                self._failed_search(job, now)
+        return acted
+
+    def _outranks(self, a: tuple, b: tuple) -> bool:
+        """Does a job of key ``a`` outrank one of key ``b`` enough to preempt it?"""
+        if self.preemptive_order:
+            return (a[0], a[1]) < (b[0], b[1])
+        return a[0] < b[0]
+
+    # ------------------------------------------------------------------ elastic
+    def _grow(self, now: float, res: CycleResult) -> None:
+        """Give idle GPUs to elastic jobs, one worker at a time, lowest allocation / fair share first."""
+        jobs = sorted(self.elastic_running.values(), key=lambda j: (self._qkey(j.q), j.seq))
+        before = {j.seq: len(j.placed) for j in jobs}
+        progress = True
+        while progress and self.free_gpus > 0:
+            progress = False
+            for job in jobs:
+                if len(job.placed) >= job.max_pods or self.free_gpus < job.gpus_per_pod:
+                    continue
+                if not self._admissible(job, 1):
+                    continue
+                req = job.pods[len(job.placed)]
+                if self.cfg.topology_aware and job.placed:
+                    sw = self.switch[job.placed[0].node]
+                    self.picker.preferred = (self.switch == sw) if sw >= 0 else None
+                try:
+                    d = self.engine.place(req)
+                finally:
+                    self.picker.preferred = None
+                if d.assignment is None:
+                    continue
+                self._fold_service(job, now)
+                self._lv_add(job, -1)
+                job.placed.append(d.assignment)
+                self._qnode_add(job, [d.assignment], 1)
+                self._lv_add(job, 1)
+                self._add(self.alloc, job, 1, 1.0)
+                self.free_gpus -= job.gpus_per_pod
+                self._fs_dirty = True
+                progress = True
+        for job in jobs:
+            if len(job.placed) != before[job.seq]:
+                res.resized.append((job, before[job.seq], len(job.placed)))

@@ -1,0 +1,897 @@
+"""The pool scheduler: queues, fair share, gangs, reservations, reclaim, preemption, elastic resize. No I/O.
+
+A driver (the job simulator, or a Kubernetes controller) calls :meth:`PoolScheduler.submit`,
+:meth:`~PoolScheduler.finish`, :meth:`~PoolScheduler.set_gpu_health` as things happen and
+:meth:`~PoolScheduler.cycle` to let the scheduler act; each cycle returns a :class:`CycleResult` (jobs
+started, preempted, resized) for the driver to carry out. The cluster's resources live in the
+:class:`~gpupool.cluster.ClusterState` arrays; every pod is placed by the :class:`~gpupool.engine.core.Engine`
+and its placement policy (wrapped in :class:`~gpupool.engine.pool.placement.ScopedPolicy`, which only
+narrows the nodes a pick may use), gangs through a :class:`~gpupool.engine.statement.Statement`.
+
+A cycle runs the actions in the order Volcano and KAI use:
+
+1. **allocate** (with **backfill**): queues in order (below fair share first, then higher priority, then
+   lowest allocation / fair share: KAI's proportion queue order), jobs within a queue by the job order
+   (priority, then FIFO or Tiresias 2D-LAS level, then submission). A gang is placed all or nothing.
+   A job that does not fit is passed over and later jobs may run (backfill), unless ``backfill`` is off
+   (strict FIFO: nothing passes a blocked job). Topology: a gang is kept on one node, else one
+   multi-node NVLink domain, else one leaf switch when one can hold it (``preferred``), or must be
+   (``required``); multi-GPU pods prefer nodes with NVLink.
+2. **reservation**: the first blocked job that has waited ``reserve_after_s`` gets nodes reserved (the
+   nodes of one switch, if possible, with the most free GPUs); no other job may start there, so small
+   jobs backfill only on resources the starving gang does not need, and the gang starts as soon as the
+   jobs running there end.
+3. **reclaim**: a queue below its fair share takes GPUs back from queues above theirs, up to its fair
+   share (not only its quota, KAI #1934), evicting only preemptible jobs, and only from a queue that is
+   still above its own fair share when the victim is taken (it may end below it by less than that one
+   job: KAI #374 relaxes the same rule so that a small queue holding one large job can be reclaimed).
+   No preemption loop (Kueue #3779): the reclaimer ends at or below its share, so it is no victim
+   afterwards, and every reclaim strictly lowers the total excess of the queues above their shares,
+   which cannot go on forever while the shares stay put. A queue of higher priority still within its
+   quota may also evict *preemptible* in-quota work of strictly lower-priority queues (KAI #2064), so
+   lower-priority queues cannot starve it.
+4. **preempt**: within a queue, a waiting job evicts preemptible jobs of strictly lower order (lower
+   priority, or a higher Tiresias level: more attained service); elastic jobs' extra workers are taken
+   first from anyone.
+5. **elastic grow**: when nothing waits, elastic jobs grow into idle GPUs, one worker at a time.
+
+Non-preemptible jobs (``priority >= 100``) run only within their queue's quota and are never victims.
+Evicted jobs return to their queue and, when the driver checkpoints on eviction, lose no progress.
+
+All victims are chosen by one solver (:func:`~gpupool.engine.pool.victims.select_victims`) and the
+eviction is all or nothing: the preemptor is placed through the engine before anything is committed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpupool.cluster import ClusterState
+from gpupool.engine.core import Engine, Policy
+from gpupool.engine.pool.actions import EvictionActions
+from gpupool.engine.pool.fairshare import fair_shares
+from gpupool.engine.pool.job import DONE, PENDING, REMOVED, RUNNING, PoolJob
+from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, TiresiasOrder, make_order
+from gpupool.engine.pool.placement import ScopedPolicy, Vetoed
+from gpupool.engine.pool.queues import QueueTree
+from gpupool.engine.statement import Statement
+from gpupool.model import MILLI, Assignment, PodRequest
+from gpupool.policies import make_policy
+
+__all__ = ["CycleResult", "PoolConfig", "PoolScheduler", "DEFAULT_JOB_POLICIES", "JOB_POLICIES", "job_policy"]
+
+_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """What the scheduler does; :data:`JOB_POLICIES` holds the named presets.
+
+    * ``order``: ``"fifo"`` or ``"tiresias"`` (job order within a queue); ``thresholds``: Tiresias
+      levels (GPU-seconds).
+    * ``fair_share``: order queues by fair share (else one global order over every queue's jobs).
+    * ``backfill``: later jobs may start when an earlier one is blocked (False: strict FIFO).
+    * ``reserve_after_s``: wait (s) after which a blocked job gets a reservation (None: never).
+    * ``reclaim``, ``preempt``, ``elastic``, ``topology_aware``: turn the actions on.
+    * ``max_attempts``: reclaim / preempt attempts per queue per cycle (bounds the work of a cycle).
+    * ``min_run_s``: a job that has run less than this since it (re)started is not a victim (KAI's
+      minimum runtime protection; keeps preemption from thrashing).
+    * ``fair_share_refresh_s``: fair shares are recomputed when demand changes, at most once per this
+      many seconds (0: at every change), and at once when a queue's demand appears or vanishes. A stale
+      share is off by the jobs that arrived or ended since, which moves queue order and reclaim by at
+      most that much; it bounds the cost of a cycle on long traces.
+    """
+
+    order: str = "tiresias"
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
+    fair_share: bool = True
+    backfill: bool = True
+    reserve_after_s: float | None = 3600.0
+    reclaim: bool = True
+    preempt: bool = True
+    elastic: bool = True
+    topology_aware: bool = True
+    max_attempts: int = 2
+    min_run_s: float = 600.0
+    fair_share_refresh_s: float = 60.0
+
+
+JOB_POLICIES: dict[str, tuple[str, PoolConfig, str]] = {
+    "fifo": ("gpupool", PoolConfig(order="fifo", fair_share=False, backfill=False, reserve_after_s=None,
+                                   reclaim=False, preempt=False, elastic=False, topology_aware=False),
+             "baseline: one FIFO over all jobs, head-of-line blocking (no backfill), no preemption"),
+    "round-robin": ("round-robin", PoolConfig(order="fifo", fair_share=False, backfill=False,
+                                              reserve_after_s=None, reclaim=False, preempt=False,
+                                              elastic=False, topology_aware=False),
+                    "baseline: FIFO as `fifo`, pods placed round-robin over the nodes"),
+    "gpupool": ("gpupool", PoolConfig(),
+                "default: Tiresias 2D-LAS + DRF fair share + gang reservation/backfill + reclaim + "
+                "topology-aware gpupool placement"),
+    "lowest-power": ("lowest-power", PoolConfig(),
+                     "gpupool's scheduling, pods on the lowest-power GPU model first (energy vs JCT studies)"),
+}
+"""Job-level policies: name -> (placement policy, scheduler config, description)."""
+
+DEFAULT_JOB_POLICIES = ("fifo", "round-robin", "gpupool")
+"""What ``gpupool compare --jobs`` compares when no ``--policies`` is given."""
+
+
+def job_policy(name: str) -> tuple[str, PoolConfig]:
+    """(placement policy name, config) of a job-level policy; KeyError listing the known names."""
+    try:
+        placement, config, _ = JOB_POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown job policy {name!r}; known: {', '.join(JOB_POLICIES)}") from None
+    return placement, config
+
+
+@dataclass
+class CycleResult:
+    """What one cycle decided, for the driver to carry out.
+
+    * ``started``: jobs placed this cycle (``job.placed`` holds their pods' assignments);
+    * ``preempted``: ``(job, reason)`` evicted back to their queue (reason names the action and preemptor);
+    * ``resized``: ``(job, old_pods, new_pods)`` for elastic jobs that grew or shrank.
+    """
+
+    now: float
+    started: list[PoolJob] = field(default_factory=list)
+    preempted: list[tuple[PoolJob, str]] = field(default_factory=list)
+    resized: list[tuple[PoolJob, int, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.started or self.preempted or self.resized)
+
+
+class _Pending:
+    """Jobs of one queue kept sorted by ``job.key``."""
+
+    __slots__ = ("jobs", "keys")
+
+    def __init__(self) -> None:
+        self.keys: list[tuple] = []
+        self.jobs: list[PoolJob] = []
+
+    def insert(self, job: PoolJob) -> None:
+        i = bisect.bisect_right(self.keys, job.key)
+        self.keys.insert(i, job.key)
+        self.jobs.insert(i, job)
+
+    def remove(self, job: PoolJob) -> None:
+        i = bisect.bisect_left(self.keys, job.key)
+        if i >= len(self.jobs) or self.jobs[i] is not job:
+            i = self.jobs.index(job)
+        del self.keys[i]
+        del self.jobs[i]
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+@dataclass
+class _Reservation:
+    job: PoolJob
+    mask: np.ndarray  # (n_nodes,) bool, reserved nodes
+    since: float
+
+
+class PoolScheduler(EvictionActions):
+    """Job scheduler over one cluster and one queue tree (see the module docstring).
+
+    ``placement``: a placement policy name or instance (every pod goes through ``Engine(state, policy)``);
+    ``workload``: typical pods for policies that learn from them (FGD / gpupool); ``seed``: tie-breaks.
+    """
+
+    def __init__(self, state: ClusterState, placement: str | Policy, queues: QueueTree,
+                 config: PoolConfig | None = None, seed: int = 0,
+                 workload: Sequence[PodRequest] | None = None) -> None:
+        self.state = state
+        self.cfg = config or PoolConfig()
+        inner = make_policy(placement) if isinstance(placement, str) else placement
+        self.picker = ScopedPolicy(inner)
+        self.engine = Engine(state, self.picker, seed=seed, workload=workload)
+        self.tree = queues
+        self.order = make_order(self.cfg.order, self.cfg.thresholds)
+        self.preemptive_order = isinstance(self.order, TiresiasOrder) and self.cfg.preempt
+        nq = len(queues)
+        self.paths = [queues.ancestors(i) for i in range(nq)]
+        gpus = max(1, state.total_gpus)
+        self.cpu_per_gpu = float(state.cpu_cap.sum()) / gpus
+        self.mem_per_gpu = float(state.mem_cap.sum()) / gpus
+        self.quota = queues.quota_vectors(self.cpu_per_gpu, self.mem_per_gpu)
+        self.quota_g = queues.quota_gpu.tolist()
+        self.limit_g = queues.limit_gpu.tolist()
+        self.qprio = queues.priority.tolist()
+        self.alloc = [[0.0, 0.0, 0.0] for _ in range(nq)]  # running (GPUs, milli-CPU, MiB), inner queues too
+        self.pend = [[0.0, 0.0, 0.0] for _ in range(nq)]  # waiting jobs' minimum asks
+        self.np_alloc = [0.0] * nq  # GPUs of non-preemptible running jobs
+        self.n_groups = nq if self.cfg.fair_share else 1
+        self.pending: list[_Pending] = [_Pending() for _ in range(self.n_groups)]
+        self.shapes: list[Counter] = [Counter() for _ in range(self.n_groups)]  # pending (g, n, tier) per group
+        self.running: list[dict[int, PoolJob]] = [{} for _ in range(nq)]
+        self.levels: list[Counter] = [Counter() for _ in range(self.n_groups)]  # running (-prio, level) per group
+        self.level_gpus: list[Counter] = [Counter() for _ in range(self.n_groups)]  # their GPUs
+        self.n_pending = 0
+        self.n_running = 0
+        self.seq = 0
+        self.free_gpus = int(((state.gpu_free >= MILLI) & state.gpu_healthy).sum())
+        self.reservation: _Reservation | None = None
+        self._gangs: list[tuple[float, int, PoolJob]] = []  # (pending_since, seq, job): reservation candidates
+        self._fs: np.ndarray | None = None
+        self._fs_g: list[float] = [0.0] * nq
+        self._fs_dirty = True
+        self._fs_time = -math.inf
+        self._active: list[bool] = [False] * nq  # queue has demand, as of the last fair-share computation
+        self._demote: list[tuple[float, int, float, PoolJob]] = []  # (time, seq, run_since, job) level crossings
+        self._promote: list[tuple[float, int, PoolJob]] = []
+        self._wake_at = math.inf
+        self.elastic_running: dict[int, PoolJob] = {}
+        self._victim_cache: dict[int, list[PoolJob]] = {}
+        self._lca_paths: dict[tuple[int, int], list[int]] = {}
+        self.qnode = np.zeros((nq, state.n_nodes), dtype=np.int64)  # GPUs of preemptible running jobs per node
+        self.knode: list[dict[tuple, np.ndarray]] = [{} for _ in range(nq)]  # the same per order class (-prio, level)
+        self.jobs_by_name: dict[str, PoolJob] = {}
+        self._topology_setup()
+        self.stats = {"cycles": 0, "reclaim_attempts": 0, "preempt_attempts": 0, "victim_restores": 0,
+                      "reservations": 0, "fair_share_updates": 0}
+
+    # ------------------------------------------------------------------ topology
+    def _topology_setup(self) -> None:
+        st = self.state
+        n = st.n_nodes
+        doms: dict[str, int] = {}
+        dom = np.full(n, -1, dtype=np.int64)
+        for i, d in enumerate(st.node_domain):
+            if d:
+                dom[i] = doms.setdefault(d, len(doms))
+        counts = np.bincount(dom[dom >= 0], minlength=max(1, len(doms))) if doms else np.zeros(1, np.int64)
+        self.has_nvlink = dom >= 0
+        self.multi_dom = np.where((dom >= 0) & (counts[np.maximum(dom, 0)] > 1), dom, -1)
+        sws: dict[str, int] = {}
+        sw = np.full(n, -1, dtype=np.int64)
+        for i in range(n):  # a node without a known switch hangs under its rack's top-of-rack switch
+            key = st.node_switch[i] or (("rack:" + st.node_rack[i]) if st.node_rack[i] else "")
+            if key:
+                sw[i] = sws.setdefault(key, len(sws))
+        self.switch = sw
+        self.mixed_nvlink = bool(self.has_nvlink.any() and not self.has_nvlink.all())
+
+    def _fits_per_node(self, job: PoolJob, allowed: np.ndarray | None) -> np.ndarray:
+        """(n_nodes,) int: pods of ``job`` each node could take now (healthy whole GPUs, CPU, memory)."""
+        st = self.state
+        g = job.gpus_per_pod
+        if g:
+            f = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1) // g
+        else:
+            f = np.full(st.n_nodes, 1 << 30, dtype=np.int64)
+        if job.cpu_per_pod:
+            f = np.minimum(f, st.cpu_free // job.cpu_per_pod)
+        if job.mem_per_pod:
+            f = np.minimum(f, st.mem_free // job.mem_per_pod)
+        if allowed is not None:
+            f = np.where(allowed, f, 0)
+        return f
+
+    def _scopes(self, job: PoolJob, f: np.ndarray, n: int) -> list[tuple[str, np.ndarray]]:
+        """The best topology scope that can hold ``n`` pods given ``f`` pods per node: ``[(level, mask
+        of nodes where the first pod may go)]``, or ``[]`` when no scope within the job's tier can."""
+        levels = {"nvlink": ("node", "nvlink"), "node": ("node",), "switch": ("node", "nvlink", "switch"),
+                  "spine": ("node", "nvlink", "switch")}[job.topology_tier]
+        for level in levels:
+            if level == "node":
+                ok = f >= n
+                if n == 1 and self.mixed_nvlink and job.gpus_per_pod > 1:
+                    ok = ok & self.has_nvlink
+                if ok.any():
+                    return [("node", ok)]
+                continue
+            ids = self.multi_dom if level == "nvlink" else self.switch
+            valid = ids >= 0
+            if not valid.any():
+                continue
+            sums = np.bincount(ids[valid], weights=f[valid])
+            good = np.flatnonzero(sums >= n)
+            if len(good):
+                return [(level, valid & np.isin(ids, good) & (f > 0))]
+        return []
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _add(self, table: list[list[float]], job: PoolJob, pods: int, sign: float) -> None:
+        g = sign * pods * job.gpus_per_pod
+        c = sign * pods * job.cpu_per_pod
+        m = sign * pods * job.mem_per_pod
+        for a in self.paths[job.q]:
+            row = table[a]
+            row[0] += g
+            row[1] += c
+            row[2] += m
+
+    def _group(self, job: PoolJob) -> int:
+        return job.q if self.cfg.fair_share else 0
+
+    def _shape(self, job: PoolJob) -> tuple:
+        tier = job.topology_tier if (job.topology == "required" and self.cfg.topology_aware) else None
+        return (job.gpus_per_pod, job.min_pods, tier)
+
+    def _set_key(self, job: PoolJob) -> None:
+        job.key = (-job.priority, job.level, job.submit_time, job.seq)
+
+    def submit(self, job: PoolJob, now: float) -> None:
+        """Add ``job`` to its leaf queue (waiting). KeyError for an unknown or non-leaf queue."""
+        job.q = self.tree.leaf_index(job.queue)
+        job.seq = self.seq
+        self.seq += 1
+        job.make_pods()
+        self.jobs_by_name[job.name] = job
+        self._enqueue(job, now)
+
+    def _enqueue(self, job: PoolJob, now: float) -> None:
+        job.status = PENDING
+        job.pending_since = now
+        job.level = self.order.level(job.attained - job.las_base)
+        self._set_key(job)
+        grp = self._group(job)
+        self.pending[grp].insert(job)
+        self.shapes[grp][self._shape(job)] += 1
+        self._add(self.pend, job, job.min_pods, 1.0)
+        self.n_pending += 1
+        self._fs_dirty = True
+        if job.min_pods * job.gpus_per_pod > 1 and self.cfg.reserve_after_s is not None:
+            heapq.heappush(self._gangs, (now, job.seq, job))
+        if isinstance(self.order, TiresiasOrder) and job.level > 0 and self.order.promote_knob is not None:
+            wait = max(self.order.promote_knob * job.last_run_s, self.order.promote_min_s)
+            heapq.heappush(self._promote, (now + wait, job.seq, job))
+
+    def _dequeue(self, job: PoolJob) -> None:
+        grp = self._group(job)
+        self.pending[grp].remove(job)
+        shape = self._shape(job)
+        self.shapes[grp][shape] -= 1
+        if not self.shapes[grp][shape]:
+            del self.shapes[grp][shape]
+        self._add(self.pend, job, job.min_pods, -1.0)
+        self.n_pending -= 1
+        self._fs_dirty = True
+        if self.reservation is not None and self.reservation.job is job:
+            self.reservation = None
+
+    def _start(self, job: PoolJob, placed: list[Assignment], now: float, res: CycleResult) -> None:
+        self._dequeue(job)
+        job.placed = placed
+        job.status = RUNNING
+        job.run_since = now
+        job.retry_at, job.backoff = -math.inf, 0.0
+        job.level = self.order.level(job.las_at(now) + 1e-6)
+        self._set_key(job)
+        self._add(self.alloc, job, len(placed), 1.0)
+        if not job.preemptible:
+            for a in self.paths[job.q]:
+                self.np_alloc[a] += len(placed) * job.gpus_per_pod
+        self.free_gpus -= len(placed) * job.gpus_per_pod
+        self._qnode_add(job, placed, 1)
+        self.running[job.q][job.seq] = job
+        self._lv_add(job, 1)
+        self.n_running += 1
+        if job.elastic:
+            self.elastic_running[job.seq] = job
+        if self.preemptive_order:
+            self._push_demotion(job, now)
+        res.started.append(job)
+
+    def _push_demotion(self, job: PoolJob, now: float) -> None:
+        gpus = job.running_gpus
+        if gpus <= 0:
+            return
+        att = job.las_at(now)
+        boundary = self.order.next_boundary(att)
+        if math.isfinite(boundary):
+            heapq.heappush(self._demote, (now + (boundary - att) / gpus, job.seq, job.run_since, job))
+
+    def _release_pods(self, job: PoolJob, pods: Sequence[Assignment]) -> None:
+        for a in pods:
+            self.engine.release(a.pod)
+        self.free_gpus += sum(len(a.gpus) for a in pods if a.gpu_milli >= MILLI)
+
+    def _account_stop(self, job: PoolJob, now: float) -> None:
+        """Books of a running job that stops (its pods already released)."""
+        pods = len(job.placed)
+        self._add(self.alloc, job, pods, -1.0)
+        if not job.preemptible:
+            for a in self.paths[job.q]:
+                self.np_alloc[a] -= pods * job.gpus_per_pod
+        job.attained += pods * job.gpus_per_pod * max(0.0, now - job.run_since)
+        job.last_run_s = max(0.0, now - job.run_since)
+        self._qnode_add(job, job.placed, -1)
+        job.placed = []
+        self.running[job.q].pop(job.seq, None)
+        self._lv_add(job, -1, pods * job.gpus_per_pod)
+        self.elastic_running.pop(job.seq, None)
+        self.n_running -= 1
+        self._fs_dirty = True
+
+    def finish(self, job: PoolJob, now: float) -> None:
+        """``job`` completed: release its pods. ValueError if it is not running."""
+        if job.status != RUNNING:
+            raise ValueError(f"job {job.name} is {job.status}, not running")
+        self._release_pods(job, job.placed)
+        self._account_stop(job, now)
+        job.status = DONE
+        self.jobs_by_name.pop(job.name, None)
+
+    def remove(self, job: PoolJob, now: float, reason: str) -> None:
+        """Take ``job`` out for good (cancelled, or it can never run): release or dequeue it."""
+        if job.status == RUNNING:
+            self._release_pods(job, job.placed)
+            self._account_stop(job, now)
+        elif job.status == PENDING:
+            self._dequeue(job)
+        job.status = REMOVED
+        job.reason = reason
+        self.jobs_by_name.pop(job.name, None)
+
+    def kill(self, job: PoolJob, now: float, reason: str) -> None:
+        """Stop a running job (e.g. its node failed) and put it back in its queue."""
+        if job.status != RUNNING:
+            return
+        self._release_pods(job, job.placed)
+        self._account_stop(job, now)
+        job.reason = reason
+        self._enqueue(job, now)
+
+    def set_gpu_health(self, node: int, gpu: int, healthy: bool, now: float) -> list[PoolJob]:
+        """Mark a GPU (un)healthy; returns the running jobs that had a pod on it (killed and requeued).
+
+        An unhealthy GPU is never chosen again until it is marked healthy.
+        """
+        st = self.state
+        killed: list[PoolJob] = []
+        if not healthy:
+            owners = {a.pod.rsplit("/", 1)[0] for a in st.assignments.values() if a.node == node and gpu in a.gpus}
+            for name in sorted(owners):
+                job = self.jobs_by_name.get(name)
+                if job is not None and job.status == RUNNING:
+                    killed.append(job)
+            for job in killed:
+                self.kill(job, now, f"GPU {gpu} of node {st.node_names[node]} failed")
+        was_free = bool(st.gpu_healthy[node, gpu] and st.gpu_free[node, gpu] >= MILLI)
+        st.set_gpu_health(node, gpu, healthy)
+        is_free = bool(st.gpu_healthy[node, gpu] and st.gpu_free[node, gpu] >= MILLI)
+        self.free_gpus += int(is_free) - int(was_free)
+        self._fs_dirty = True
+        self._fs_time = -math.inf  # capacity changed: recompute at once
+        if self.reservation is not None and not healthy and self.reservation.mask[node]:
+            self.reservation = None  # chosen again on the next cycle
+        return killed
+
+    # ------------------------------------------------------------------ feasibility
+    def infeasible_reason(self, job: PoolJob) -> str:
+        """Why ``job`` could never run on this cluster with every GPU healthy and idle ("" if it can)."""
+        st = self.state
+        g = job.gpus_per_pod
+        cap = (st.gpu_count // g) if g else np.full(st.n_nodes, job.min_pods)
+        if job.cpu_per_pod:
+            cap = np.minimum(cap, st.cpu_cap // job.cpu_per_pod)
+        if job.mem_per_pod:
+            cap = np.minimum(cap, st.mem_cap // job.mem_per_pod)
+        n = job.min_pods
+        if int(cap.sum()) < n:
+            return (f"needs {n} pod(s) of {g} GPU(s) ({n * g} GPUs); the cluster can hold only "
+                    f"{int(cap.sum())} such pod(s) ({st.total_gpus} GPUs, at most {int(st.gpu_count.max())} "
+                    f"per node)")
+        if job.topology == "required" and self.cfg.topology_aware and n > 1 and not self._scopes(job, cap, n):
+            return f"no {job.topology_tier} domain can hold {n} pods of {g} GPU(s) (topology required)"
+        for a in self.paths[self.tree.leaf_index(job.queue)]:
+            if n * g > self.limit_g[a] + _EPS:
+                return f"needs {n * g} GPUs, above the limit {self.limit_g[a]:g} of queue {self.tree.names[a]!r}"
+            if not job.preemptible and n * g > self.quota_g[a] + _EPS:
+                return (f"non-preemptible (priority {job.priority}) job of {n * g} GPUs above the quota "
+                        f"{self.quota_g[a]:g} of queue {self.tree.names[a]!r}")
+        return ""
+
+    def _admissible(self, job: PoolJob, pods: int) -> bool:
+        """Within every limit on the queue's path (and, if non-preemptible, within quota)?"""
+        need = pods * job.gpus_per_pod
+        for a in self.paths[job.q]:
+            if self.alloc[a][0] + need > self.limit_g[a] + _EPS:
+                return False
+            if not job.preemptible and self.np_alloc[a] + need > self.quota_g[a] + _EPS:
+                return False
+        return True
+
+    # ------------------------------------------------------------------ placement
+    def _place(self, job: PoolJob, allowed: np.ndarray | None, pods: int | None = None,
+               min_pods: int | None = None) -> list[Assignment] | None:
+        """Place ``pods`` (default ``n_pods``) members through the engine, at least ``min_pods``, all or
+        nothing (a :class:`Statement`), in the best topology scope. None if it does not fit."""
+        n = job.n_pods if pods is None else pods
+        nmin = job.min_pods if min_pods is None else min_pods
+        members = job.pods[:n]
+        picker = self.picker
+        if n == 1 and (not self.cfg.topology_aware or job.gpus_per_pod <= 1 or not self.mixed_nvlink):
+            if job.gpus_per_pod > 1 or allowed is not None:  # cheap cached check: no failed engine call
+                mask = self.engine.feasible_mask(picker.effective(members[0]))
+                if not (mask.any() if allowed is None else (mask & allowed).any()):
+                    return None
+            picker.allowed = allowed
+            try:
+                d = self.engine.place(members[0])
+            except Vetoed:
+                return None
+            finally:
+                picker.allowed = None
+            return [d.assignment] if d.assignment is not None else None
+        f = self._fits_per_node(job, allowed)
+        if int(f.sum()) < nmin:
+            return None
+        scopes: list[tuple[str, np.ndarray]] = []
+        if self.cfg.topology_aware and job.topology != "none":
+            scopes = self._scopes(job, f, n)
+            if not scopes and job.topology == "required":
+                return None
+        level, scope = scopes[0] if scopes else ("", None)
+        hard = job.topology == "required"
+        st = Statement(self.engine)
+        try:
+            for k, req in enumerate(members):
+                if scope is not None and hard:
+                    picker.allowed = scope if allowed is None else (scope & allowed)
+                    picker.preferred = None
+                else:
+                    picker.allowed = allowed
+                    picker.preferred = scope
+                try:
+                    d = st.place(req)
+                except Vetoed:
+                    d = None
+                if d is None or d.assignment is None:
+                    if len(st.placed) >= nmin:
+                        break
+                    st.discard()
+                    return None
+                if k == 0 and scope is not None:  # the rest of the gang follows the first pod
+                    node = d.assignment.node
+                    if level == "node":
+                        scope = np.zeros(self.state.n_nodes, dtype=bool)
+                        scope[node] = True
+                    elif level == "nvlink":
+                        scope = self.multi_dom == self.multi_dom[node]
+                    else:
+                        scope = self.switch == self.switch[node]
+        finally:
+            picker.allowed = None
+            picker.preferred = None
+        return st.commit()
+
+    # ------------------------------------------------------------------ fair share
+    def fair_share(self, now: float | None = None) -> np.ndarray:
+        """(n_queues, 3) fair share (GPUs, milli-CPU, MiB) for the current demand and healthy capacity.
+
+        With ``now`` and ``fair_share_refresh_s`` > 0, a share computed less than that long ago is
+        reused unless a queue's demand appeared or vanished since.
+        """
+        if self._fs is not None and not self._fs_dirty:
+            return self._fs
+        demand = [[a + p for a, p in zip(ra, rp, strict=True)] for ra, rp in zip(self.alloc, self.pend, strict=True)]
+        active = [d[0] > _EPS for d in demand]
+        refresh = self.cfg.fair_share_refresh_s
+        if (self._fs is not None and now is not None and refresh > 0 and now - self._fs_time < refresh
+                and active == self._active):
+            return self._fs
+        st = self.state
+        cap = np.array([float(self.healthy_gpus()), float(st.cpu_cap.sum()), float(st.mem_cap.sum())])
+        self._fs = fair_shares(self.tree, cap, np.array(demand), self.quota)
+        self._fs_g = self._fs[:, 0].tolist()
+        self._fs_dirty = False
+        self._fs_time = -math.inf if now is None else now
+        self._active = active
+        self.stats["fair_share_updates"] += 1
+        return self._fs
+
+    def healthy_gpus(self) -> int:
+        return int(self.state.gpu_healthy.sum())
+
+    def _qkey(self, grp: int) -> tuple:
+        """Queue order (KAI proportion): below fair share first, higher priority, lower allocation / share."""
+        if not self.cfg.fair_share:
+            return (0,)
+        a = self.alloc[grp][0]
+        fs = self._fs_g[grp]
+        ratio = a / fs if fs > _EPS else (math.inf if a > 0 else 0.0)
+        return (ratio >= 1.0 - 1e-9, -self.qprio[grp], ratio, grp)
+
+    # ------------------------------------------------------------------ the cycle
+    def cycle(self, now: float) -> CycleResult:
+        """Run allocate, reserve, reclaim, preempt and elastic grow at time ``now`` (seconds)."""
+        res = CycleResult(now)
+        self.stats["cycles"] += 1
+        self._wake_at = math.inf
+        self._victim_cache = {}
+        if self._promote:
+            self._promote_starved(now)
+        if self._demote:
+            self._roll_levels(now)
+        if self.n_pending:
+            if self.cfg.fair_share:
+                self.fair_share(now)
+            self._allocate(now, res)
+            for _ in range(4):
+                if not self.n_pending:
+                    break
+                acted = False
+                if self.cfg.reclaim:
+                    acted |= self._reclaim(now, res)
+                if self.cfg.preempt:
+                    acted |= self._preempt(now, res)
+                if not acted:
+                    break
+                self._allocate(now, res)
+            if self.cfg.reserve_after_s is not None and self.n_pending:
+                self._maybe_reserve(now)
+        if self.cfg.elastic and self.elastic_running and not self.n_pending and self.free_gpus > 0:
+            self._grow(now, res)
+        return res
+
+    def _promote_starved(self, now: float) -> None:
+        """Tiresias starvation rule: a job that waited ``promote_knob`` x its last run goes to level 0
+        (its level counts service from here)."""
+        assert isinstance(self.order, TiresiasOrder)
+        while self._promote and self._promote[0][0] <= now + 1e-9:
+            _, _, job = heapq.heappop(self._promote)
+            if job.status != PENDING or job.level == 0:
+                continue
+            if not self.order.promoted(now - job.pending_since, job.last_run_s):
+                continue
+            plist = self.pending[self._group(job)]
+            plist.remove(job)
+            job.level = 0
+            job.las_base = job.attained
+            self._set_key(job)
+            plist.insert(job)
+
+    def _stale(self, entry: tuple) -> bool:
+        job = entry[3]
+        return job.status != RUNNING or job.run_since != entry[2]
+
+    def _roll_levels(self, now: float) -> None:
+        """Running jobs whose Tiresias level changed by ``now`` move down a level."""
+        while self._demote and self._demote[0][0] <= now + 1e-6:
+            entry = heapq.heappop(self._demote)
+            if self._stale(entry):
+                continue
+            job = entry[3]
+            self._lv_add(job, -1)
+            self._qnode_add(job, job.placed, -1)
+            job.level = self.order.level(job.las_at(now) + 1e-6)
+            self._set_key(job)
+            self._lv_add(job, 1)
+            self._qnode_add(job, job.placed, 1)
+            self._push_demotion(job, now + 1e-6)
+
+    def _qnode_add(self, job: PoolJob, pods: Sequence[Assignment], sign: int) -> None:
+        if job.preemptible:
+            row = self.qnode[job.q]
+            krow = self.knode[job.q].get(job.key[:2])
+            if krow is None:
+                krow = self.knode[job.q][job.key[:2]] = np.zeros(self.state.n_nodes, dtype=np.int64)
+            for a in pods:
+                row[a.node] += sign * len(a.gpus)
+                krow[a.node] += sign * len(a.gpus)
+
+    def _node_bound(self, queues: Sequence[int], g: int, n: int, extra: int, allowed: np.ndarray | None,
+                    outranked: tuple | None = None, budget: float = math.inf) -> bool:
+        """Could ``n`` pods of ``g`` GPUs fit if preemptible jobs of ``queues`` were evicted (only those of
+        an order class ``outranked`` by the given key, if one is given; at most ``budget`` GPUs in all),
+        with ``extra`` more GPUs anywhere? A cheap upper bound checked before any victim search."""
+        if g <= 1 or extra:
+            return True
+        st = self.state
+        free = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1)
+        pot = free
+        for q in queues:
+            if outranked is None:
+                pot = pot + self.qnode[q]
+            else:
+                for key, row in self.knode[q].items():
+                    if self._outranks(outranked, key):
+                        pot = pot + row
+        if allowed is not None:
+            pot = np.where(allowed, pot, 0)
+            free = np.where(allowed, free, 0)
+        slots = pot // g
+        if int(slots.sum()) < n:
+            return False
+        if math.isfinite(budget):  # the n cheapest pod slots must not need more evictions than the budget
+            slot_costs: list[int] = []
+            for node in np.flatnonzero(slots).tolist():
+                f = int(free[node])
+                for k in range(min(int(slots[node]), n)):
+                    slot_costs.append(max(0, (k + 1) * g - f) - max(0, k * g - f))
+            if sum(sorted(slot_costs)[:n]) > budget + 1e-6:
+                return False
+        return True
+
+    def _lv_add(self, job: PoolJob, sign: int, gpus: int | None = None) -> None:
+        """Count ``job`` (+1) or not (-1) in its group's running (priority, level) books."""
+        key = job.key[:2]
+        grp = self._group(job)
+        lv, lg = self.levels[grp], self.level_gpus[grp]
+        lv[key] += sign
+        lg[key] += sign * (job.running_gpus if gpus is None else gpus)
+        if not lv[key]:
+            del lv[key]
+            del lg[key]
+
+    def _worst_running(self, grp: int) -> tuple | None:
+        lv = self.levels[grp] if self.cfg.fair_share else sum(self.levels, Counter())
+        return max(lv) if lv else None
+
+    def next_wakeup(self, now: float) -> float:
+        """Earliest time (s) after ``now`` at which the scheduler wants a cycle without any event (a
+        Tiresias level crossing while jobs wait, a promotion, a reservation or a minimum runtime coming
+        due); ``inf`` if none."""
+        best = self._wake_at
+        if self.n_pending:
+            while self._demote and self._stale(self._demote[0]):
+                heapq.heappop(self._demote)
+            if self._demote:
+                best = min(best, self._demote[0][0])
+            if self._promote:
+                best = min(best, self._promote[0][0])
+        return best if best > now + 1e-9 else math.inf
+
+    def _dominated(self, grp: int, failed: dict) -> bool:
+        """True when every pending shape of ``grp`` is at least as big as one that already failed."""
+        for g, n, tier in self.shapes[grp]:
+            memo = failed.get(tier)
+            if not memo or not any(g2 <= g and n2 <= n for g2, n2 in memo.items()):
+                return False
+        return True
+
+    def _allocate(self, now: float, res: CycleResult) -> bool:
+        """Place waiting jobs in queue order; pass over blocked ones (backfill) unless strict FIFO."""
+        placed_any = False
+        allowed = None
+        r = self.reservation
+        if r is not None:
+            if r.job.status != PENDING:
+                self.reservation = r = None
+            elif self._try_place(r.job, None, {}, now, res):
+                placed_any = True
+                r = None
+            else:
+                allowed = ~r.mask
+        if self.free_gpus <= 0:
+            return placed_any
+        failed: dict = {}
+        heap = [(self._qkey(g), g) for g in range(self.n_groups) if len(self.pending[g])]
+        heapq.heapify(heap)
+        cursor = [0] * self.n_groups
+        while heap:
+            _, grp = heapq.heappop(heap)
+            if failed and self._dominated(grp, failed):
+                continue
+            plist = self.pending[grp]
+            i = cursor[grp]
+            placed = False
+            while i < len(plist.jobs):
+                job = plist.jobs[i]
+                if r is not None and r.job is job:
+                    i += 1
+                    continue
+                if self._try_place(job, allowed, failed, now, res):
+                    placed = placed_any = True
+                    break
+                if not self.cfg.backfill or self.free_gpus <= 0:
+                    return placed_any
+                if self._dominated(grp, failed):
+                    break
+                i += 1
+            cursor[grp] = i
+            if placed:
+                heapq.heappush(heap, (self._qkey(grp), grp))
+        return placed_any
+
+    def _try_place(self, job: PoolJob, allowed: np.ndarray | None, failed: dict, now: float,
+                   res: CycleResult) -> bool:
+        g, nmin = job.gpus_per_pod, job.min_pods
+        if not self._admissible(job, nmin):
+            return False
+        shape = self._shape(job)
+        memo = failed.get(shape[2])
+        if memo and any(g2 <= g and n2 <= nmin for g2, n2 in memo.items()):
+            return False
+        placed = self._place(job, allowed, job.n_pods, nmin) if self.free_gpus >= nmin * g else None
+        if placed is None:
+            memo = failed.setdefault(shape[2], {})
+            memo[g] = min(memo.get(g, 1 << 30), nmin)
+            return False
+        self._start(job, placed, now, res)
+        return True
+
+    def _maybe_reserve(self, now: float) -> None:
+        """Reserve nodes for the job (of more than one GPU) that has waited longest, once it has waited
+        ``reserve_after_s``; otherwise note when that will be."""
+        if self.reservation is not None and self.reservation.job.status == PENDING:
+            return
+        self.reservation = None
+        while self._gangs:
+            since, _, job = self._gangs[0]
+            if job.status != PENDING or job.pending_since != since:
+                heapq.heappop(self._gangs)
+                continue
+            due = since + (self.cfg.reserve_after_s or 0.0)
+            if due > now + 1e-9:
+                self._wake_at = min(self._wake_at, due)
+                return
+            heapq.heappop(self._gangs)
+            if (self._admissible(job, job.min_pods) and self.infeasible_reason(job) == ""
+                    and self._reserve(job, now)):
+                return
+
+    def _reserve(self, job: PoolJob, now: float) -> bool:
+        """Reserve nodes for a starving ``job``: those where it fits soonest (most free GPUs), within one
+        switch if one can hold it. False if even the whole healthy cluster could not."""
+        st = self.state
+        g = max(1, job.gpus_per_pod)
+        cap = st.gpu_healthy.sum(axis=1) // g
+        if job.cpu_per_pod:
+            cap = np.minimum(cap, st.cpu_cap // job.cpu_per_pod)
+        if job.mem_per_pod:
+            cap = np.minimum(cap, st.mem_cap // job.mem_per_pod)
+        n = job.min_pods
+        if int(cap.sum()) < n:
+            return False
+        free = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1)
+        candidates = np.ones(st.n_nodes, dtype=bool)
+        if self.cfg.topology_aware and n > 1 and (self.switch >= 0).any():
+            valid = self.switch >= 0
+            sums = np.bincount(self.switch[valid], weights=cap[valid])
+            good = np.flatnonzero(sums >= n)
+            if len(good):
+                frees = np.bincount(self.switch[valid], weights=free[valid], minlength=len(sums))
+                candidates = self.switch == good[np.argmax(frees[good])]
+            elif job.topology == "required":
+                return False
+        order = np.lexsort((np.arange(st.n_nodes), -free, ~candidates))
+        mask = np.zeros(st.n_nodes, dtype=bool)
+        got = 0
+        for node in order.tolist():
+            if cap[node] <= 0:
+                continue
+            mask[node] = True
+            got += int(cap[node])
+            if got >= n:
+                break
+        if got < n:
+            return False
+        self.reservation = _Reservation(job, mask, now)
+        self.stats["reservations"] += 1
+        return True
+
+    def _allowed_for(self, job: PoolJob) -> np.ndarray | None:
+        r = self.reservation
+        if r is None or r.job is job or r.job.status != PENDING:
+            return None
+        return ~r.mask
+
+    # ------------------------------------------------------------------ views
+    def queue_allocation(self) -> np.ndarray:
+        """(n_queues, 3) resources held by running jobs (GPUs, milli-CPU, MiB)."""
+        return np.array(self.alloc)
+
+    def queue_demand(self) -> np.ndarray:
+        """(n_queues, 3) running plus waiting (minimum) asks."""
+        return np.array(self.alloc) + np.array(self.pend)
+
+    def pending_jobs(self) -> list[PoolJob]:
+        return [j for p in self.pending for j in p.jobs]
+
+    def running_jobs(self) -> list[PoolJob]:
+        return [j for r in self.running for j in r.values()]
