@@ -46,9 +46,10 @@ def test_tiresias_levels(attained, level, boundary):
 
 def test_tiresias_promotion_rule():
     order = TiresiasOrder((3600.0,), promote_knob=8.0, promote_min_s=600.0)
-    assert not order.promoted(waited_s=7999.0, last_run_s=1000.0)
-    assert order.promoted(waited_s=8000.0, last_run_s=1000.0)
-    assert not order.promoted(waited_s=500.0, last_run_s=10.0)  # at least promote_min_s
+    assert not order.promoted(waited_s=7999.0, run_s=1000.0)
+    assert order.promoted(waited_s=8000.0, run_s=1000.0)
+    assert not order.promoted(waited_s=500.0, run_s=10.0)  # at least promote_min_s
+    assert not order.promoted(waited_s=1e9, run_s=0.0)  # never ran: already at level 0
     with pytest.raises(ValueError):
         TiresiasOrder((10.0, 5.0))
     with pytest.raises(ValueError):

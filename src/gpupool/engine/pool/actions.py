@@ -121,6 +121,7 @@ class EvictionActions:
     def _fold_service(self, job: PoolJob, now: float) -> None:
         """Move the current run's service into ``attained`` (before the job's size changes)."""
         job.attained += len(job.placed) * job.gpus_per_pod * max(0.0, now - job.run_since)
+        job.run_s += max(0.0, now - job.run_since)
         job.run_since = now
 
     def _extras(self, now: float) -> list[Candidate]:

@@ -78,6 +78,7 @@ class PoolJob:
     run_since: float = math.nan
     pending_since: float = math.nan
     last_run_s: float = 0.0
+    run_s: float = 0.0  # seconds run in all (every run, every size)
     started_once: bool = False
     level: int = 0
     key: tuple = ()

@@ -7,9 +7,10 @@
   job's length. Jobs sit in ``K = len(thresholds) + 1`` priority levels: level ``k`` holds jobs whose
   attained service lies in ``[thresholds[k-1], thresholds[k])`` GPU-seconds; a job starts at level 0 and
   is demoted as it runs. Lower levels go first; within a level, FIFO by submission (the paper's choice,
-  which bounds the preemptions a job can suffer). Starvation: a job waiting longer than
-  ``promote_knob`` x its last run time (and at least ``promote_min_s``) goes back to level 0 (the paper's
-  PROMOTEKNOB).
+  which bounds the preemptions a job can suffer). Starvation: a job whose current wait exceeds
+  ``promote_knob`` x the time it has run so far (and at least ``promote_min_s``) goes back to level 0
+  (the paper's PROMOTEKNOB, which compares the wait with the job's executed time: a job that has run
+  for hours must wait many hours, so big jobs do not take turns every few minutes).
 
   Default thresholds ``(3600, 36000)`` GPU-seconds (one GPU-hour and ten): the paper's evaluation uses
   two queues with a threshold found by a sweep; reimplementations on the Philly/Helios traces use one
@@ -84,11 +85,12 @@ class TiresiasOrder:
         i = bisect.bisect_right(self.thresholds, attained_gpu_s)
         return self.thresholds[i] if i < len(self.thresholds) else math.inf
 
-    def promoted(self, waited_s: float, last_run_s: float) -> bool:
-        """True when a job that has waited ``waited_s`` after a run of ``last_run_s`` goes back to level 0."""
-        if self.promote_knob is None or last_run_s <= 0:
+    def promoted(self, waited_s: float, run_s: float) -> bool:
+        """True when a job that has waited ``waited_s`` after running ``run_s`` seconds in all goes back to
+        level 0."""
+        if self.promote_knob is None or run_s <= 0:
             return False
-        return waited_s >= max(self.promote_knob * last_run_s, self.promote_min_s)
+        return waited_s >= max(self.promote_knob * run_s, self.promote_min_s)
 
 
 def make_order(name: str, thresholds: Sequence[float] | None = None) -> FifoOrder | TiresiasOrder:

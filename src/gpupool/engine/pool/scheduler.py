@@ -346,7 +346,7 @@ class PoolScheduler(EvictionActions):
         if job.min_pods * job.gpus_per_pod > 1 and self.cfg.reserve_after_s is not None:
             heapq.heappush(self._gangs, (now, job.seq, job))
         if isinstance(self.order, TiresiasOrder) and job.level > 0 and self.order.promote_knob is not None:
-            wait = max(self.order.promote_knob * job.last_run_s, self.order.promote_min_s)
+            wait = max(self.order.promote_knob * job.run_s, self.order.promote_min_s)
             heapq.heappush(self._promote, (now + wait, job.seq, job))
 
     def _dequeue(self, job: PoolJob) -> None:
@@ -408,6 +408,7 @@ class PoolScheduler(EvictionActions):
                 self.np_alloc[a] -= pods * job.gpus_per_pod
         job.attained += pods * job.gpus_per_pod * max(0.0, now - job.run_since)
         job.last_run_s = max(0.0, now - job.run_since)
+        job.run_s += job.last_run_s
         self._qnode_add(job, job.placed, -1)
         job.placed = []
         self.running[job.q].pop(job.seq, None)
@@ -639,14 +640,14 @@ class PoolScheduler(EvictionActions):
         return res
 
     def _promote_starved(self, now: float) -> None:
-        """Tiresias starvation rule: a job that waited ``promote_knob`` x its last run goes to level 0
-        (its level counts service from here)."""
+        """Tiresias starvation rule: a job that waited ``promote_knob`` x the time it has run goes to
+        level 0 (its level counts service from here)."""
         assert isinstance(self.order, TiresiasOrder)
         while self._promote and self._promote[0][0] <= now + 1e-9:
             _, _, job = heapq.heappop(self._promote)
             if job.status != PENDING or job.level == 0:
                 continue
-            if not self.order.promoted(now - job.pending_since, job.last_run_s):
+            if not self.order.promoted(now - job.pending_since, job.run_s):
                 continue
             plist = self.pending[self._group(job)]
             plist.remove(job)
