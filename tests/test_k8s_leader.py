@@ -72,6 +72,18 @@ def _lease(server) -> dict:
     return server.objects[kmock.resource("coordination.k8s.io", "v1", "leases"), NS, NAME].raw
 
 
+_LIVE: list[LeaderElector] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_electors():
+    """Stop every elector a test started, even when it fails: no thread outlives its test."""
+    yield
+    while _LIVE:
+        elector = _LIVE.pop()
+        elector._stop.set()  # signal only: joining here could block the test server's loop
+
+
 class Replica:
     """One scheduler replica: an elector plus a log of when it started and stopped leading."""
 
@@ -83,6 +95,7 @@ class Replica:
             on_stopped_leading=lambda: self.events.append(("stop", time.monotonic())),
             **(timing or {"lease_duration": 1.2, "renew_deadline": 0.6, "retry_period": 0.1}),
         )
+        _LIVE.append(self.elector)
 
     def partition(self, url: str = "http://127.0.0.1:9") -> None:
         """Cut this replica off the API server (by default: connection refused from now on)."""
