@@ -80,6 +80,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from _common import json_safe, pin_one_cpu  # noqa: E402
 from gpupool.cluster import ClusterState  # noqa: E402
 from gpupool.engine.core import Engine  # noqa: E402
 from gpupool.model import NodeSpec, PodRequest  # noqa: E402
@@ -264,15 +265,6 @@ def _fmt(x: float | None, digits: int = 1) -> str:
     return "n/a" if x is None or x != x else f"{x:,.{digits}f}"
 
 
-def _json_safe(obj):
-    """NaN -> None, so that the report is strict JSON."""
-    if isinstance(obj, float) and obj != obj:
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 def markdown(rows: list[dict], machine: dict, total_s: float, args: argparse.Namespace) -> str:
@@ -342,13 +334,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _pin_one_cpu() -> None:
-    """Pin this process to one CPU it may run on (the last one, away from CPU 0's interrupts)."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[-1]})
-    except (AttributeError, OSError):
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         cluster, policy = args.one
         if not args.no_pin:
-            _pin_one_cpu()
+            pin_one_cpu()
         row = measure_one(cluster, policy, args.seed, args.max_pods, trace_memory=not args.no_tracemalloc)
         print(json.dumps(row))
         return 0
@@ -407,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         "total_seconds": total,
         "results": rows,
     }
-    (args.out / "decisions.json").write_text(json.dumps(_json_safe(report), indent=2) + "\n")
+    (args.out / "decisions.json").write_text(json.dumps(json_safe(report), indent=2) + "\n")
     md = markdown(rows, machine, total, args)
     (args.out / "decisions.md").write_text(md)
     print(md)

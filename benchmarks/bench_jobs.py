@@ -53,6 +53,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from _common import json_safe, pin_one_cpu  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 TRACES_DIR = Path(os.environ.get("GPUPOOL_TRACES", REPO.parent / "shared" / "traces"))
 TRACES = {
@@ -166,22 +168,8 @@ def markdown(rows: list[dict], machine: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _json_safe(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
-def _pin_one_cpu() -> None:
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[-1]})
-    except (AttributeError, OSError):
-        pass
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -199,9 +187,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.one:
-        _pin_one_cpu()
+        pin_one_cpu()
         row = measure_one(args.one[0], args.one[1], args.seed, args.max_jobs)
-        sys.stdout.write(json.dumps(_json_safe(row)) + "\n")
+        sys.stdout.write(json.dumps(json_safe(row)) + "\n")
         return 0
     traces = [t.strip() for t in args.traces.split(",") if t.strip()]
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -228,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"machine": machine, "seed": args.seed, "max_jobs": args.max_jobs, "target_events_per_s": TARGET_EVENTS_PER_S,
            "rows": rows}
-    (args.out / "jobs.json").write_text(json.dumps(_json_safe(doc), indent=2) + "\n")
+    (args.out / "jobs.json").write_text(json.dumps(json_safe(doc), indent=2) + "\n")
     (args.out / "jobs.md").write_text(markdown(rows, machine))
     print(f"wrote {args.out / 'jobs.json'} and {args.out / 'jobs.md'}", file=sys.stderr)
     return 0
