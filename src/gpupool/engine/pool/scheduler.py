@@ -472,15 +472,20 @@ class PoolScheduler(EvictionActions):
         return killed
 
     # ------------------------------------------------------------------ feasibility
+    def _pods_per_node(self, job: PoolJob, by_gpu: np.ndarray) -> np.ndarray:
+        """(n_nodes,) how many of ``job``'s pods each empty node could hold: ``by_gpu`` capped by CPU and memory."""
+        cap = by_gpu
+        if job.cpu_per_pod:
+            cap = np.minimum(cap, self.state.cpu_cap // job.cpu_per_pod)
+        if job.mem_per_pod:
+            cap = np.minimum(cap, self.state.mem_cap // job.mem_per_pod)
+        return cap
+
     def infeasible_reason(self, job: PoolJob) -> str:
         """Why ``job`` could never run on this cluster with every GPU healthy and idle ("" if it can)."""
         st = self.state
         g = job.gpus_per_pod
-        cap = (st.gpu_count // g) if g else np.full(st.n_nodes, job.min_pods)
-        if job.cpu_per_pod:
-            cap = np.minimum(cap, st.cpu_cap // job.cpu_per_pod)
-        if job.mem_per_pod:
-            cap = np.minimum(cap, st.mem_cap // job.mem_per_pod)
+        cap = self._pods_per_node(job, (st.gpu_count // g) if g else np.full(st.n_nodes, job.min_pods))
         n = job.min_pods
         if int(cap.sum()) < n:
             return (f"needs {n} pod(s) of {g} GPU(s) ({n * g} GPUs); the cluster can hold only "
@@ -841,11 +846,7 @@ class PoolScheduler(EvictionActions):
         switch if one can hold it. False if even the whole healthy cluster could not."""
         st = self.state
         g = max(1, job.gpus_per_pod)
-        cap = st.gpu_healthy.sum(axis=1) // g
-        if job.cpu_per_pod:
-            cap = np.minimum(cap, st.cpu_cap // job.cpu_per_pod)
-        if job.mem_per_pod:
-            cap = np.minimum(cap, st.mem_cap // job.mem_per_pod)
+        cap = self._pods_per_node(job, st.gpu_healthy.sum(axis=1) // g)
         n = job.min_pods
         if int(cap.sum()) < n:
             return False
