@@ -11,7 +11,8 @@ pods take the lowest-index free GPUs.
 Tie-break: FGD scores tie often (a CPU-only pod changes no node's fragmentation unless it exhausts
 that node's CPU, so every node ties). Breaking those ties at random, as kube-scheduler's
 ``selectHost`` does, spreads CPU-only pods over all nodes and strands GPUs on nodes whose CPU ran
-out: 89.6% allocation at 100% arrived demand on openb default (seed 42) instead of the paper's 95.2%.
+out: 89.45% allocation at 100% arrived demand on openb default (seed 42; ``fgd-random-ties`` in
+benchmarks/results/openb_allocation.md) instead of the paper's 95.2%.
 Breaking them by node order packs those pods and reproduces the published figures (README).
 
 Typical pods: the shapes covering 95% of the workload's pods,
