@@ -35,6 +35,7 @@ class ClusterState:
     * ``gpu_mem_cap``, ``gpu_mem_free``: (n_nodes, max_gpus) int64 GPU memory (MiB; 0 = unknown model)
     * ``gpu_healthy``: (n_nodes, max_gpus) bool; an unhealthy GPU is never chosen
     * ``version``: (n_nodes,) int64, bumped on every change of the node
+    * ``changes``: int, bumped on every change of any node (a cache that saw the same count is current)
     """
 
     def __init__(self, nodes: Sequence[NodeSpec]) -> None:
@@ -73,6 +74,10 @@ class ClusterState:
         self.gpu_mem_free = self.gpu_mem_cap.copy()
         self.gpu_healthy = self.gpu_exists.copy()
         self.version = np.zeros(n, dtype=np.int64)
+        self.changes = 0
+        # free milli-GPU on healthy GPUs (0 on unhealthy or absent ones), kept in step with gpu_free and
+        # gpu_healthy by allocate / release / set_gpu_health; read through usable_gpu_free()
+        self._usable = self.gpu_free.copy()
         self.assignments: dict[str, Assignment] = {}
 
         self.total_gpus = int(self.gpu_count.sum())
@@ -88,8 +93,8 @@ class ClusterState:
         With ``nodes`` (an index array), only those rows: (len(nodes), max_gpus).
         """
         if nodes is None:
-            return np.where(self.gpu_healthy, self.gpu_free, 0)
-        return np.where(self.gpu_healthy[nodes], self.gpu_free[nodes], 0)
+            return self._usable.copy()
+        return self._usable[nodes]
 
     def allocated_gpu_milli(self) -> int:
         """milli-GPU held by placed pods (what the devices have handed out)."""
@@ -132,27 +137,39 @@ class ClusterState:
         if self.mem_free[node] < req.memory_mib:
             raise AllocationError(f"pod {req.name}: insufficient memory on {name}")
         mem_each = 0
-        for gpu in gpu_list:
-            if not 0 <= gpu < self.max_gpus or not self.gpu_exists[node, gpu]:
-                raise AllocationError(f"pod {req.name}: node {name} has no GPU {gpu}")
-            if not self.gpu_healthy[node, gpu]:
-                raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} is unhealthy")
-            if self.gpu_free[node, gpu] < milli:
-                raise AllocationError(
-                    f"pod {req.name}: GPU {gpu} on {name} has {self.gpu_free[node, gpu]} milli free, needs {milli}"
-                )
-            mem_each = self.gpu_memory_for(req, node, gpu, milli)
-            if self.gpu_mem_cap[node, gpu] and self.gpu_mem_free[node, gpu] < mem_each:
-                raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} lacks {mem_each} MiB of memory")
-            if not self.gpu_mem_cap[node, gpu] and req.gpu_memory_mib:
-                raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} has unknown memory size")
+        gpu_mem: list[int] = []  # GPU memory taken on each of gpu_list (MiB)
+        if gpu_list:
+            # the node's rows as Python ints: one conversion instead of a NumPy scalar access per check
+            n_gpus = int(self.gpu_count[node])  # gpu_exists[node, g] is g < gpu_count[node]
+            free = self.gpu_free[node].tolist()
+            healthy = self.gpu_healthy[node].tolist()
+            mem_cap = self.gpu_mem_cap[node].tolist()
+            mem_free = self.gpu_mem_free[node].tolist()
+            for gpu in gpu_list:
+                if not 0 <= gpu < n_gpus:
+                    raise AllocationError(f"pod {req.name}: node {name} has no GPU {gpu}")
+                if not healthy[gpu]:
+                    raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} is unhealthy")
+                if free[gpu] < milli:
+                    raise AllocationError(
+                        f"pod {req.name}: GPU {gpu} on {name} has {free[gpu]} milli free, needs {milli}"
+                    )
+                mem_each = req.gpu_memory_mib or mem_cap[gpu] * milli // MILLI  # as gpu_memory_for
+                if mem_cap[gpu] and mem_free[gpu] < mem_each:
+                    raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} lacks {mem_each} MiB of memory")
+                if not mem_cap[gpu] and req.gpu_memory_mib:
+                    raise AllocationError(f"pod {req.name}: GPU {gpu} on {name} has unknown memory size")
+                gpu_mem.append(mem_each if mem_cap[gpu] else 0)
         self.cpu_free[node] -= req.cpu_milli
         self.mem_free[node] -= req.memory_mib
-        for gpu in gpu_list:
-            self.gpu_free[node, gpu] -= milli
-            if self.gpu_mem_cap[node, gpu]:
-                self.gpu_mem_free[node, gpu] -= self.gpu_memory_for(req, node, gpu, milli)
+        for gpu, mem in zip(gpu_list, gpu_mem, strict=True):
+            left = free[gpu] - milli
+            self.gpu_free[node, gpu] = left
+            self._usable[node, gpu] = left  # the GPU is healthy (checked above)
+            if mem:
+                self.gpu_mem_free[node, gpu] = mem_free[gpu] - mem
         self.version[node] += 1
+        self.changes += 1
         assignment = Assignment(
             pod=req.name,
             node=node,
@@ -177,9 +194,12 @@ class ClusterState:
         self.mem_free[node] += assignment.memory_mib
         for gpu in assignment.gpus:
             self.gpu_free[node, gpu] += assignment.gpu_milli
+            if self.gpu_healthy[node, gpu]:
+                self._usable[node, gpu] = self.gpu_free[node, gpu]
             if self.gpu_mem_cap[node, gpu]:
                 self.gpu_mem_free[node, gpu] += assignment.gpu_memory_mib
         self.version[node] += 1
+        self.changes += 1
         return assignment
 
     def set_gpu_health(self, node: int, gpu: int, healthy: bool) -> None:
@@ -192,7 +212,9 @@ class ClusterState:
         if not 0 <= gpu < self.max_gpus or not self.gpu_exists[node, gpu]:
             raise AllocationError(f"node {self.node_names[node]} has no GPU {gpu}")
         self.gpu_healthy[node, gpu] = healthy
+        self._usable[node, gpu] = self.gpu_free[node, gpu] if self.gpu_healthy[node, gpu] else 0
         self.version[node] += 1
+        self.changes += 1
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any resource is over-allocated or the books do not balance."""

@@ -114,6 +114,14 @@ class FragModel:
         self.milli = typical.gpu_milli
         self.prob = typical.prob
         self.gpu_shape = typical.gpu_milli > 0  # (T,)
+        # the same per shape as Python values, for _frag_few; shapes no node can serve are left out
+        self._shapes = [(t, int(self.milli[t]), int(self.num[t]), int(self.cpu[t]), int(self.mem[t]))
+                        for t in range(len(typical)) if self.gpu_shape[t]]
+        self._access = self.access.tolist()
+
+    FEW_CELLS = 128
+    """At most this many (node, GPU, shape) cells, :meth:`frag` counts in Python (NumPy calls on tiny
+    arrays cost more than the arithmetic)."""
 
     def _combine(self, total, count, small, cpu, model, mem) -> np.ndarray:
         """Expected fragmentation from per-shape GPU counts/slivers; arrays broadcast over leading axes."""
@@ -126,11 +134,39 @@ class FragModel:
     def frag(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray,
              mem: np.ndarray | None = None) -> np.ndarray:
         free = np.asarray(free, dtype=np.int64)
+        if 0 < free.size * len(self.prob) <= self.FEW_CELLS:
+            return self._frag_few(free, cpu, model, mem)
         total = free.sum(axis=1)  # (k,)
         ge = free[:, :, None] >= self.milli  # (k, G, T)
         count = ge.sum(axis=1)  # (k, T)
         small = np.where(ge, 0, free[:, :, None]).sum(axis=1)  # (k, T): share of GPUs too small for t
         return self._combine(total, count, small, cpu, model, mem)
+
+    def _frag_few(self, free: np.ndarray, cpu: np.ndarray, model: np.ndarray,
+                  mem: np.ndarray | None) -> np.ndarray:
+        """:meth:`frag` for a few nodes: the same (k, T) matrix of fragmented shares, built in Python, and
+        the same product with ``prob`` (so the same float64 result)."""
+        n_shapes = len(self.prob)
+        use_mem = self.use_memory and mem is not None
+        mems = mem.tolist() if use_mem else None
+        out = []
+        for i, (row, c, m) in enumerate(zip(free.tolist(), cpu.tolist(), model.tolist(), strict=True)):
+            total = sum(row)
+            access = self._access[m]
+            cells = [total] * n_shapes  # a shape the node cannot serve: all its free share is fragmented
+            for t, milli, num, cpu_t, mem_t in self._shapes:
+                if not access[t] or c < cpu_t or (use_mem and mems[i] < mem_t):
+                    continue
+                count = small = 0
+                for x in row:
+                    if x >= milli:
+                        count += 1
+                    else:
+                        small += x
+                if count >= num:
+                    cells[t] = small
+            out.append(cells)
+        return np.array(out, dtype=np.int64) @ self.prob
 
     def frag_after_share(self, free: np.ndarray, milli: int, cpu_after: np.ndarray, model: np.ndarray,
                          mem_after: np.ndarray | None = None) -> np.ndarray:

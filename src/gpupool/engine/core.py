@@ -26,7 +26,7 @@ from gpupool.engine.filters import (
     EffectiveRequest,
     FilterPlugin,
     feasible,
-    gpu_fit_matrix,
+    fitting_gpus,
     unschedulable_reason,
 )
 from gpupool.model import MILLI, Assignment, PodRequest
@@ -99,30 +99,27 @@ def best_fit_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tupl
     """Devices for ``req`` on ``node``: the fitting GPUs with the least free share, lowest index first."""
     if req.num_gpu == 0:
         return ()
-    nodes = np.array([node])
-    fits = gpu_fit_matrix(state, req, nodes)[0]
-    idx = np.flatnonzero(fits)
+    idx = fitting_gpus(state, req, node)
     if len(idx) < req.num_gpu:
         raise ValueError(f"node {state.node_names[node]} cannot host {req.requested.name}")
-    order = np.argsort(state.gpu_free[node, idx], kind="stable")
-    return tuple(int(i) for i in idx[order[: req.num_gpu]])
+    free = state.gpu_free[node].tolist()
+    return tuple(sorted(idx, key=free.__getitem__)[: req.num_gpu])  # sorted() is stable
 
 
 def most_free_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
     """Devices for ``req`` on ``node``: the fitting GPUs with the most free share (spread)."""
     if req.num_gpu == 0:
         return ()
-    fits = gpu_fit_matrix(state, req, np.array([node]))[0]
-    idx = np.flatnonzero(fits)
-    order = np.argsort(-state.gpu_free[node, idx], kind="stable")
-    return tuple(int(i) for i in idx[order[: req.num_gpu]])
+    free = state.gpu_free[node].tolist()
+    return tuple(sorted(fitting_gpus(state, req, node), key=lambda g: -free[g])[: req.num_gpu])  # stable
 
 
 class _Entry:
-    __slots__ = ("snap", "values")
+    __slots__ = ("snap", "seen", "values")
 
     def __init__(self, n: int) -> None:
         self.snap = np.full(n, -1, dtype=np.int64)
+        self.seen = -1  # state.changes when last refreshed
         self.values: np.ndarray | None = None
 
 
@@ -145,10 +142,13 @@ class _NodeCache:
                 self.entries.popitem(last=False)
         else:
             self.entries.move_to_end(key)
-        stale = np.flatnonzero(entry.snap != state.version)
+            if entry.seen == state.changes:  # no node changed since the last refresh
+                return entry.values
+        stale = (entry.snap != state.version).nonzero()[0]
         if len(stale):
             entry.values[stale] = compute(stale)
             entry.snap[stale] = state.version[stale]
+        entry.seen = state.changes
         return entry.values
 
 
@@ -172,14 +172,14 @@ class Engine:
         state, filters = self.state, self.policy.filters
         return self._mask_cache.get(eff.key(), lambda idx: feasible(state, eff, idx, filters), bool)
 
-    def schedule(self, req: PodRequest) -> Decision:
-        """Decide where ``req`` goes without changing the cluster."""
+    def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
+        """One cycle for ``req``: (effective request, node, devices), node -1 if no node passes the filters."""
         policy, state = self.policy, self.state
         eff = policy.effective(req)
         mask = self.feasible_mask(eff)
-        candidates = np.flatnonzero(mask)
+        candidates = mask.nonzero()[0]
         if len(candidates) == 0:
-            return Decision(req.name, None, unschedulable_reason(state, eff, policy.filters))
+            return eff, -1, ()
         if policy.node_local:
             all_scores = self._score_cache.get(
                 ("score",) + policy.score_key(eff), lambda idx: policy.score(state, eff, idx), np.float64
@@ -188,23 +188,29 @@ class Engine:
         else:
             scores = policy.score(state, eff, candidates)
         node = policy.pick(state, candidates, scores, self.rng)
-        gpus = policy.select_gpus(state, eff, node)
+        return eff, node, policy.select_gpus(state, eff, node)
+
+    def schedule(self, req: PodRequest) -> Decision:
+        """Decide where ``req`` goes without changing the cluster."""
+        eff, node, gpus = self._select(req)
+        if node < 0:
+            return Decision(req.name, None, unschedulable_reason(self.state, eff, self.policy.filters))
         milli = eff.gpu_milli if req.num_gpu else 0
-        preview = Assignment(req.name, node, state.node_names[node], gpus, milli, 0, req.gpu_milli,
+        preview = Assignment(req.name, node, self.state.node_names[node], gpus, milli, 0, req.gpu_milli,
                              req.cpu_milli, req.memory_mib)
         return Decision(req.name, preview)
 
     def place(self, req: PodRequest) -> Decision:
         """Schedule ``req`` and, if a node was found, allocate it there."""
-        placed = self.state.assignments.get(req.name)
+        state = self.state
+        placed = state.assignments.get(req.name)
         if placed is not None:
             return Decision(req.name, None, f"pod {req.name} is already placed on {placed.node_name}")
-        decision = self.schedule(req)
-        if decision.assignment is None:
-            return decision
-        a = decision.assignment
-        assignment = self.state.allocate(req, a.node, a.gpus, a.gpu_milli if a.gpus else None)
-        self.policy.on_allocate(self.state, assignment)
+        eff, node, gpus = self._select(req)
+        if node < 0:
+            return Decision(req.name, None, unschedulable_reason(state, eff, self.policy.filters))
+        assignment = state.allocate(req, node, gpus, eff.gpu_milli if gpus else None)
+        self.policy.on_allocate(state, assignment)
         return Decision(req.name, assignment)
 
     def release(self, pod: str) -> Assignment:

@@ -99,8 +99,11 @@ class GpuModelMatch:
 
 def gpu_fit_matrix(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
     """(len(nodes), max_gpus) bool: GPUs that are healthy, of an allowed model, with enough share and memory."""
-    free = state.gpu_free[nodes]
-    ok = state.gpu_healthy[nodes] & (free >= req.gpu_milli)
+    milli = req.gpu_milli
+    if milli > 0:  # the usable share is 0 on unhealthy and absent GPUs, so they fail this test
+        ok = state.usable_gpu_free(nodes) >= milli
+    else:
+        ok = state.gpu_healthy[nodes] & (state.gpu_free[nodes] >= milli)
     if req.requested.gpu_spec:
         ok &= allowed_models(state, req)[state.gpu_model[nodes]]
     mem_cap = state.gpu_mem_cap[nodes]
@@ -108,17 +111,50 @@ def gpu_fit_matrix(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray
         need = req.requested.gpu_memory_mib
         ok &= (mem_cap > 0) & (state.gpu_mem_free[nodes] >= need)
     else:
-        need = mem_cap * req.gpu_milli // MILLI
+        need = mem_cap * milli // MILLI
         ok &= state.gpu_mem_free[nodes] >= need
     return ok
 
 
+def fitting_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> list[int]:
+    """Device indices of one node that :func:`gpu_fit_matrix` marks True, lowest first.
+
+    Same test, on the node's rows as Python ints (cheaper than the vectorized form for a single node).
+    """
+    milli = req.gpu_milli
+    spec = req.requested.gpu_spec
+    need_mem = req.requested.gpu_memory_mib
+    free = state.gpu_free[node].tolist()
+    healthy = state.gpu_healthy[node].tolist()
+    mem_cap = state.gpu_mem_cap[node].tolist()
+    mem_free = state.gpu_mem_free[node].tolist()
+    if spec:
+        allowed = allowed_models(state, req).tolist()
+        model = state.gpu_model[node].tolist()
+    out = []
+    for g in range(len(free)):
+        if not healthy[g] or free[g] < milli:
+            continue
+        if spec and not allowed[model[g]]:
+            continue
+        if need_mem:
+            if not (mem_cap[g] > 0 and mem_free[g] >= need_mem):
+                continue
+        elif mem_free[g] < mem_cap[g] * milli // MILLI:
+            continue
+        out.append(g)
+    return out
+
+
 class GpuFit:
     reason = "Insufficient GPU share"
+    FEW_NODES = 2
 
     def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         if req.num_gpu == 0:
             return np.ones(len(nodes), dtype=bool)
+        if len(nodes) <= self.FEW_NODES:  # cheaper node by node
+            return np.array([len(fitting_gpus(state, req, n)) >= req.num_gpu for n in nodes.tolist()], dtype=bool)
         return gpu_fit_matrix(state, req, nodes).sum(axis=1) >= req.num_gpu
 
 
@@ -128,8 +164,10 @@ DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (CpuFit(), MemoryFit(), GpuModelMatc
 def feasible(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
              filters: tuple[FilterPlugin, ...] = DEFAULT_FILTERS) -> np.ndarray:
     """(len(nodes),) bool: nodes passing every filter."""
-    ok = np.ones(len(nodes), dtype=bool)
-    for f in filters:
+    if not filters:
+        return np.ones(len(nodes), dtype=bool)
+    ok = np.array(filters[0].mask(state, req, nodes), dtype=bool)  # a copy: the filter's array stays as is
+    for f in filters[1:]:
         ok &= f.mask(state, req, nodes)
     return ok
 

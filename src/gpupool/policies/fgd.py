@@ -27,7 +27,7 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Policy
-from gpupool.engine.filters import EffectiveRequest, gpu_fit_matrix
+from gpupool.engine.filters import EffectiveRequest, fitting_gpus, gpu_fit_matrix
 from gpupool.frag import FragModel, TypicalPods, typical_pods
 from gpupool.model import MILLI, PodRequest
 
@@ -83,7 +83,10 @@ class FGD(Policy):
         mem = state.mem_free[nodes]
         model = state.node_model[nodes]
         stale = self._before_at[nodes] != state.version[nodes]
-        if stale.any():
+        if stale.all():  # usually: the nodes to score are the ones that just changed
+            self._before[nodes] = frag(free, cpu, model, mem)
+            self._before_at[nodes] = state.version[nodes]
+        elif stale.any():
             idx = nodes[stale]
             self._before[idx] = frag(free[stale], cpu[stale], model[stale], mem[stale])
             self._before_at[idx] = state.version[idx]
@@ -92,15 +95,25 @@ class FGD(Policy):
         mem_a = mem - req.memory_mib
         if req.num_gpu == 0:
             return self._transform(before - frag(free, cpu_a, model, mem_a)), None
-        fits = gpu_fit_matrix(state, req, nodes)
         if req.is_fractional:
+            fits = gpu_fit_matrix(state, req, nodes)
             fa = self.model.frag_after_share(free, req.gpu_milli, cpu_a, model, mem_a)  # (k, G)
             s = np.where(fits, self._transform(before[:, None] - fa), -np.inf)
             choice = np.argmax(s, axis=1)
             return s[np.arange(len(nodes)), choice], choice
-        take = fits & (np.cumsum(fits, axis=1) <= req.num_gpu)
-        after = np.where(take, free - req.gpu_milli, free)
+        if len(nodes) <= self.FEW_NODES:
+            after = free.copy()
+            for i, node in enumerate(nodes.tolist()):
+                for g in fitting_gpus(state, req, node)[: req.num_gpu]:
+                    after[i, g] -= req.gpu_milli
+        else:  # the same, vectorized: the lowest-index fitting GPUs give their share
+            fits = gpu_fit_matrix(state, req, nodes)
+            take = fits & (np.cumsum(fits, axis=1) <= req.num_gpu)
+            after = np.where(take, free - req.gpu_milli, free)
         return self._transform(before - frag(after, cpu_a, model, mem_a)), None
+
+    FEW_NODES = 4
+    """Up to this many nodes to score, the devices a whole-GPU pod would take are found node by node."""
 
     DEDUP_MIN_NODES = 1024
     """Above this many nodes to score, nodes in identical states are evaluated once."""
@@ -148,5 +161,4 @@ class FGD(Policy):
                     return (gpu,)
             _, choice = self._evaluate(state, req, np.array([node]))
             return (int(choice[0]),)
-        fits = np.flatnonzero(gpu_fit_matrix(state, req, np.array([node]))[0])
-        return tuple(int(i) for i in fits[: req.num_gpu])
+        return tuple(fitting_gpus(state, req, node)[: req.num_gpu])

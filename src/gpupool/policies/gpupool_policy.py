@@ -80,7 +80,8 @@ class GpupoolPolicy(FGD):
 
     def _final_score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
                      scores: np.ndarray) -> np.ndarray:
-        gpus = req.num_gpu * req.gpu_milli / MILLI
-        scarcity = self.kappa * POINTS_PER_GPU * self.pressure[state.node_model[nodes]] * gpus
+        if self.pressure.any():  # else the scarcity term is all +0.0, which leaves the scores as they are
+            gpus = req.num_gpu * req.gpu_milli / MILLI
+            scores = scores - self.kappa * POINTS_PER_GPU * self.pressure[state.node_model[nodes]] * gpus
         gpu_left = (state.usable_gpu_free(nodes).sum(axis=1) - req.num_gpu * req.gpu_milli) / MAX_SPEC_GPU
-        return scores - scarcity - self.pack_epsilon * gpu_left
+        return scores - self.pack_epsilon * gpu_left
