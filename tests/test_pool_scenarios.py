@@ -167,23 +167,29 @@ PRIORITY_CASES = [
     # hi outranks lo: it evicts lo's two long jobs on one node (in-quota preemptible work of a
     # lower-priority queue, KAI #2064); they restart at once on the other node's 2 free GPUs and lose
     # nothing. hi runs 1,000..2,000.
-    ("higher priority reclaims in-quota work", 10, 0, 1000.0, 2),
-    # same priority: lo is within its quota and its fair share, so nothing may be taken; hi waits until
-    # lo0 and lo1 end at t=5,000 and free n0
-    ("equal priority waits", 0, 0, 5000.0, 0),
-    # lo's long jobs are non-preemptible (priority 100, in quota): never evicted; hi waits until t=5,000
-    ("non-preemptible is never evicted", 10, 100, 5000.0, 0),
+    ("higher priority reclaims in-quota work", 10, 0, 1000.0, 2, "reclaimed", True),
+    # same priority: lo is within its quota and its fair share, so nothing may be taken from it; but the
+    # 4 free GPUs are split 2 + 2, so consolidation moves lo's two long jobs of one node to the other
+    # node (lo keeps its 4 GPUs): hi gets its quota at once, 1,000..2,000
+    ("equal priority: lo's jobs move", 0, 0, 1000.0, 2, "consolidated", True),
+    # with consolidation off, hi waits until lo0 and lo1 end at t=5,000 and free n0
+    ("equal priority, no consolidation, waits", 0, 0, 5000.0, 0, "", False),
+    # lo's long jobs are non-preemptible (priority 100, in quota): never evicted nor moved; hi waits
+    # until t=5,000
+    ("non-preemptible is never evicted", 10, 100, 5000.0, 0, "", True),
 ]
 
 
-@pytest.mark.parametrize(("name", "hi_prio", "long_prio", "hi_start", "preempted"), PRIORITY_CASES,
-                         ids=[c[0] for c in PRIORITY_CASES])
-def test_lower_priority_in_quota_queue_cannot_starve_higher(name, hi_prio, long_prio, hi_start, preempted):
-    res, by_id = run(nodes(2, 4), priority_jobs(long_prio), queues=prio_queues(hi_prio))
+@pytest.mark.parametrize(("name", "hi_prio", "long_prio", "hi_start", "preempted", "action", "consolidate"),
+                         PRIORITY_CASES, ids=[c[0] for c in PRIORITY_CASES])
+def test_lower_priority_in_quota_queue_cannot_starve_higher(name, hi_prio, long_prio, hi_start, preempted,
+                                                            action, consolidate):
+    res, by_id = run(nodes(2, 4), priority_jobs(long_prio), queues=prio_queues(hi_prio), consolidate=consolidate)
     assert [by_id[f"lo{k}"]["nodes"][0] for k in (2, 3, 6, 7)] == ["n0", "n0", "n1", "n1"]
     assert by_id["hi"]["start"] == pytest.approx(hi_start)
     assert by_id["hi"]["end"] == pytest.approx(hi_start + 1000.0)
     assert res.metrics["preemptions"] == preempted
+    assert res.metrics["preemptions_by_action"] == ({action: preempted} if preempted else {})
     evicted = [f"lo{k}" for k in range(8) if by_id[f"lo{k}"]["preemptions"]]
     assert len(evicted) == preempted
     for job_id in evicted:  # restarted at once on the other node, no work lost
@@ -209,3 +215,98 @@ def test_pool_config_presets_are_as_documented():
     assert JOB_POLICIES["round-robin"][0] == "round-robin"
     gp = JOB_POLICIES["gpupool"][1]
     assert gp == PoolConfig() and gp.order == "tiresias" and gp.reclaim and gp.backfill
+
+
+# ------------------------------------------------------------------------------------ consolidation
+@pytest.mark.parametrize(("arrive", "start"), [
+    # 2 nodes x 8 GPUs, one FIFO queue (no Tiresias levels: d may not preempt b or c). a, b (4 GPUs
+    # each) pack n0, c (4 GPUs) goes to n1; a ends at 100:
+    # 4 free GPUs on each node. d asks for one 8-GPU pod: free GPUs enough, no node can hold it.
+    # At 1,000 b and c have run past the 600 s minimum runtime: one of them moves next to the other
+    # (restarting from its eviction checkpoint, no overhead here) and d starts at once.
+    (1000.0, 1000.0),
+    # at 300 they have not: d waits for the minimum runtime to pass (a wake-up at 600), then they move
+    (300.0, 600.0),
+])
+def test_consolidation_moves_a_job_to_free_a_whole_node(arrive, start):
+    jobs = [JobSpec("a", 0.0, 100.0, 4), JobSpec("b", 0.0, 10_000.0, 4), JobSpec("c", 0.0, 10_000.0, 4),
+            JobSpec("d", arrive, 1000.0, 8)]
+    res, by_id = run(nodes(2, 8), jobs, order="fifo")
+    assert by_id["d"]["start"] == pytest.approx(start)
+    assert by_id["d"]["nodes"] == ["n0"]
+    # b moved from n0 to n1, next to c, lost nothing and was evicted once, by consolidation
+    assert res.metrics["preemptions_by_action"] == {"consolidated": 1}
+    assert [by_id[k]["preemptions"] for k in "abc"] == [0, 1, 0]
+    assert by_id["b"]["nodes"] == ["n1"] and by_id["c"]["nodes"] == ["n1"]
+    assert by_id["b"]["end"] == pytest.approx(10_000.0) and by_id["c"]["end"] == pytest.approx(10_000.0)
+    _, off = run(nodes(2, 8), jobs, order="fifo", consolidate=False)
+    assert off["b"]["nodes"] == ["n0"] and off["c"]["nodes"] == ["n1"]
+    assert off["d"]["start"] == pytest.approx(10_000.0)  # without it, d waits for b or c to end
+
+
+def test_consolidation_is_all_or_nothing():
+    """3 nodes x 4 GPUs: p (3 GPUs) on n0, q (3) on n1, r (2) on n2: 1 + 1 + 2 GPUs free. d (4 GPUs)
+    could have n2 if r moved, but r's 2 GPUs fit on no other node: the trial move is undone, nothing moves,
+    d waits for r (5,000). One FIFO queue, so that d may not preempt by Tiresias level."""
+    jobs = [JobSpec("p", 0.0, 10_000.0, 3), JobSpec("q", 0.0, 10_000.0, 3), JobSpec("r", 0.0, 5000.0, 2),
+            JobSpec("d", 1000.0, 100.0, 4)]
+    res, by_id = run(nodes(3, 4), jobs, order="fifo")
+    assert [by_id[k]["nodes"] for k in "pqr"] == [["n0"], ["n1"], ["n2"]]
+    assert res.metrics["preemptions"] == 0
+    stats = res.metrics["scheduler_stats"]
+    assert stats["consolidation_attempts"] >= 1 and stats["moved_jobs"] == 0
+    assert by_id["r"]["end"] == pytest.approx(5000.0)
+    assert by_id["d"]["start"] == pytest.approx(5000.0) and by_id["d"]["nodes"] == ["n2"]
+
+
+def test_reservation_of_a_borrowing_gang_does_not_hold_back_another_queues_quota():
+    """2 nodes x 4 GPUs; quotas A 2, B 6. At t=0 B runs b0-b5 (one GPU each; b0 ends at 100, the rest at
+    1,000): B at its quota. At t=1 A's gang G (2 pods x 4 GPUs) arrives: it needs the whole cluster, far
+    above A's quota of 2, and gets a reservation of both nodes at t=51. At t=200 B asks for b6 (one
+    GPU): B holds 5 of its 6 GPUs of quota, so b6 is in-quota work and starts at once on a reserved node
+    (the guarantee comes before A's borrowing); G starts when b6 ends, at 1,200. Were G in quota, the
+    reservation would hold (see the starvation test above)."""
+    queues = QueueTree([QueueSpec(name="A", quota=2), QueueSpec(name="B", quota=6)])
+    jobs = [JobSpec(f"b{k}", 0.0, 100.0 if k == 0 else 1000.0, 1, queue="B") for k in range(6)]
+    jobs += [JobSpec("G", 1.0, 500.0, 8, n_pods=2, queue="A"), JobSpec("b6", 200.0, 1000.0, 1, queue="B")]
+    res, by_id = run(nodes(2, 4), jobs, queues=queues, reserve_after_s=50.0)
+    assert res.metrics["scheduler_stats"]["reservations"] == 1
+    assert by_id["b6"]["start"] == pytest.approx(200.0)
+    assert by_id["G"]["start"] == pytest.approx(1200.0) and by_id["G"]["end"] == pytest.approx(1700.0)
+    assert res.metrics["preemptions"] == 0 and res.metrics["deadlocks"] == 0
+
+
+def test_reclaim_moves_in_share_jobs_when_evictions_alone_cannot_free_a_node():
+    """2 nodes x 8 GPUs; quotas A 8, B 0, C 8. At t=0 c1 and b1 (4 GPUs each) fill n0, c2 (4 GPUs) goes
+    to n1: C holds its quota, B borrows 4, 4 GPUs are free on n1. At t=1,000 A asks for one 8-GPU pod,
+    within its quota. Evicting B's b1 (the only job above its fair share) leaves 4 + 4 free GPUs on two
+    nodes; so the reclaim also moves C's c1 to n1 (C keeps its 8 GPUs) and a starts on n0 at once.
+    b1 resumes when a ends at 2,000 (1,000 s done, 9,000 s to go: ends at 11,000)."""
+    queues = QueueTree([QueueSpec(name="A", quota=8), QueueSpec(name="B", quota=0), QueueSpec(name="C", quota=8)])
+    jobs = [JobSpec("c1", 0.0, 10_000.0, 4, queue="C"), JobSpec("b1", 0.0, 10_000.0, 4, queue="B"),
+            JobSpec("c2", 0.0, 10_000.0, 4, queue="C"), JobSpec("a", 1000.0, 1000.0, 8, queue="A")]
+    res, by_id = run(nodes(2, 8), jobs, queues=queues)
+    assert by_id["a"]["start"] == pytest.approx(1000.0) and by_id["a"]["nodes"] == ["n0"]
+    assert res.metrics["preemptions_by_action"] == {"reclaimed": 1, "consolidated": 1}
+    assert [by_id[k]["preemptions"] for k in ("c1", "b1", "c2")] == [1, 1, 0]
+    assert by_id["c1"]["nodes"] == ["n1"] and by_id["c1"]["end"] == pytest.approx(10_000.0)
+    assert by_id["b1"]["end"] == pytest.approx(11_000.0)
+    _, off = run(nodes(2, 8), jobs, queues=queues, consolidate=False)
+    assert off["a"]["start"] == pytest.approx(10_000.0)  # evictions alone cannot: a waits for n0 to empty
+
+
+def test_quota_metrics_count_gpus_held_for_the_queues_own_reserved_gang():
+    """2 nodes x 4 GPUs, one queue (quota 8). s0-s3 (one GPU) end at 100 on n0, s4-s7 at 200 on n1. The
+    gang G (2 x 4 GPUs) arrives at 10 and has both nodes reserved at 60. n0 drains at 100 and its 4 GPUs
+    stay idle for G; t0 (one GPU, at 120) may not take them. So from 100 to 200 the queue holds 4 GPUs
+    and 4 more are set aside for its own gang: a raw shortfall of 4 GPUs x 100 s, but no in-quota
+    shortfall. G runs 200..300, then t0 300..400."""
+    jobs = [JobSpec(f"s{k}", 0.0, 100.0 if k < 4 else 200.0, 1) for k in range(8)]
+    jobs += [JobSpec("G", 10.0, 100.0, 8, n_pods=2), JobSpec("t0", 120.0, 100.0, 1)]
+    res, by_id = run(nodes(2, 4), jobs, reserve_after_s=50.0)
+    assert by_id["G"]["start"] == pytest.approx(200.0) and by_id["t0"]["start"] == pytest.approx(300.0)
+    q = res.queues["default"]
+    # want = min(demand, quota): 8 GPUs from 0 to 300, then t0's 1 GPU to 400 -> 2,500 GPU-s
+    assert q["quota_deficit_raw"] == pytest.approx(4 * 100.0 / 2500.0)
+    assert q["quota_deficit"] == 0.0
+    assert q["quota_shortfall_longest_s"] == 0.0 and q["quota_shortfall_time_share"] == 0.0

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpupool.engine.pool.job import RUNNING, PoolJob
+from gpupool.engine.pool.job import PENDING, RUNNING, PoolJob
 from gpupool.engine.pool.victims import select_victims
 from gpupool.model import MILLI, AllocationError, Assignment
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpupool.engine.pool.scheduler import CycleResult
 
 _EPS = 1e-6
+_CONSOLIDATE_SCAN = 64
+"""Waiting jobs per queue that consolidation looks at in a cycle (the first, in job order)."""
 
 Candidate = tuple[PoolJob, Sequence[Assignment], bool]
 """(job, the pods it would give up, True for an elastic shrink / False for an eviction)."""
@@ -130,11 +132,11 @@ class EvictionActions:
         return [(j, [a], True) for j in self.elastic_running.values()
                 if len(j.placed) > j.min_pods and j.run_since < now for a in reversed(j.placed[j.min_pods:])]
 
-    def _victim_ok(self, v: PoolJob, now: float) -> bool:
-        """May ``v`` be evicted now? Preemptible and past its minimum runtime (else a wake-up is noted)."""
+    def _victim_ok(self, v: PoolJob, now: float, min_run_s: float) -> bool:
+        """May ``v`` be evicted now? Preemptible and past ``min_run_s`` (else a wake-up is noted)."""
         if not v.preemptible:
             return False
-        ready = v.run_since + self.cfg.min_run_s
+        ready = v.run_since + min_run_s
         if ready > now + 1e-9:
             self._wake_at = min(self._wake_at, ready)
             return False
@@ -146,12 +148,15 @@ class EvictionActions:
         k = job.key
         return (-k[0], -k[1], -k[2], -job.run_since)
 
-    def _queue_victims(self, q: int, now: float) -> list[PoolJob]:
-        """Evictable running jobs of leaf queue ``q``, most evictable first (cached for the cycle)."""
-        got = self._victim_cache.get(q)
+    def _queue_victims(self, q: int, now: float, reclaim: bool = False) -> list[PoolJob]:
+        """Evictable running jobs of leaf queue ``q``, most evictable first (cached for the cycle); past
+        ``reclaim_min_run_s`` for a reclaim, else past ``min_run_s``."""
+        got = self._victim_cache.get((q, reclaim))
         if got is None:
-            got = sorted((v for v in self.running[q].values() if self._victim_ok(v, now)), key=self._victim_rank)
-            self._victim_cache[q] = got
+            min_run = self.cfg.reclaim_min_run_s if reclaim else self.cfg.min_run_s
+            got = sorted((v for v in self.running[q].values() if self._victim_ok(v, now, min_run)),
+                         key=self._victim_rank)
+            self._victim_cache[(q, reclaim)] = got
         return got
 
     def _failed_search(self, job: PoolJob, now: float) -> None:
@@ -226,9 +231,13 @@ class EvictionActions:
                     seen = {r for r, _ in eligible}
                     eligible += [(r, path_r) for r, path_r in by_fs if r not in seen]
                 budget = sum(self.alloc[r][0] for r, _ in eligible)  # victims only need their queue above its share
+                if self.free_gpus + budget < need - _EPS:
+                    self._failed_search(job, now)
+                    continue
                 allowed = self._allowed_for(job)
-                if self.free_gpus + budget < need - _EPS or not self._node_bound(
-                        [r for r, _ in eligible], job.gpus_per_pod, job.min_pods, 0, allowed, budget=budget):
+                bound = self._node_bound([r for r, _ in eligible], job.gpus_per_pod, job.min_pods, 0, allowed,
+                                         budget=budget)
+                if not bound and not self.cfg.consolidate:
                     self._failed_search(job, now)
                     continue
                 cands: list[Candidate] = []
@@ -236,17 +245,24 @@ class EvictionActions:
                 ranks: list[tuple] = []
                 for r, guard in eligible:
                     ratio = self.alloc[r][0] / fs[r] if fs[r] > _EPS else math.inf
-                    for v in self._queue_victims(r, now):
+                    for v in self._queue_victims(r, now, reclaim=True):
                         cands.append((v, v.placed, False))
                         costs.append([(b, float(v.running_gpus)) for b in guard])
                         ranks.append((-ratio,) + self._victim_rank(v))
                 if not cands:
                     continue
                 idx = sorted(range(len(cands)), key=ranks.__getitem__)
+                cands = [cands[i] for i in idx]
+                costs = [costs[i] for i in idx]
                 attempts += 1
-                self.stats["reclaim_attempts"] += 1
-                if self._solve(job, [cands[i] for i in idx], ([costs[i] for i in idx], over),
-                               allowed, now, res, "reclaimed"):
+                done = False
+                if bound:
+                    self.stats["reclaim_attempts"] += 1
+                    done = self._solve(job, cands, (costs, over), allowed, now, res, "reclaimed")
+                if not done and self.cfg.consolidate:  # evict and move others aside (node shapes)
+                    self.stats["consolidation_attempts"] += 1
+                    done = self._make_room(job, now, res, cands, costs, over, "reclaimed")
+                if done:
                     acted = True
                     self._victim_cache.clear()
                     over = [self.alloc[b][0] - fs[b] for b in range(nq)]
@@ -306,6 +322,162 @@ class EvictionActions:
         if self.preemptive_order:
             return (a[0], a[1]) < (b[0], b[1])
         return a[0] < b[0]
+
+    # ------------------------------------------------------------------ consolidate
+    def _consolidate(self, now: float, res: CycleResult) -> bool:
+        """KAI's consolidation: a waiting job that does not fit although enough GPUs are free (free, but
+        scattered over nodes) moves running preemptible jobs to other nodes to make room for it.
+
+        Jobs are tried in queue order (below fair share first), then job order, skipping those that need
+        more GPUs than are free, one per shape (GPUs per pod, pods), at most ``max_attempts`` per cycle. A
+        move is all or nothing: the waiting job is placed and every moved job is placed again elsewhere
+        at once, or nothing changes. A moved job keeps its queue's allocation (no quota or fair-share
+        effect, so no reclaim loop), restarts from the checkpoint it takes on eviction, and is not moved
+        again before ``min_run_s``. Reported as an eviction with reason ``consolidated``.
+        """
+        if self.free_gpus <= 1:
+            return False
+        acted = False
+        attempts = 0
+        order = sorted((self._qkey(grp), grp) for grp in range(self.n_groups) if len(self.pending[grp]))
+        for _, grp in order:
+            tried: set[tuple[int, int]] = set()
+            for job in list(self.pending[grp].jobs[:_CONSOLIDATE_SCAN]):
+                if attempts >= self.cfg.max_attempts:
+                    return acted
+                need = job.min_pods * job.gpus_per_pod
+                if (job.gpus_per_pod < 1 or need > self.free_gpus or job.status != PENDING
+                        or job.retry_at > now + 1e-9):
+                    continue
+                shape = (job.gpus_per_pod, job.min_pods)
+                if shape in tried or not self._admissible(job, job.min_pods):
+                    continue
+                tried.add(shape)
+                attempts += 1
+                self.stats["consolidation_attempts"] += 1
+                if self._make_room(job, now, res):
+                    acted = True
+                    self._victim_cache.clear()
+                else:
+                    self._failed_search(job, now)
+        return acted
+
+    def _make_room(self, job: PoolJob, now: float, res: CycleResult, evict: Sequence[Candidate] = (),
+                   costs: list[list[tuple[int, float]]] | None = None, budget: Sequence[float] | None = None,
+                   reason: str = "reclaimed") -> bool:
+        """Start ``job`` now by evicting some of ``evict`` (guarded by ``costs`` / ``budget`` as in
+        :func:`~gpupool.engine.pool.victims.select_victims`) and moving other running preemptible jobs
+        to other nodes. All or nothing: the job is placed and every moved job placed again at once, or
+        nothing changes. True if the job started."""
+        st = self.state
+        g, n = job.gpus_per_pod, job.min_pods
+        allowed = self._allowed_for(job)
+        free = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1)
+        if allowed is not None:
+            free = np.where(allowed, free, 0)
+        room = int(free.sum()) + sum(c[0].running_gpus for c in evict)
+        if room < n * g:
+            return False
+        # movable: preemptible, past their minimum runtime, with a node elsewhere that has room for a pod
+        top = np.argsort(-free, kind="stable")[:4].tolist()
+        taken = {c[0].seq for c in evict}
+        movers: list[Candidate] = []
+        for q in range(len(self.running)):
+            for v in self._queue_victims(q, now):
+                if v.seq in taken or v.running_gpus >= room:
+                    continue
+                if allowed is not None and not all(allowed[a.node] for a in v.placed):
+                    continue
+                mine = {a.node for a in v.placed}
+                if not any(free[k] >= v.gpus_per_pod and k not in mine for k in top) and not evict:
+                    continue
+                movers.append((v, v.placed, False))
+        movers.sort(key=lambda c: (c[0].running_gpus, -c[0].run_since, c[0].seq))
+        cands = list(evict) + movers
+        if not cands:
+            return False
+        n_evict = len(evict)
+        holdings = [self._holdings(p, allowed) for _, p, _ in cands]
+        all_costs = None if costs is None else list(costs) + [[] for _ in movers]
+        for _ in range(4):  # choose; drop movers that would find no home elsewhere; choose again
+            chosen = select_victims(free, max(g, 1), n, holdings, all_costs, budget)
+            if not chosen:
+                return False
+            homeless = self._homeless(cands, chosen, n_evict, holdings, free)
+            if not homeless:
+                break
+            for i in homeless:
+                holdings[i] = []
+        else:
+            return False
+        for i in chosen:
+            self._release_pods(cands[i][0], cands[i][1])
+        placed = self._place(job, allowed, job.n_pods, job.min_pods)
+        if placed is None:
+            for i in chosen:
+                self._restore(cands[i][0], cands[i][1])
+            return False
+        needed: list[int] = []
+        for i in reversed(chosen):  # jobs the placement did not need stay where they were
+            if not self._restore(cands[i][0], cands[i][1], quiet=True):
+                needed.append(i)
+        to_move = sorted((i for i in needed if i >= n_evict), key=lambda i: -cands[i][0].running_gpus)
+        moved: list[tuple[PoolJob, list[Assignment]]] = []
+        for i in to_move:  # the biggest find a new home first
+            v, pods, _ = cands[i]
+            got = self._place(v, self._allowed_for(v), len(pods), len(pods))
+            if got is None:  # undo: new homes, the job, then every needed job back on its old devices
+                for _, new in moved:
+                    for a in new:
+                        self.engine.release(a.pod)
+                for a in placed:
+                    self.engine.release(a.pod)
+                for k in needed:
+                    self._restore(cands[k][0], cands[k][1])
+                self.stats["failed_moves"] += 1
+                return False
+            moved.append((v, got))
+        for i in needed:
+            if i < n_evict:
+                victim = cands[i][0]
+                self._account_stop(victim, now)
+                victim.preemptions += 1
+                self._enqueue(victim, now)
+                res.preempted.append((victim, f"{reason} by {job.name}"))
+        for v, got in moved:
+            self._account_stop(v, now)
+            v.preemptions += 1
+            self._enqueue(v, now)
+            res.preempted.append((v, f"consolidated by {job.name}"))
+            self._start(v, got, now, res)
+            self.stats["moved_jobs"] += 1
+        self._start(job, placed, now, res)
+        return True
+
+    @staticmethod
+    def _homeless(cands: Sequence[Candidate], chosen: Sequence[int], n_evict: int,
+                  holdings: Sequence[Sequence[tuple[int, int]]], free: np.ndarray) -> list[int]:
+        """Chosen movers (index >= ``n_evict``) whose pods fit in no free GPUs off the nodes the choice
+        clears (first fit, biggest pods first, counting GPUs freed elsewhere by the evictions): a cheap
+        check before the engine tries the move."""
+        target = {node for i in chosen for node, _ in holdings[i]}
+        spare = {k: int(x) for k, x in enumerate(free.tolist()) if x > 0 and k not in target}
+        for i in chosen:
+            if i < n_evict:
+                for a in cands[i][1]:
+                    if a.node not in target:
+                        spare[a.node] = spare.get(a.node, 0) + len(a.gpus)
+        pods = sorted(((len(a.gpus), i) for i in chosen if i >= n_evict for a in cands[i][1]), reverse=True)
+        out: list[int] = []
+        for gpus, i in pods:
+            if i in out:
+                continue
+            home = next((k for k, x in spare.items() if x >= gpus), None)
+            if home is None:
+                out.append(i)
+            else:
+                spare[home] -= gpus
+        return out
 
     # ------------------------------------------------------------------ elastic
     def _grow(self, now: float, res: CycleResult) -> None:

@@ -20,7 +20,8 @@ A cycle runs the actions in the order Volcano and KAI use:
 2. **reservation**: the first blocked job that has waited ``reserve_after_s`` gets nodes reserved (the
    nodes of one switch, if possible, with the most free GPUs); no other job may start there, so small
    jobs backfill only on resources the starving gang does not need, and the gang starts as soon as the
-   jobs running there end.
+   jobs running there end. In-quota work of another queue is not held back by a reservation for a
+   gang that would take its own queue above quota: guaranteed quota comes before borrowing.
 3. **reclaim**: a queue below its fair share takes GPUs back from queues above theirs, up to its fair
    share (not only its quota, KAI #1934), evicting only preemptible jobs, and only from a queue that is
    still above its own fair share when the victim is taken (it may end below it by less than that one
@@ -33,7 +34,11 @@ A cycle runs the actions in the order Volcano and KAI use:
 4. **preempt**: within a queue, a waiting job evicts preemptible jobs of strictly lower order (lower
    priority, or a higher Tiresias level: more attained service); elastic jobs' extra workers are taken
    first from anyone.
-5. **elastic grow**: when nothing waits, elastic jobs grow into idle GPUs, one worker at a time.
+5. **consolidate** (when neither reclaim nor preempt acted): a waiting job that does not fit although
+   enough GPUs are free, scattered over nodes, moves running preemptible jobs to other nodes to make
+   room (KAI's consolidation): all or nothing, every moved job placed again at once; queues keep
+   their allocation.
+6. **elastic grow**: when nothing waits, elastic jobs grow into idle GPUs, one worker at a time.
 
 Non-preemptible jobs (``priority >= 100``) run only within their queue's quota and are never victims.
 Evicted jobs return to their queue and, when the driver checkpoints on eviction, lose no progress.
@@ -79,7 +84,7 @@ class PoolConfig:
     * ``fair_share``: order queues by fair share (else one global order over every queue's jobs).
     * ``backfill``: later jobs may start when an earlier one is blocked (False: strict FIFO).
     * ``reserve_after_s``: wait (s) after which a blocked job gets a reservation (None: never).
-    * ``reclaim``, ``preempt``, ``elastic``, ``topology_aware``: turn the actions on.
+    * ``reclaim``, ``preempt``, ``elastic``, ``topology_aware``, ``consolidate``: turn the actions on.
     * ``max_attempts``: reclaim / preempt attempts per queue per cycle (bounds the work of a cycle).
     * ``min_run_s``: a job that has run less than this since it (re)started is not a victim (KAI's
       minimum runtime protection; keeps preemption from thrashing).
@@ -98,18 +103,21 @@ class PoolConfig:
     preempt: bool = True
     elastic: bool = True
     topology_aware: bool = True
+    consolidate: bool = True
     max_attempts: int = 2
     min_run_s: float = 600.0
+    reclaim_min_run_s: float = 600.0
     fair_share_refresh_s: float = 60.0
 
 
 JOB_POLICIES: dict[str, tuple[str, PoolConfig, str]] = {
     "fifo": ("gpupool", PoolConfig(order="fifo", fair_share=False, backfill=False, reserve_after_s=None,
-                                   reclaim=False, preempt=False, elastic=False, topology_aware=False),
+                                   reclaim=False, preempt=False, elastic=False, topology_aware=False,
+                                   consolidate=False),
              "baseline: one FIFO over all jobs, head-of-line blocking (no backfill), no preemption"),
     "round-robin": ("round-robin", PoolConfig(order="fifo", fair_share=False, backfill=False,
                                               reserve_after_s=None, reclaim=False, preempt=False,
-                                              elastic=False, topology_aware=False),
+                                              elastic=False, topology_aware=False, consolidate=False),
                     "baseline: FIFO as `fifo`, pods placed round-robin over the nodes"),
     "gpupool": ("gpupool", PoolConfig(),
                 "default: Tiresias 2D-LAS + DRF fair share + gang reservation/backfill + reclaim + "
@@ -233,14 +241,15 @@ class PoolScheduler(EvictionActions):
         self._promote: list[tuple[float, int, PoolJob]] = []
         self._wake_at = math.inf
         self.elastic_running: dict[int, PoolJob] = {}
-        self._victim_cache: dict[int, list[PoolJob]] = {}
+        self._victim_cache: dict[tuple[int, bool], list[PoolJob]] = {}
         self._lca_paths: dict[tuple[int, int], list[int]] = {}
         self.qnode = np.zeros((nq, state.n_nodes), dtype=np.int64)  # GPUs of preemptible running jobs per node
         self.knode: list[dict[tuple, np.ndarray]] = [{} for _ in range(nq)]  # the same per order class (-prio, level)
         self.jobs_by_name: dict[str, PoolJob] = {}
         self._topology_setup()
         self.stats = {"cycles": 0, "reclaim_attempts": 0, "preempt_attempts": 0, "victim_restores": 0,
-                      "reservations": 0, "fair_share_updates": 0}
+                      "reservations": 0, "fair_share_updates": 0, "consolidation_attempts": 0, "moved_jobs": 0,
+                      "failed_moves": 0}
 
     # ------------------------------------------------------------------ topology
     def _topology_setup(self) -> None:
@@ -635,6 +644,8 @@ class PoolScheduler(EvictionActions):
                     acted |= self._reclaim(now, res)
                 if self.cfg.preempt:
                     acted |= self._preempt(now, res)
+                if self.cfg.consolidate and not acted:
+                    acted |= self._consolidate(now, res)
                 if not acted:
                     break
                 self._allocate(now, res)
@@ -775,13 +786,18 @@ class PoolScheduler(EvictionActions):
                 allowed = ~r.mask
         if self.free_gpus <= 0:
             return placed_any
-        failed: dict = {}
+        # other queues' in-quota work is not held back by a reservation for a gang that would borrow
+        lender = r is not None and not self._in_quota(r.job)
+        failed: dict = {}  # shapes that failed with the reservation's nodes off limits
+        failed_any: dict = {}  # ... and with every node (in-quota jobs while the holder borrows)
         heap = [(self._qkey(g), g) for g in range(self.n_groups) if len(self.pending[g])]
         heapq.heapify(heap)
         cursor = [0] * self.n_groups
         while heap:
             _, grp = heapq.heappop(heap)
-            if failed and self._dominated(grp, failed):
+            exempt = lender and (not self.cfg.fair_share or (
+                grp != r.job.q and self.alloc[grp][0] < self.quota_g[grp] - _EPS))
+            if failed and self._dominated(grp, failed) and (not exempt or self._dominated(grp, failed_any)):
                 continue
             plist = self.pending[grp]
             i = cursor[grp]
@@ -791,12 +807,16 @@ class PoolScheduler(EvictionActions):
                 if r is not None and r.job is job:
                     i += 1
                     continue
-                if self._try_place(job, allowed, failed, now, res):
+                if exempt and job.q != r.job.q and self._in_quota(job):
+                    ok = self._try_place(job, None, failed_any, now, res)
+                else:
+                    ok = self._try_place(job, allowed, failed, now, res)
+                if ok:
                     placed = placed_any = True
                     break
                 if not self.cfg.backfill or self.free_gpus <= 0:
                     return placed_any
-                if self._dominated(grp, failed):
+                if self._dominated(grp, failed) and (not exempt or self._dominated(grp, failed_any)):
                     break
                 i += 1
             cursor[grp] = i
@@ -877,13 +897,33 @@ class PoolScheduler(EvictionActions):
         self.stats["reservations"] += 1
         return True
 
+    def _in_quota(self, job: PoolJob, pods: int | None = None) -> bool:
+        """Would ``job`` (``pods`` pods, default its minimum) keep its leaf queue within its quota?"""
+        need = (job.min_pods if pods is None else pods) * job.gpus_per_pod
+        return self.alloc[job.q][0] + need <= self.quota_g[job.q] + _EPS
+
     def _allowed_for(self, job: PoolJob) -> np.ndarray | None:
+        """(n_nodes,) bool mask of the nodes ``job`` may use, or None for all: the reserved nodes are off
+        limits, except to in-quota work of another queue while the reservation's holder would borrow
+        (take its own queue above quota)."""
         r = self.reservation
         if r is None or r.job is job or r.job.status != PENDING:
+            return None
+        if job.q != r.job.q and self._in_quota(job) and not self._in_quota(r.job):
             return None
         return ~r.mask
 
     # ------------------------------------------------------------------ views
+    def reserved_gpus(self) -> tuple[int, int] | None:
+        """(leaf queue index, GPUs) held idle for the reservation's waiting gang: the healthy free whole
+        GPUs on the reserved nodes, at most what the gang needs; None when nothing is reserved."""
+        r = self.reservation
+        if r is None or r.job.status != PENDING:
+            return None
+        st = self.state
+        free = int(((st.gpu_free[r.mask] >= MILLI) & st.gpu_healthy[r.mask]).sum())
+        return r.job.q, min(free, r.job.min_pods * r.job.gpus_per_pod)
+
     def queue_allocation(self) -> np.ndarray:
         """(n_queues, 3) resources held by running jobs (GPUs, milli-CPU, MiB)."""
         return np.array(self.alloc)
