@@ -197,6 +197,10 @@ def test_quota_deficit_counts_only_jobs_that_fit_the_quota(b_gpus, raw, in_quota
     assert res.queues["B"]["quota_deficit_raw"] == pytest.approx(raw)
     assert res.queues["B"]["quota_deficit"] == pytest.approx(in_quota)
     assert res.queues["A"]["quota_deficit"] == 0.0
+    # the in-quota shortfall lasted the whole first 1,000 s of the 2,000 s run, or never happened
+    assert res.queues["B"]["quota_shortfall_longest_s"] == pytest.approx(2000.0 * in_quota)
+    assert res.queues["B"]["quota_shortfall_time_share"] == pytest.approx(in_quota)
+    assert res.metrics["longest_quota_shortfall_s"] == pytest.approx(2000.0 * in_quota)
 
 
 def test_lowest_power_policy_uses_the_frugal_model_and_pays_in_time():

@@ -232,8 +232,10 @@ class _Meter:
 
     Quota deficit of a queue: the GPU-time by which its allocation fell short of ``min(demand, quota)``.
     ``deficit_raw`` counts all of it; ``deficit`` only while one of its waiting jobs fits within what
-    is left of its quota (``smallest waiting job <= quota - allocation``): a quota guarantees room for
-    jobs that fit in it, not for an 8-GPU job in a queue with 6 GPUs of quota.
+    is left of its quota (``smallest waiting job <= quota - held``): a quota guarantees room for
+    jobs that fit in it, not for an 8-GPU job in a queue with 6 GPUs of quota. For ``deficit``, the
+    queue holds its allocation plus the idle GPUs reserved for its own waiting gang (set aside for it,
+    usable by no other queue; :meth:`PoolScheduler.reserved_gpus`).
     """
 
     def __init__(self, n: int, quota: np.ndarray) -> None:
@@ -246,6 +248,11 @@ class _Meter:
         self.deficit_int = [0.0] * n
         self.deficit_raw_int = [0.0] * n
         self.want_int = [0.0] * n  # integral of min(demand, quota)
+        self.held = [0.0] * n  # idle GPUs reserved for the queue's own waiting gang
+        self.holder: int | None = None
+        self.short_since: list[float | None] = [None] * n  # start of the current in-quota shortfall
+        self.short_s = [0.0] * n  # time in an in-quota shortfall
+        self.longest_short_s = [0.0] * n
 
     def touch(self, q: int, now: float) -> None:
         dt = now - self.last[q]
@@ -256,10 +263,36 @@ class _Meter:
             self.want_int[q] += want * dt
             if want > a + 1e-9:
                 self.deficit_raw_int[q] += (want - a) * dt
+                h = a + self.held[q]
                 waiting = self.waiting[q]
-                if waiting and min(waiting) <= self.quota[q] - a + 1e-9:
-                    self.deficit_int[q] += (want - a) * dt
+                if want > h + 1e-9 and waiting and min(waiting) <= self.quota[q] - h + 1e-9:
+                    self.deficit_int[q] += (want - h) * dt
+                    self.short_s[q] += dt
+                    if self.short_since[q] is None:
+                        self.short_since[q] = self.last[q]
+                    self.last[q] = now
+                    return
+            self.end_shortfall(q)
         self.last[q] = now
+
+    def end_shortfall(self, q: int) -> None:
+        """Close queue ``q``'s current in-quota shortfall (if any) at the last time it was measured."""
+        since = self.short_since[q]
+        if since is not None:
+            self.longest_short_s[q] = max(self.longest_short_s[q], self.last[q] - since)
+            self.short_since[q] = None
+
+    def reserve(self, now: float, held: tuple[int, int] | None) -> None:
+        """The scheduler now holds ``held = (queue, GPUs)`` idle for a reserved gang (None: nothing)."""
+        q, gpus = held if held is not None else (None, 0)
+        old = self.holder
+        if old is not None and (old != q or self.held[old] != gpus):
+            self.touch(old, now)
+            self.held[old] = 0.0
+        if q is not None and self.held[q] != gpus:
+            self.touch(q, now)
+            self.held[q] = float(gpus)
+        self.holder = q
 
     def change(self, q: int, now: float, d_alloc: float = 0.0, d_demand: float = 0.0,
                wait: int = 0, d_wait: int = 0) -> None:
@@ -550,6 +583,7 @@ class JobSimulator:
                     sj.ckpt = sj.done  # elastic frameworks checkpoint at a membership change
                     self.meter.change(pj.q, now, delta)
                     self._begin_segment(sj, now, restart=False)
+                self.meter.reserve(now, sched.reserved_gpus())
                 if sched.n_running == 0 and sched.n_pending > 0:
                     deadlocks += self._idle_deadlock()
                 w = sched.next_wakeup(now)
@@ -645,6 +679,7 @@ class JobSimulator:
         capacity_gpu_s = total_gpus * makespan
         for q in range(len(self.tree)):
             self.meter.touch(q, t_last)
+            self.meter.end_shortfall(q)
         idle_w_total = sum(c * w for c, w in zip(self.gpu_count, self.node_idle_w, strict=True))
         idle_j = idle_w_total * makespan - self.idle_credit_j
         energy_kwh = (self.busy_energy_j + max(0.0, idle_j)) / JOULES_PER_KWH
@@ -687,6 +722,8 @@ class JobSimulator:
                 "share_vs_fair_share": ratios.get(name, math.nan),
                 "quota_deficit": self.meter.deficit_int[q] / want if want > 0 else 0.0,
                 "quota_deficit_raw": self.meter.deficit_raw_int[q] / want if want > 0 else 0.0,
+                "quota_shortfall_time_share": self.meter.short_s[q] / makespan if makespan > 0 else 0.0,
+                "quota_shortfall_longest_s": self.meter.longest_short_s[q],
                 "preemptions": sum(s.preemptions for s in members),
             }
         worst_deficit = max((v["quota_deficit"] for v in queues.values()), default=0.0)
@@ -719,6 +756,7 @@ class JobSimulator:
             "restarts": sum(s.restarts for s in sims),
             "worst_quota_deficit": worst_deficit,
             "worst_quota_deficit_raw": worst_raw,
+            "longest_quota_shortfall_s": max((v["quota_shortfall_longest_s"] for v in queues.values()), default=0.0),
             "capacity_gpus": total_gpus,
             "nodes": self.state.n_nodes,
             "scheduler_stats": dict(self.sched.stats),
