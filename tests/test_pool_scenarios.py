@@ -310,3 +310,15 @@ def test_quota_metrics_count_gpus_held_for_the_queues_own_reserved_gang():
     assert q["quota_deficit_raw"] == pytest.approx(4 * 100.0 / 2500.0)
     assert q["quota_deficit"] == 0.0
     assert q["quota_shortfall_longest_s"] == 0.0 and q["quota_shortfall_time_share"] == 0.0
+
+
+def test_reclaim_looks_past_waiting_jobs_too_big_for_the_share():
+    """2 nodes x 8 GPUs; quotas A 8, B 8. B borrows the whole cluster (16 one-GPU jobs) at t=0. At t=1,000
+    A submits five 16-GPU gangs (above A's fair share of 8: they may not reclaim) and then one one-GPU
+    job. The small job, behind them in A's order, still takes one GPU back from B at once."""
+    jobs = [JobSpec(f"b{k:02d}", 0.0, 10_000.0, 1, queue="B") for k in range(16)]
+    jobs += [JobSpec(f"big{k}", 1000.0, 100.0, 16, n_pods=2, queue="A") for k in range(5)]
+    jobs.append(JobSpec("small", 1000.0, 100.0, 1, queue="A"))
+    res, by_id = run(nodes(2, 8), jobs, queues=two_queues())
+    assert by_id["small"]["start"] == pytest.approx(1000.0)
+    assert res.metrics["preemptions_by_action"].get("reclaimed", 0) >= 1

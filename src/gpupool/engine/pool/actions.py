@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpupool.engine.pool.scheduler import CycleResult
 
 _EPS = 1e-6
-_CONSOLIDATE_SCAN = 64
-"""Waiting jobs per queue that consolidation looks at in a cycle (the first, in job order)."""
+_SCAN = 64
+"""Waiting jobs per queue that reclaim and consolidation look at in a cycle (the first, in job order)."""
 
 Candidate = tuple[PoolJob, Sequence[Assignment], bool]
 """(job, the pods it would give up, True for an elastic shrink / False for an eviction)."""
@@ -217,13 +217,17 @@ class EvictionActions:
             if not by_prio and not by_fs:
                 continue
             attempts = 0
-            for job in self._searchable(self.pending[q].jobs, now, 2 * self.cfg.max_attempts):
+            tried: set[tuple[int, int]] = set()
+            for job in list(self.pending[q].jobs[:_SCAN]):  # the first jobs that may reclaim, one per shape
                 if attempts >= self.cfg.max_attempts:
                     break
+                if job.status != PENDING or job.retry_at > now + 1e-9:
+                    continue
                 need = job.min_pods * job.gpus_per_pod
                 in_fs = bool(by_fs) and all(self.alloc[a][0] + need <= fs[a] + _EPS for a in path_q)
                 in_quota = bool(by_prio) and self.alloc[q][0] + need <= self.quota_g[q] + _EPS
-                if not (in_fs or in_quota) or not self._admissible(job, job.min_pods):
+                shape = (job.gpus_per_pod, job.min_pods)
+                if not (in_fs or in_quota) or shape in tried or not self._admissible(job, job.min_pods):
                     continue
                 # eligible queues (guarded by their share unless taken by priority), and an O(1) bound
                 eligible: list[tuple[int, list[int]]] = [(r, []) for r in by_prio] if in_quota else []
@@ -233,12 +237,14 @@ class EvictionActions:
                 budget = sum(self.alloc[r][0] for r, _ in eligible)  # victims only need their queue above its share
                 if self.free_gpus + budget < need - _EPS:
                     self._failed_search(job, now)
+                    tried.add(shape)
                     continue
                 allowed = self._allowed_for(job)
                 bound = self._node_bound([r for r, _ in eligible], job.gpus_per_pod, job.min_pods, 0, allowed,
                                          budget=budget)
                 if not bound and not self.cfg.consolidate:
                     self._failed_search(job, now)
+                    tried.add(shape)
                     continue
                 cands: list[Candidate] = []
                 costs: list[list[tuple[int, float]]] = []
@@ -269,6 +275,7 @@ class EvictionActions:
                     any_over = any(x > _EPS for x in over)
                 else:
                     self._failed_search(job, now)
+                    tried.add(shape)  # a job of the same shape would fail the same way
         return acted
 
     # ------------------------------------------------------------------ preempt
@@ -329,7 +336,8 @@ class EvictionActions:
         scattered over nodes) moves running preemptible jobs to other nodes to make room for it.
 
         Jobs are tried in queue order (below fair share first), then job order, skipping those that need
-        more GPUs than are free, one per shape (GPUs per pod, pods), at most ``max_attempts`` per cycle. A
+        more GPUs than are free and those of a shape (GPUs per pod, pods) that already failed in this
+        cycle, at most ``max_attempts`` per cycle. A
         move is all or nothing: the waiting job is placed and every moved job is placed again elsewhere
         at once, or nothing changes. A moved job keeps its queue's allocation (no quota or fair-share
         effect, so no reclaim loop), restarts from the checkpoint it takes on eviction, and is not moved
@@ -342,7 +350,7 @@ class EvictionActions:
         order = sorted((self._qkey(grp), grp) for grp in range(self.n_groups) if len(self.pending[grp]))
         for _, grp in order:
             tried: set[tuple[int, int]] = set()
-            for job in list(self.pending[grp].jobs[:_CONSOLIDATE_SCAN]):
+            for job in list(self.pending[grp].jobs[:_SCAN]):
                 if attempts >= self.cfg.max_attempts:
                     return acted
                 need = job.min_pods * job.gpus_per_pod
@@ -352,7 +360,6 @@ class EvictionActions:
                 shape = (job.gpus_per_pod, job.min_pods)
                 if shape in tried or not self._admissible(job, job.min_pods):
                     continue
-                tried.add(shape)
                 attempts += 1
                 self.stats["consolidation_attempts"] += 1
                 if self._make_room(job, now, res):
@@ -360,6 +367,7 @@ class EvictionActions:
                     self._victim_cache.clear()
                 else:
                     self._failed_search(job, now)
+                    tried.add(shape)
         return acted
 
     def _make_room(self, job: PoolJob, now: float, res: CycleResult, evict: Sequence[Candidate] = (),
