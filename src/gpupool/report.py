@@ -613,6 +613,7 @@ JOB_METRIC_KEYS = (
     "events_per_second",
     "lost_gpu_hours",
     "worst_quota_deficit",
+    "longest_quota_shortfall_s",
     "unfinished_jobs",
 )
 """Numeric keys of a job-run record that :func:`summarize_jobs` averages over seeds."""
@@ -675,6 +676,7 @@ def jobs_table(summary: Sequence[dict[str, Any]], title: str = "") -> Table:
         ("GPU\nutilization", "gpu_utilization", 1, {"pct": True}),
         ("Jain\nfairness", "jain_fairness", 1, {"digits": 3}),
         ("worst quota\ndeficit", "worst_quota_deficit", -1, {"pct": True}),
+        ("longest quota\nshortfall (h)", "longest_quota_shortfall_s", -1, {"scale": 1 / 3600}),
         ("preemptions", "preemptions", 0, {"digits": 0, "thousands": True}),
         ("deadlocks", "deadlocks", -1, {"digits": 0}),
         ("energy\n(MWh)", "energy_kwh", -1, {"scale": 1 / 1000}),
