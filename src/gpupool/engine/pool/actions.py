@@ -83,11 +83,23 @@ class EvictionActions:
                 self._account_stop(victim, now)
                 victim.preemptions += 1
                 self._enqueue(victim, now)
-                res.preempted.append((victim, f"{reason} by {job.name}"))
+                self._note_eviction(res, victim, f"{reason} by {job.name}")
         for victim, pods in shrunk.values():
             self._shrink(victim, pods, now, res)
         self._start(job, placed, now, res)
         return True
+
+    @staticmethod
+    def _note_eviction(res: CycleResult, job: PoolJob, reason: str) -> None:
+        """Record that ``job`` was evicted in this cycle. A job that also started in this very cycle
+        (possible with a minimum runtime of 0) never ran: it leaves ``started`` instead, so that the
+        driver, which carries out ``preempted`` before ``started``, sees one consistent change."""
+        for k, j in enumerate(res.started):
+            if j is job:
+                del res.started[k]
+                job.preemptions -= 1  # undo the count of an eviction that, for the driver, never was
+                return
+        res.preempted.append((job, reason))
 
     def _restore(self, job: PoolJob, pods: Sequence[Assignment], quiet: bool = False) -> bool:
         """Put ``pods`` back on exactly their devices, all or none; True on success."""
@@ -451,12 +463,12 @@ class EvictionActions:
                 self._account_stop(victim, now)
                 victim.preemptions += 1
                 self._enqueue(victim, now)
-                res.preempted.append((victim, f"{reason} by {job.name}"))
+                self._note_eviction(res, victim, f"{reason} by {job.name}")
         for v, got in moved:
             self._account_stop(v, now)
             v.preemptions += 1
             self._enqueue(v, now)
-            res.preempted.append((v, f"consolidated by {job.name}"))
+            self._note_eviction(res, v, f"consolidated by {job.name}")
             self._start(v, got, now, res)
             self.stats["moved_jobs"] += 1
         self._start(job, placed, now, res)
