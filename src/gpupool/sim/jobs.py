@@ -44,7 +44,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,7 +55,7 @@ from gpupool.engine.pool.fairshare import jain_index
 from gpupool.engine.pool.job import RUNNING, PoolJob, split_gpus
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import JOB_POLICIES, PoolConfig, PoolScheduler, job_policy
-from gpupool.model import NodeSpec, PodRequest
+from gpupool.model import Assignment, NodeSpec, PodRequest
 from gpupool.sim.failures import FailureEvent, FailureModel, HealthTracker, restart_point
 from gpupool.topology import TopologyConfig, placement_tier, speed_factor
 from gpupool.traces.jobs import JobRecord
@@ -167,6 +167,19 @@ class _SimJob:
         self.seg_busy_w = 0.0
         self.seg_idle_w = 0.0
         self.nodes: tuple[str, ...] = ()
+
+
+class _Figures(NamedTuple):
+    """Per-placement figures of :meth:`JobSimulator._placement_figures`: topology ``tier``, ``speed`` of
+    the slowest GPU model, ``topo_factor`` (:func:`~gpupool.topology.speed_factor` of the tier for its
+    GPUs), one node name per pod, and the busy / idle power (W) of its GPUs."""
+
+    tier: str
+    speed: float
+    topo_factor: float
+    node_names: tuple[str, ...]
+    busy_w: float
+    idle_w: float
 
 
 @dataclass
@@ -369,6 +382,7 @@ class JobSimulator:
         self.gpu_count = st.gpu_count.tolist()
         self.opaque_models = sorted({m for m, k in zip(models, known, strict=True) if m and not k})
         self.rng = np.random.default_rng(config.seed)
+        self._figures: dict[tuple[tuple[int, int], ...], _Figures] = {}  # by (node, GPUs) of each pod
 
     # ------------------------------------------------------------------ helpers
     def _make_job(self, rec: JobRecord | JobSpec, elastic: bool) -> _SimJob:
@@ -393,24 +407,33 @@ class JobSimulator:
                      mem_per_pod=self.mem_per_gpu * g, **kwargs)
         return _SimJob(rec, pj)
 
-    def _rate(self, sj: _SimJob) -> tuple[float, str]:
-        placed = sj.pj.placed
-        nodes = [self.nodes[a.node] for a in placed]
-        gpus = [len(a.gpus) for a in placed]
-        tier = placement_tier(nodes, gpus)
-        total = sum(gpus)
-        speed = min(self.node_speed[a.node] for a in placed) if placed else 1.0
-        rate = speed * speed_factor(tier, total, self.topo) * (len(placed) / sj.base_pods)
-        return rate, tier
+    def _placement_figures(self, placed: Sequence[Assignment]) -> _Figures:
+        """What a placement's rate and power depend on (see :class:`_Figures`), memoized by the
+        placement's (node, GPUs) per pod: placements repeat, and each figure is a pure function of them."""
+        key = tuple([(a.node, len(a.gpus)) for a in placed])
+        fig = self._figures.get(key)
+        if fig is None:
+            nodes = [self.nodes[a.node] for a in placed]
+            gpus = [len(a.gpus) for a in placed]
+            tier = placement_tier(nodes, gpus)
+            speed = min(self.node_speed[a.node] for a in placed) if placed else 1.0
+            fig = self._figures[key] = _Figures(
+                tier, speed, speed_factor(tier, sum(gpus), self.topo), tuple(a.node_name for a in placed),
+                sum(len(a.gpus) * self.node_busy_w[a.node] for a in placed),
+                sum(len(a.gpus) * self.node_idle_w[a.node] for a in placed))
+        return fig
 
     def _begin_segment(self, sj: _SimJob, now: float, restart: bool) -> None:
-        sj.rate, sj.tier = self._rate(sj)
+        placed = sj.pj.placed
+        fig = self._placement_figures(placed)
+        sj.rate = fig.speed * fig.topo_factor * (len(placed) / sj.base_pods)  # the rate of the module docstring
+        sj.tier = fig.tier
         sj.seg_start = now
         sj.stall_until = now + (self.cfg.restart_overhead_s if restart else 0.0)
-        sj.gpus_now = sj.pj.running_gpus
-        sj.nodes = tuple(a.node_name for a in sj.pj.placed)
-        sj.seg_busy_w = sum(len(a.gpus) * self.node_busy_w[a.node] for a in sj.pj.placed)
-        sj.seg_idle_w = sum(len(a.gpus) * self.node_idle_w[a.node] for a in sj.pj.placed)
+        sj.gpus_now = len(placed) * sj.pj.gpus_per_pod  # PoolJob.running_gpus
+        sj.nodes = fig.node_names
+        sj.seg_busy_w = fig.busy_w
+        sj.seg_idle_w = fig.idle_w
         sj.version += 1
         sj.status = "running"
         remaining = max(0.0, sj.work - sj.done)
@@ -439,6 +462,9 @@ class JobSimulator:
         cfg = self.cfg
         sched = self.sched
         self.heap: list[tuple] = []
+        heap = self.heap
+        heappop = heapq.heappop
+        meter = self.meter
         self.seqno = 0
         self.busy_gpu_s = 0.0
         self.busy_energy_j = 0.0
@@ -482,11 +508,12 @@ class JobSimulator:
         finished = 0
         removed = 0
         now = 0.0
+        submit_times = [sj.rec.submit_time for sj in sims]
         t0 = time.perf_counter()
         next_tick = 0
         while True:
-            t_arr = sims[ai].rec.submit_time if ai < n else math.inf
-            t_evt = self.heap[0][0] if self.heap else math.inf
+            t_arr = submit_times[ai] if ai < n else math.inf
+            t_evt = heap[0][0] if heap else math.inf
             if t_arr == math.inf and t_evt == math.inf:
                 break
             if finished + removed >= n and ai >= n:
@@ -494,8 +521,8 @@ class JobSimulator:
             now = min(t_arr, t_evt)
             need_cycle = False
             # ---- heap events at this instant (finishes, failures/repairs, wake-ups, samples)
-            while self.heap and self.heap[0][0] <= now:
-                when, kind, _, payload = heapq.heappop(self.heap)
+            while heap and heap[0][0] <= now:
+                when, kind, _, payload = heappop(heap)
                 if kind == _FINISH:
                     sj, version = payload
                     if version != sj.version or sj.pj.status != RUNNING:
@@ -504,7 +531,7 @@ class JobSimulator:
                     q = sj.pj.q
                     gpus = sj.pj.running_gpus
                     sched.finish(sj.pj, now)
-                    self.meter.change(q, now, -gpus, -sj.pj.min_pods * sj.pj.gpus_per_pod)
+                    meter.change(q, now, -gpus, -sj.pj.min_pods * sj.pj.gpus_per_pod)
                     sj.status = "finished"
                     sj.end = now
                     finished += 1
@@ -527,12 +554,12 @@ class JobSimulator:
                 else:  # sample
                     fs = sched.fair_share() if self.cfg.sample_interval_s > 0 else None
                     samples_t.append(now)
-                    samples_a.append([self.meter.alloc[q] for q in leaves])
+                    samples_a.append([meter.alloc[q] for q in leaves])
                     samples_f.append([float(fs[q, 0]) for q in leaves] if fs is not None else [])
                     if finished + removed < n:
                         self._push(now + cfg.sample_interval_s, _SAMPLE, None)
             # ---- arrivals at this instant
-            while ai < n and sims[ai].rec.submit_time <= now:
+            while ai < n and submit_times[ai] <= now:
                 sj = sims[ai]
                 ai += 1
                 events["arrival"] += 1
@@ -551,7 +578,7 @@ class JobSimulator:
                     unfinished.append(self._unfinished(sj))
                     continue
                 size = sj.pj.min_pods * sj.pj.gpus_per_pod
-                self.meter.change(sj.pj.q, now, 0.0, size, wait=size, d_wait=1)
+                meter.change(sj.pj.q, now, 0.0, size, wait=size, d_wait=1)
                 need_cycle = True
             # ---- one scheduling cycle
             if need_cycle:
@@ -568,7 +595,7 @@ class JobSimulator:
                         sj.first_start = now
                     else:
                         sj.restarts += 1
-                    self.meter.change(pj.q, now, pj.running_gpus, wait=pj.min_pods * pj.gpus_per_pod, d_wait=-1)
+                    meter.change(pj.q, now, pj.running_gpus, wait=pj.min_pods * pj.gpus_per_pod, d_wait=-1)
                     self._begin_segment(sj, now, restart)
                     events["start"] += 1
                 for pj, _old, _new in res.resized:
@@ -581,9 +608,9 @@ class JobSimulator:
                         continue
                     self._end_segment(sj, now)
                     sj.ckpt = sj.done  # elastic frameworks checkpoint at a membership change
-                    self.meter.change(pj.q, now, delta)
+                    meter.change(pj.q, now, delta)
                     self._begin_segment(sj, now, restart=False)
-                self.meter.reserve(now, sched.reserved_gpus())
+                meter.reserve(now, sched.reserved_gpus())
                 if sched.n_running == 0 and sched.n_pending > 0:
                     deadlocks += self._idle_deadlock()
                 w = sched.next_wakeup(now)
@@ -597,7 +624,7 @@ class JobSimulator:
                     next_tick = done + max(1, n // 200)
             # stuck: nothing runs, nothing will arrive or change
             if ai >= n and sched.n_running == 0 and sched.n_pending > 0:
-                pending_change = any(k in (_FINISH, _FAILURE, _WAKE) for _, k, _, _ in self.heap)
+                pending_change = any(k in (_FINISH, _FAILURE, _WAKE) for _, k, _, _ in heap)
                 if not pending_change:
                     for pj in sched.pending_jobs():
                         sj = by_name[pj.name]

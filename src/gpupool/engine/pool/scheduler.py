@@ -246,6 +246,8 @@ class PoolScheduler(EvictionActions):
         self.qnode = np.zeros((nq, state.n_nodes), dtype=np.int64)  # GPUs of preemptible running jobs per node
         self.knode: list[dict[tuple, np.ndarray]] = [{} for _ in range(nq)]  # the same per order class (-prio, level)
         self.jobs_by_name: dict[str, PoolJob] = {}
+        self._failed_place: tuple | None = None  # (job, pods, min_pods, state.changes) of a failed _place
+        self._infeasible: dict[tuple, str] = {}  # infeasible_reason by job shape, queue and priority
         self._topology_setup()
         self.stats = {"cycles": 0, "reclaim_attempts": 0, "preempt_attempts": 0, "victim_restores": 0,
                       "reservations": 0, "fair_share_updates": 0, "consolidation_attempts": 0, "moved_jobs": 0,
@@ -491,7 +493,18 @@ class PoolScheduler(EvictionActions):
         return cap
 
     def infeasible_reason(self, job: PoolJob) -> str:
-        """Why ``job`` could never run on this cluster with every GPU healthy and idle ("" if it can)."""
+        """Why ``job`` could never run on this cluster with every GPU healthy and idle ("" if it can).
+
+        The answer depends only on the job's shape, queue and priority and on fixed capacities, so it is
+        computed once per distinct combination."""
+        key = (job.gpus_per_pod, job.min_pods, job.cpu_per_pod, job.mem_per_pod, job.topology, job.topology_tier,
+               job.queue, job.priority)
+        reason = self._infeasible.get(key)
+        if reason is None:
+            reason = self._infeasible[key] = self._infeasible_reason(job)
+        return reason
+
+    def _infeasible_reason(self, job: PoolJob) -> str:
         st = self.state
         g = job.gpus_per_pod
         cap = self._pods_per_node(job, (st.gpu_count // g) if g else np.full(st.n_nodes, job.min_pods))
@@ -527,12 +540,20 @@ class PoolScheduler(EvictionActions):
         nothing (a :class:`Statement`), in the best topology scope. None if it does not fit."""
         n = job.n_pods if pods is None else pods
         nmin = job.min_pods if min_pods is None else min_pods
+        # A failure decided by the cluster's resources alone (no node fits, before any pod was tried or
+        # with a single pod that no node passes) repeats as long as no node changed: skip the retry.
+        # Failures with a node mask or after a gang member was placed are not remembered (a gang's
+        # tentative placements may move the policy's own state or draw tie-breaks).
+        key = (job, n, nmin, self.state.changes) if allowed is None else None
+        if key is not None and key == self._failed_place:
+            return None
         members = job.pods[:n]
         picker = self.picker
         if n == 1 and (not self.cfg.topology_aware or job.gpus_per_pod <= 1 or not self.mixed_nvlink):
             if job.gpus_per_pod > 1 or allowed is not None:  # cheap cached check: no failed engine call
                 mask = self.engine.feasible_mask(picker.effective(members[0]))
                 if not (mask.any() if allowed is None else (mask & allowed).any()):
+                    self._failed_place = key
                     return None
             picker.allowed = allowed
             try:
@@ -541,14 +562,19 @@ class PoolScheduler(EvictionActions):
                 return None
             finally:
                 picker.allowed = None
-            return [d.assignment] if d.assignment is not None else None
+            if d.assignment is None:  # no feasible node: the engine changed nothing
+                self._failed_place = key
+                return None
+            return [d.assignment]
         f = self._fits_per_node(job, allowed)
         if int(f.sum()) < nmin:
+            self._failed_place = key
             return None
         scopes: list[tuple[str, np.ndarray]] = []
         if self.cfg.topology_aware and job.topology != "none":
             scopes = self._scopes(job, f, n)
             if not scopes and job.topology == "required":
+                self._failed_place = key
                 return None
         level, scope = scopes[0] if scopes else ("", None)
         hard = job.topology == "required"
