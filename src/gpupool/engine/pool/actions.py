@@ -61,6 +61,10 @@ class EvictionActions:
         chosen = select_victims(free, max(g, 1), job.min_pods, holdings, costs, budget)
         if not chosen:
             return False
+        # an elastic job's extra workers are candidates of their own and part of the job's candidate:
+        # when the whole job goes, its workers go with it (release each pod once)
+        whole = {cands[i][0].seq for i in chosen if not cands[i][2]}
+        chosen = [i for i in chosen if not (cands[i][2] and cands[i][0].seq in whole)]
         for i in chosen:
             self._release_pods(cands[i][0], cands[i][1])
         placed = self._place(job, allowed, job.n_pods, job.min_pods)
