@@ -87,7 +87,8 @@ class PoolConfig:
     * ``reclaim``, ``preempt``, ``elastic``, ``topology_aware``, ``consolidate``: turn the actions on.
     * ``max_attempts``: reclaim / preempt attempts per queue per cycle (bounds the work of a cycle).
     * ``min_run_s``: a job that has run less than this since it (re)started is not a victim (KAI's
-      minimum runtime protection; keeps preemption from thrashing).
+      minimum runtime protection; keeps preemption from thrashing); ``reclaim_min_run_s``: the same for
+      victims of a reclaim across queues (KAI sets the two apart too).
     * ``fair_share_refresh_s``: fair shares are recomputed when demand changes, at most once per this
       many seconds (0: at every change), and at once when a queue's demand appears or vanishes. A stale
       share is off by the jobs that arrived or ended since, which moves queue order and reclaim by at
