@@ -340,3 +340,26 @@ def test_books_balance_when_a_job_starts_and_is_evicted_in_one_cycle(seed):
     for q in res.queues.values():
         assert q["mean_gpus"] * makespan / 3600.0 == pytest.approx(q["gpu_hours"], rel=1e-9, abs=1e-9)
         assert 0.0 <= q["quota_deficit"] <= q["quota_deficit_raw"] <= 1.0
+
+
+def test_reclaim_evicts_elsewhere_to_make_room_for_a_moved_job():
+    """3 nodes x 8 GPUs; quotas A 8, B 0, C 16. n0 holds c1 + b1, n1 holds c2 + b2 (4 GPUs each), n2
+    holds c3 (8 GPUs): C at its quota, B borrows 8, nothing free. At t=1,000 A asks for one 8-GPU pod
+    (in quota). Evicting B's job on a node leaves C's job there; it can move only into the room that
+    evicting B's other job makes. So both of B's jobs are reclaimed (B's fair share is 0), one of C's
+    jobs moves next to the other, and a starts at once. B's jobs resume when a ends (2,000)."""
+    queues = QueueTree([QueueSpec(name="A", quota=8), QueueSpec(name="B", quota=0), QueueSpec(name="C", quota=16)])
+    jobs = [JobSpec("c1", 0.0, 10_000.0, 4, queue="C"), JobSpec("b1", 0.0, 10_000.0, 4, queue="B"),
+            JobSpec("c2", 1.0, 10_000.0, 4, queue="C"), JobSpec("b2", 1.0, 10_000.0, 4, queue="B"),
+            JobSpec("c3", 2.0, 10_000.0, 8, queue="C"), JobSpec("a", 1000.0, 1000.0, 8, queue="A")]
+    _, off = run(nodes(3, 8), jobs, queues=queues, consolidate=False)
+    assert [off[k]["nodes"] for k in ("c1", "b1", "c2", "b2", "c3")] == [["n0"], ["n0"], ["n1"], ["n1"], ["n2"]]
+    assert off["a"]["start"] == pytest.approx(10_000.0)
+    res, by_id = run(nodes(3, 8), jobs, queues=queues)
+    assert by_id["a"]["start"] == pytest.approx(1000.0)
+    assert res.metrics["preemptions_by_action"] == {"reclaimed": 2, "consolidated": 1}
+    moved = [k for k in ("c1", "c2") if by_id[k]["preemptions"]]
+    assert len(moved) == 1 and by_id["c1"]["nodes"] == by_id["c2"]["nodes"]
+    assert by_id["a"]["nodes"] != by_id["c1"]["nodes"] and by_id["a"]["nodes"] != ["n2"]
+    assert by_id["b1"]["end"] == pytest.approx(11_000.0) and by_id["b2"]["end"] == pytest.approx(11_001.0)
+    assert by_id["c1"]["end"] == pytest.approx(10_000.0) and by_id["c2"]["end"] == pytest.approx(10_001.0)

@@ -423,11 +423,17 @@ class EvictionActions:
         n_evict = len(evict)
         holdings = [self._holdings(p, allowed) for _, p, _ in cands]
         all_costs = None if costs is None else list(costs) + [[] for _ in movers]
-        for _ in range(4):  # choose; drop movers that would find no home elsewhere; choose again
+        for _ in range(4):  # choose; make room for the movers, or drop those that find none; choose again
             chosen = select_victims(free, max(g, 1), n, holdings, all_costs, budget)
             if not chosen:
                 return False
             homeless = self._homeless(cands, chosen, n_evict, holdings, free)
+            if homeless and n_evict:
+                extra = self._room_for_movers(cands, chosen, homeless, n_evict, holdings, free, costs, budget)
+                if extra:
+                    target = {node for i in chosen for node, _ in holdings[i]}
+                    chosen = chosen + extra
+                    homeless = self._homeless(cands, chosen, n_evict, holdings, free, target)
             if not homeless:
                 break
             for i in homeless:
@@ -441,26 +447,28 @@ class EvictionActions:
             for i in chosen:
                 self._restore(cands[i][0], cands[i][1])
             return False
-        needed: list[int] = []
-        for i in reversed(chosen):  # jobs the placement did not need stay where they were
-            if not self._restore(cands[i][0], cands[i][1], quiet=True):
-                needed.append(i)
-        to_move = sorted((i for i in needed if i >= n_evict), key=lambda i: -cands[i][0].running_gpus)
+        # movers the placement did not displace stay; the others find a new home (the biggest first,
+        # in the room the evictions made); only then do victims that still fit go back
+        to_move = [i for i in reversed(chosen) if i >= n_evict and not self._restore(cands[i][0], cands[i][1],
+                                                                                      quiet=True)]
+        to_move.sort(key=lambda i: -cands[i][0].running_gpus)
         moved: list[tuple[PoolJob, list[Assignment]]] = []
-        for i in to_move:  # the biggest find a new home first
+        for i in to_move:
             v, pods, _ = cands[i]
             got = self._place(v, self._allowed_for(v), len(pods), len(pods))
-            if got is None:  # undo: new homes, the job, then every needed job back on its old devices
+            if got is None:  # undo: new homes, the job, then the movers and victims on their old devices
                 for _, new in moved:
                     for a in new:
                         self.engine.release(a.pod)
                 for a in placed:
                     self.engine.release(a.pod)
-                for k in needed:
+                for k in to_move + [i for i in chosen if i < n_evict]:
                     self._restore(cands[k][0], cands[k][1])
                 self.stats["failed_moves"] += 1
                 return False
             moved.append((v, got))
+        needed = [i for i in reversed(chosen) if i < n_evict and not self._restore(cands[i][0], cands[i][1],
+                                                                                     quiet=True)]
         for i in needed:
             if i < n_evict:
                 victim = cands[i][0]
@@ -479,12 +487,65 @@ class EvictionActions:
         return True
 
     @staticmethod
-    def _homeless(cands: Sequence[Candidate], chosen: Sequence[int], n_evict: int,
-                  holdings: Sequence[Sequence[tuple[int, int]]], free: np.ndarray) -> list[int]:
-        """Chosen movers (index >= ``n_evict``) whose pods fit in no free GPUs off the nodes the choice
-        clears (first fit, biggest pods first, counting GPUs freed elsewhere by the evictions): a cheap
-        check before the engine tries the move."""
+    def _room_for_movers(cands: Sequence[Candidate], chosen: Sequence[int], homeless: Sequence[int], n_evict: int,
+                         holdings: Sequence[Sequence[tuple[int, int]]], free: np.ndarray,
+                         costs: Sequence[Sequence[tuple[int, float]]] | None,
+                         budget: Sequence[float] | None) -> list[int]:
+        """More evictions (among the first ``n_evict`` candidates, within what is left of the budget),
+        off the nodes the choice clears, so that the ``homeless`` movers find room: indices to add to
+        ``chosen``, or [] when there are none."""
         target = {node for i in chosen for node, _ in holdings[i]}
+        pot = np.array(free, dtype=np.int64)
+        for node in target:
+            pot[node] = 0
+        for i in chosen:
+            if i < n_evict:
+                for a in cands[i][1]:
+                    if a.node not in target:
+                        pot[a.node] += len(a.gpus)
+        left = list(budget) if budget is not None else None
+        if left is not None and costs is not None:
+            for i in chosen:
+                if i < n_evict:
+                    for key, amount in costs[i]:
+                        left[key] -= amount
+        picked = set(chosen)
+        pool = [i for i in range(n_evict) if i not in picked]
+        extra: list[int] = []
+        for m in homeless:
+            mover = cands[m][0]
+            sub = [[(node, x) for node, x in holdings[i] if node not in target] for i in pool]
+            got = select_victims(pot, max(1, mover.gpus_per_pod), len(cands[m][1]), sub,
+                                 None if costs is None else [costs[i] for i in pool], left)
+            if got is None:
+                return []
+            for k in got:
+                i = pool[k]
+                extra.append(i)
+                for node, x in sub[k]:
+                    pot[node] += x
+                if left is not None and costs is not None:
+                    for key, amount in costs[i]:
+                        left[key] -= amount
+            pool = [i for i in pool if i not in set(extra)]
+            # the mover's pods now take their room (first fit, as _homeless does)
+            for a in cands[m][1]:
+                need = len(a.gpus)
+                home = next((k for k in np.flatnonzero(pot >= need).tolist()), None)
+                if home is None:
+                    return []
+                pot[home] -= need
+        return extra
+
+    @staticmethod
+    def _homeless(cands: Sequence[Candidate], chosen: Sequence[int], n_evict: int,
+                  holdings: Sequence[Sequence[tuple[int, int]]], free: np.ndarray,
+                  target: set[int] | None = None) -> list[int]:
+        """Chosen movers (index >= ``n_evict``) whose pods fit in no free GPUs off the ``target`` nodes
+        (default: every node the choice clears; first fit, biggest pods first, counting GPUs freed
+        elsewhere by the evictions): a cheap check before the engine tries the move."""
+        if target is None:
+            target = {node for i in chosen for node, _ in holdings[i]}
         spare = {k: int(x) for k, x in enumerate(free.tolist()) if x > 0 and k not in target}
         for i in chosen:
             if i < n_evict:
