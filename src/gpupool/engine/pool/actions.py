@@ -402,8 +402,14 @@ class EvictionActions:
         room = int(free.sum()) + sum(c[0].running_gpus for c in evict)
         if room < n * g:
             return False
-        # movable: preemptible, past their minimum runtime, with a node elsewhere that has room for a pod
-        top = np.argsort(-free, kind="stable")[:4].tolist()
+        # movable: preemptible, past their minimum runtime, with a node elsewhere that has (or could get,
+        # evicting every candidate on it) room for one of its pods
+        pot = free.copy()
+        for c in evict:
+            for a in c[1]:
+                if allowed is None or allowed[a.node]:
+                    pot[a.node] += len(a.gpus)
+        top = np.argsort(-pot, kind="stable")[:4].tolist()
         taken = {c[0].seq for c in evict}
         movers: list[Candidate] = []
         for q in range(len(self.running)):
@@ -413,7 +419,7 @@ class EvictionActions:
                 if allowed is not None and not all(allowed[a.node] for a in v.placed):
                     continue
                 mine = {a.node for a in v.placed}
-                if not any(free[k] >= v.gpus_per_pod and k not in mine for k in top) and not evict:
+                if not any(pot[k] >= v.gpus_per_pod and k not in mine for k in top):
                     continue
                 movers.append((v, v.placed, False))
         movers.sort(key=lambda c: (c[0].running_gpus, -c[0].run_since, c[0].seq))
@@ -423,7 +429,7 @@ class EvictionActions:
         n_evict = len(evict)
         holdings = [self._holdings(p, allowed) for _, p, _ in cands]
         all_costs = None if costs is None else list(costs) + [[] for _ in movers]
-        for _ in range(4):  # choose; make room for the movers, or drop those that find none; choose again
+        for _ in range(8):  # choose; make room for the movers, or drop those that find none; choose again
             chosen = select_victims(free, max(g, 1), n, holdings, all_costs, budget)
             if not chosen:
                 return False
