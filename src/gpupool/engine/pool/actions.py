@@ -65,12 +65,8 @@ class EvictionActions:
         # when the whole job goes, its workers go with it (release each pod once)
         whole = {cands[i][0].seq for i in chosen if not cands[i][2]}
         chosen = [i for i in chosen if not (cands[i][2] and cands[i][0].seq in whole)]
-        for i in chosen:
-            self._release_pods(cands[i][0], cands[i][1])
-        placed = self._place(job, allowed, job.n_pods, job.min_pods)
+        placed = self._trial(job, cands, chosen, allowed)
         if placed is None:
-            for i in chosen:
-                self._restore(cands[i][0], cands[i][1])
             return False
         evicted = []
         for i in reversed(chosen):  # keep the victims the placement did not need
@@ -84,14 +80,30 @@ class EvictionActions:
             if shrink:
                 shrunk.setdefault(victim.seq, (victim, []))[1].extend(pods)
             else:
-                self._account_stop(victim, now)
-                victim.preemptions += 1
-                self._enqueue(victim, now)
-                self._note_eviction(res, victim, f"{reason} by {job.name}")
+                self._evict(victim, now, res, f"{reason} by {job.name}")
         for victim, pods in shrunk.values():
             self._shrink(victim, pods, now, res)
         self._start(job, placed, now, res)
         return True
+
+    def _trial(self, job: PoolJob, cands: Sequence[Candidate], chosen: Sequence[int],
+               allowed: np.ndarray | None) -> list[Assignment] | None:
+        """Release the ``chosen`` candidates and place ``job``; if it does not fit, put every candidate
+        back exactly as it was and return None."""
+        for i in chosen:
+            self._release_pods(cands[i][0], cands[i][1])
+        placed = self._place(job, allowed, job.n_pods, job.min_pods)
+        if placed is None:
+            for i in chosen:
+                self._restore(cands[i][0], cands[i][1])
+        return placed
+
+    def _evict(self, victim: PoolJob, now: float, res: CycleResult, reason: str) -> None:
+        """Books of a running job whose pods were released: back to its queue, reported as evicted."""
+        self._account_stop(victim, now)
+        victim.preemptions += 1
+        self._enqueue(victim, now)
+        self._note_eviction(res, victim, reason)
 
     @staticmethod
     def _note_eviction(res: CycleResult, job: PoolJob, reason: str) -> None:
@@ -446,12 +458,8 @@ class EvictionActions:
                 holdings[i] = []
         else:
             return False
-        for i in chosen:
-            self._release_pods(cands[i][0], cands[i][1])
-        placed = self._place(job, allowed, job.n_pods, job.min_pods)
+        placed = self._trial(job, cands, chosen, allowed)
         if placed is None:
-            for i in chosen:
-                self._restore(cands[i][0], cands[i][1])
             return False
         # movers the placement did not displace stay; the others find a new home (the biggest first,
         # in the room the evictions made); only then do victims that still fit go back
@@ -476,17 +484,9 @@ class EvictionActions:
         needed = [i for i in reversed(chosen) if i < n_evict and not self._restore(cands[i][0], cands[i][1],
                                                                                      quiet=True)]
         for i in needed:
-            if i < n_evict:
-                victim = cands[i][0]
-                self._account_stop(victim, now)
-                victim.preemptions += 1
-                self._enqueue(victim, now)
-                self._note_eviction(res, victim, f"{reason} by {job.name}")
+            self._evict(cands[i][0], now, res, f"{reason} by {job.name}")
         for v, got in moved:
-            self._account_stop(v, now)
-            v.preemptions += 1
-            self._enqueue(v, now)
-            self._note_eviction(res, v, f"consolidated by {job.name}")
+            self._evict(v, now, res, f"consolidated by {job.name}")
             self._start(v, got, now, res)
             self.stats["moved_jobs"] += 1
         self._start(job, placed, now, res)
