@@ -363,3 +363,14 @@ def test_reclaim_evicts_elsewhere_to_make_room_for_a_moved_job():
     assert by_id["a"]["nodes"] != by_id["c1"]["nodes"] and by_id["a"]["nodes"] != ["n2"]
     assert by_id["b1"]["end"] == pytest.approx(11_000.0) and by_id["b2"]["end"] == pytest.approx(11_001.0)
     assert by_id["c1"]["end"] == pytest.approx(10_000.0) and by_id["c2"]["end"] == pytest.approx(10_001.0)
+
+
+def test_elastic_gang_with_required_topology_starts_at_its_minimum():
+    """An elastic job of 4 pods x 6 GPUs (at least 2) with required topology on 2 x 8 GPUs: its one
+    switch holds 2 such pods, not 4. It starts at once with 2 pods (half speed: ends at 200), instead of
+    waiting forever for a scope that could hold all 4 (reported as a deadlock before)."""
+    job = JobSpec("E", 0.0, 100.0, 24, n_pods=4, min_pods=2, max_pods=4, topology="required")
+    res, by_id = run(nodes(2, 8), [job])
+    assert res.metrics["deadlocks"] == 0 and res.metrics["finished_jobs"] == 1
+    assert by_id["E"]["start"] == pytest.approx(0.0) and by_id["E"]["end"] == pytest.approx(200.0)
+    assert sorted(by_id["E"]["nodes"]) == ["n0", "n1"]

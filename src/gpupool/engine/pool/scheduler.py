@@ -573,7 +573,7 @@ class PoolScheduler(EvictionActions):
             return None
         scopes: list[tuple[str, np.ndarray]] = []
         if self.cfg.topology_aware and job.topology != "none":
-            scopes = self._scopes(job, f, n)
+            scopes = self._scopes(job, f, n) or (self._scopes(job, f, nmin) if nmin < n else [])
             if not scopes and job.topology == "required":
                 self._failed_place = key
                 return None
