@@ -214,3 +214,11 @@ def test_lowest_power_policy_uses_the_frugal_model_and_pays_in_time():
     assert by_id(frugal)["J"]["nodes"] == ["l4"]
     ratio = get_model("L4").relative_throughput / get_model("V100M32").relative_throughput
     assert frugal.metrics["mean_jct_s"] == pytest.approx(3600.0 / ratio)
+
+
+def test_a_very_long_job_keeps_a_bounded_number_of_queue_samples():
+    # 1e10 s of hourly samples would be 2.8 million; the period doubles every 20,000 samples
+    res = run_jobs(nodes(1, 8), [JobSpec("short", 0.0, 100.0, 1), JobSpec("long", 5.0, 1e10, 1)], "gpupool",
+                   config=cfg(sample_interval_s=3600.0))
+    assert res.metrics["finished_jobs"] == 2
+    assert len(res.share_times) < 20_000 * 10

@@ -342,6 +342,7 @@ def test_itp_good(tmp_path: Path) -> None:
         ("b,-1,600,1", "submission_time"),
         ("b,10,0,1", "duration"),
         ("b,10,-600,1", "duration"),
+        ("b,10,1e12,1", "duration"),  # above MAX_JOB_DURATION_S: a unit mistake
         ("b,10,600,0", "num_gpu"),
         ("b,10,600,-2", "num_gpu"),
         ("b,10,600,one", "num_gpu"),

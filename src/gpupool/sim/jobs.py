@@ -64,6 +64,10 @@ __all__ = ["JobSimConfig", "JobSimResult", "JobSpec", "default_queues", "run_job
 
 JOB_POLICY_NAMES = tuple(JOB_POLICIES)
 
+_SAMPLES_PER_STEP = 20_000
+"""Queue-share samples taken at each sampling period before the period doubles (a year of hourly samples
+is 8,760)."""
+
 # event kinds, in processing order at equal times
 _FINISH, _FAILURE, _ARRIVAL, _WAKE, _SAMPLE = 0, 1, 2, 3, 4
 
@@ -110,7 +114,8 @@ class JobSimConfig:
     * ``elastic_fraction``: share of multi-GPU jobs made elastic (min = half its pods, max = double),
       drawn with the seed.
     * ``topology``: slowdown factors (None: :data:`gpupool.topology.DEFAULT_SPEED_FACTORS`).
-    * ``sample_interval_s``: period of the queue-share samples (fair share, Jain index, plots).
+    * ``sample_interval_s``: period of the queue-share samples (fair share, Jain index, plots); it
+      doubles after every 20,000 samples, so that a very long run keeps a bounded number of them.
     * ``gpu_speed``: ``"none"`` or ``"catalog"`` (see the module docstring); ``reference_gpu``: the model
       on which trace durations were measured (None: the most common model).
     """
@@ -557,7 +562,9 @@ class JobSimulator:
                     samples_a.append([meter.alloc[q] for q in leaves])
                     samples_f.append([float(fs[q, 0]) for q in leaves] if fs is not None else [])
                     if finished + removed < n:
-                        self._push(now + cfg.sample_interval_s, _SAMPLE, None)
+                        # the period doubles every _SAMPLES_PER_STEP samples: bounded memory on long runs
+                        step = cfg.sample_interval_s * 2.0 ** (len(samples_t) // _SAMPLES_PER_STEP)
+                        self._push(now + step, _SAMPLE, None)
             # ---- arrivals at this instant
             while ai < n and submit_times[ai] <= now:
                 sj = sims[ai]

@@ -99,7 +99,8 @@ class _Row:
             raise self.error(column, f"value {value} out of range (at most {maximum})")
         return number
 
-    def number(self, column: str, *, minimum: float | None = 0.0, positive: bool = False) -> float:
+    def number(self, column: str, *, minimum: float | None = 0.0, positive: bool = False,
+               maximum: float | None = None) -> float:
         value = self._fields[column]
         if not _FLOAT_RE.fullmatch(value):
             raise self.error(column, f"expected a number, got {value!r}")
@@ -109,6 +110,8 @@ class _Row:
         if positive and number <= 0:
             raise self.error(column, f"expected a value > 0, got {value!r}")
         _check_minimum(self, column, number, minimum)
+        if maximum is not None and number > maximum:
+            raise self.error(column, f"expected a value <= {maximum:g}, got {value!r}")
         return number
 
     def optional_number(self, column: str, *, minimum: float | None = 0.0) -> float | None:

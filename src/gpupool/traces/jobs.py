@@ -24,6 +24,9 @@ JOB_FORMATS: dict[str, tuple[str, ...]] = {"philly": PHILLY_COLUMNS, "itp": ITP_
 
 GPU_TIME_REL_TOL = 1e-6
 """Relative tolerance of the Philly check ``gpu_time == duration * num_gpus``."""
+MAX_JOB_DURATION_S = 10 * 365 * 86400.0
+"""Longest job duration a trace row may give (10 years, in seconds): a larger one is a unit mistake, and
+would make a simulation run (and sample) for ages."""
 
 _TIMESTAMP_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}")
 _EPOCH = datetime(1970, 1, 1)
@@ -35,7 +38,7 @@ class JobRecord:
 
     * ``job_id``: the trace's id (ITP), or ``"philly-<line>"`` for Philly, which has none.
     * ``submit_time``: seconds from the earliest submission in the same file (the first job is at 0.0).
-    * ``duration``: run time in seconds (> 0).
+    * ``duration``: run time in seconds (> 0, at most :data:`MAX_JOB_DURATION_S`).
     * ``num_gpu``: GPUs used (>= 1).
     * ``queue``: the Philly virtual cluster (``cluster`` column hash); ``""`` for ITP.
     * ``line``: the row's line number in the source file (header = line 1).
@@ -76,7 +79,7 @@ def load_philly_jobs(path: StrPath) -> list[JobRecord]:
             when = (datetime.fromisoformat(stamp) - _EPOCH).total_seconds()
         except ValueError as exc:
             raise row.error("timestamp", f"invalid date/time {stamp!r} ({exc})") from None
-        duration = row.number("duration", positive=True)
+        duration = row.number("duration", positive=True, maximum=MAX_JOB_DURATION_S)
         num_gpu = row.integer("num_gpus", minimum=1)
         gpu_time = row.number("gpu_time")
         expected = duration * num_gpu
@@ -115,7 +118,7 @@ def load_itp_jobs(path: StrPath) -> list[JobRecord]:
     for row in read_table(path, ITP_COLUMNS, unique="job_id"):
         job_id = row.text("job_id")
         submitted = row.number("submission_time")
-        duration = row.number("duration", positive=True)
+        duration = row.number("duration", positive=True, maximum=MAX_JOB_DURATION_S)
         num_gpu = row.integer("num_gpu", minimum=1)
         raw.append((job_id, submitted, duration, num_gpu, row.line))
 
