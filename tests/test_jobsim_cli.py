@@ -89,20 +89,24 @@ def test_itp_is_detected_and_failures_are_reported(traces):
     (["--jobs", "{philly}", "--cluster", "{missing}"], "cannot read"),
     (["--jobs", "{philly}", "--cluster", SMALL, "--policy", "best-fit"], "unknown job policy 'best-fit'"),
     (["--jobs", "{philly}", "--cluster", SMALL, "--format", "itp"], "column"),
-    (["--jobs", "{philly}", "--cluster", SMALL, "--nodes", "{philly}"], "do not apply to job traces"),
-    (["--cluster", SMALL], "only apply with --jobs"),
+    (["--jobs", "{philly}", "--cluster", SMALL, "--nodes", "{philly}"], "does not apply to job traces"),
+    (["--cluster", SMALL], "applies only with --jobs"),
     (["--jobs", "{philly}", "--cluster", SMALL, "--queues", "{badq}"], "parent 'nope' is not defined"),
     (["--jobs", "{philly}", "--cluster", SMALL, "--queues", "{otherq}"], "no leaf queue for trace queue"),
     (["--jobs", "{philly}", "--cluster", "{badcluster}"], "badcluster.yaml"),
     (["--jobs", "{philly}", "--cluster", SMALL, "--elastic-fraction", "2"], "--elastic-fraction"),
+    (["--jobs", "{philly}", "--cluster", "{cpuonly}"], "the cluster has no GPUs"),
 ])
 def test_errors_name_the_problem(traces, args, message):
     d = traces["dir"]
     (d / "badq.yaml").write_text("queues:\n  - {name: a, parent: nope}\n")
     (d / "otherq.yaml").write_text("queues:\n  - {name: zzz}\n")
     (d / "badcluster.yaml").write_text("apiVersion: gpupool.io/v1alpha1\nkind: Cluster\nspec: {nodePools: []}\n")
+    (d / "cpuonly.yaml").write_text("apiVersion: gpupool.io/v1alpha1\nkind: Cluster\nmetadata: {name: c}\nspec:\n"
+                                    "  nodePools:\n"
+                                    "    - {name: cpu, count: 2, cpuCores: 64, memoryGiB: 256}\n")
     subs = {"{philly}": traces["philly"], "{missing}": d / "missing.yaml", "{badq}": d / "badq.yaml",
-            "{otherq}": d / "otherq.yaml", "{badcluster}": d / "badcluster.yaml"}
+            "{otherq}": d / "otherq.yaml", "{badcluster}": d / "badcluster.yaml", "{cpuonly}": d / "cpuonly.yaml"}
     res = invoke("simulate", *[subs.get(str(a), a) for a in args])
     assert res.exit_code == 2, res.output
     assert message in res.output

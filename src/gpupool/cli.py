@@ -457,6 +457,8 @@ def _execute_jobs(
         _fail(str(exc))
     if not records:
         _fail(f"{jobs}: the job trace has no jobs")
+    if not any(n.gpu_count for n in node_list):
+        _fail(f"{cluster}: the cluster has no GPUs; the job simulator needs at least one GPU node")
     if max_jobs is not None:
         records = records[:max_jobs]
     if tree is not None:
@@ -533,7 +535,7 @@ def _job_only_flags(jobs: Path | None, **given: Any) -> None:
     if jobs is None:
         used = [flag for flag, value in given.items() if value]
         if used:
-            _fail(f"{', '.join(used)} only apply with --jobs")
+            _fail(f"{', '.join(used)} {'applies' if len(used) == 1 else 'apply'} only with --jobs")
 
 
 def _pod_only_flags(nodes: Path | None, pods: Path | None, protocol: Protocol, ratio: float) -> None:
@@ -543,7 +545,7 @@ def _pod_only_flags(nodes: Path | None, pods: Path | None, protocol: Protocol, r
     if ratio != 1.3:
         used.append("--ratio")
     if used:
-        _fail(f"{', '.join(used)} do not apply to job traces (--jobs)")
+        _fail(f"{', '.join(used)} {'does' if len(used) == 1 else 'do'} not apply to job traces (--jobs)")
 
 
 # --------------------------------------------------------------------------------------------------

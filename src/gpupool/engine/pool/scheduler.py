@@ -512,7 +512,7 @@ class PoolScheduler(EvictionActions):
         n = job.min_pods
         if int(cap.sum()) < n:
             return (f"needs {n} pod(s) of {g} GPU(s) ({n * g} GPUs); the cluster can hold only "
-                    f"{int(cap.sum())} such pod(s) ({st.total_gpus} GPUs, at most {int(st.gpu_count.max())} "
+                    f"{int(cap.sum())} such pod(s) ({st.total_gpus} GPUs in all, at most {int(st.gpu_count.max())} "
                     f"per node)")
         if job.topology == "required" and self.cfg.topology_aware and n > 1 and not self._scopes(job, cap, n):
             return f"no {job.topology_tier} domain can hold {n} pods of {g} GPU(s) (topology required)"
