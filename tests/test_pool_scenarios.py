@@ -374,3 +374,20 @@ def test_elastic_gang_with_required_topology_starts_at_its_minimum():
     assert res.metrics["deadlocks"] == 0 and res.metrics["finished_jobs"] == 1
     assert by_id["E"]["start"] == pytest.approx(0.0) and by_id["E"]["end"] == pytest.approx(200.0)
     assert sorted(by_id["E"]["nodes"]) == ["n0", "n1"]
+
+
+def test_non_preemptible_elastic_job_that_shrinks_and_grows_keeps_its_quota_books():
+    """2 nodes x 8 GPUs; quotas A 8, B 8. E (queue A, non-preemptible, 4 pods x 2 GPUs, at least 2) runs
+    on n0 from 0. At 10, B's b (3 pods x 4 GPUs) needs 4 GPUs on n0: E gives back its 2 extra workers
+    (half speed) until b ends at 110, then grows back: 10 + 100 x 0.5 + 940 = 1,000 s of work, ends at
+    1,050. At 3,000 F (queue A, non-preemptible, 8 GPUs) must find A's non-preemptible books empty: it
+    starts at once (the shrink and the growth were not counted, which left F waiting for ever)."""
+    queues = QueueTree([QueueSpec(name="A", quota=8), QueueSpec(name="B", quota=8)])
+    jobs = [JobSpec("E", 0.0, 1000.0, 8, queue="A", n_pods=4, min_pods=2, max_pods=4, priority=100),
+            JobSpec("b", 10.0, 100.0, 12, queue="B", n_pods=3),
+            JobSpec("F", 3000.0, 100.0, 8, queue="A", n_pods=1, priority=100)]
+    res, by_id = run(nodes(2, 8), jobs, queues=queues)
+    assert by_id["b"]["start"] == pytest.approx(10.0)
+    assert by_id["E"]["end"] == pytest.approx(1050.0)
+    assert by_id["F"]["start"] == pytest.approx(3000.0)
+    assert res.metrics["deadlocks"] == 0 and res.metrics["finished_jobs"] == 3

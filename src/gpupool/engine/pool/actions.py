@@ -145,6 +145,7 @@ class EvictionActions:
         job.placed = [a for a in job.placed if a.pod not in gone]
         self._lv_add(job, 1)
         self._add(self.alloc, job, old - len(job.placed), -1.0)
+        self._np_add(job, len(job.placed) - old)
         self._fs_dirty = True
         res.resized.append((job, old, len(job.placed)))
 
@@ -599,6 +600,7 @@ class EvictionActions:
                 self._qnode_add(job, [d.assignment], 1)
                 self._lv_add(job, 1)
                 self._add(self.alloc, job, 1, 1.0)
+                self._np_add(job, 1)
                 self.free_gpus -= job.gpus_per_pod
                 self._fs_dirty = True
                 progress = True

@@ -325,6 +325,12 @@ class PoolScheduler(EvictionActions):
             row[1] += c
             row[2] += m
 
+    def _np_add(self, job: PoolJob, pods: int) -> None:
+        """Count ``pods`` more (or fewer) pods of ``job`` in the non-preemptible books, if it is so."""
+        if not job.preemptible:
+            for a in self.paths[job.q]:
+                self.np_alloc[a] += pods * job.gpus_per_pod
+
     def _group(self, job: PoolJob) -> int:
         return job.q if self.cfg.fair_share else 0
 
@@ -383,9 +389,7 @@ class PoolScheduler(EvictionActions):
         job.level = self.order.level(job.las_at(now) + 1e-6)
         self._set_key(job)
         self._add(self.alloc, job, len(placed), 1.0)
-        if not job.preemptible:
-            for a in self.paths[job.q]:
-                self.np_alloc[a] += len(placed) * job.gpus_per_pod
+        self._np_add(job, len(placed))
         self.free_gpus -= len(placed) * job.gpus_per_pod
         self._qnode_add(job, placed, 1)
         self.running[job.q][job.seq] = job
@@ -415,9 +419,7 @@ class PoolScheduler(EvictionActions):
         """Books of a running job that stops (its pods already released)."""
         pods = len(job.placed)
         self._add(self.alloc, job, pods, -1.0)
-        if not job.preemptible:
-            for a in self.paths[job.q]:
-                self.np_alloc[a] -= pods * job.gpus_per_pod
+        self._np_add(job, -pods)
         job.attained += pods * job.gpus_per_pod * max(0.0, now - job.run_since)
         job.last_run_s = max(0.0, now - job.run_since)
         job.run_s += job.last_run_s
