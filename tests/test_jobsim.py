@@ -222,3 +222,16 @@ def test_a_very_long_job_keeps_a_bounded_number_of_queue_samples():
                    config=cfg(sample_interval_s=3600.0))
     assert res.metrics["finished_jobs"] == 2
     assert len(res.share_times) < 20_000 * 10
+
+
+def test_a_required_gang_waiting_for_failed_hardware_is_no_deadlock():
+    """n0, n1 under leaf0 and n2 under leaf1 (8 GPUs each). n1 is down from 0 to 1,000 s. G (2 pods x 8
+    GPUs, topology required) arrives at 10: two nodes have room, but not under one switch. It waits for
+    the repair, which is not a scheduler deadlock, and runs 1,000..1,100."""
+    cluster = [NodeSpec(f"n{i}", cpu_milli=64000, memory_mib=512 * 1024, gpu_count=8, gpu_model="V100M32",
+                        nvlink_domain=f"n{i}", rack=f"r{i}", switch="leaf0" if i < 2 else "leaf1") for i in range(3)]
+    events = (FailureEvent(0.0, "node_fail", 1), FailureEvent(1000.0, "node_repair", 1))
+    res = run_jobs(cluster, [JobSpec("G", 10.0, 100.0, 16, n_pods=2, topology="required")], "gpupool",
+                   config=cfg(failure_events=events))
+    assert res.metrics["deadlocks"] == 0
+    assert by_id(res)["G"]["start"] == pytest.approx(1000.0)

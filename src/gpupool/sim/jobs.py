@@ -683,11 +683,18 @@ class JobSimulator:
         return lost
 
     def _idle_deadlock(self) -> int:
-        """1 if the cluster is idle but some waiting job would fit it now (a scheduler deadlock), else 0."""
-        for pj in self.sched.pending_jobs():
-            f = self.sched._fits_per_node(pj, None)
-            if int(f.sum()) >= pj.min_pods and self.sched._admissible(pj, pj.min_pods):
-                return 1
+        """1 if the cluster is idle but some waiting job would fit it now (a scheduler deadlock), else 0.
+        A job whose required topology scope cannot hold it (e.g. while GPUs of its switch are down)
+        waits for hardware, not for the scheduler."""
+        sched = self.sched
+        for pj in sched.pending_jobs():
+            f = sched._fits_per_node(pj, None)
+            if int(f.sum()) < pj.min_pods or not sched._admissible(pj, pj.min_pods):
+                continue
+            if (pj.topology == "required" and sched.cfg.topology_aware and pj.min_pods > 1
+                    and not sched._scopes(pj, f, pj.min_pods)):
+                continue
+            return 1
         return 0
 
     def _unfinished(self, sj: _SimJob) -> dict[str, Any]:
