@@ -67,7 +67,10 @@ TARGET_EVENTS_PER_S = 50_000
 KEYS = ("mean_jct_s", "p95_jct_s", "mean_queueing_delay_s", "makespan_s", "gpu_utilization", "jain_fairness",
         "jain_fairness_capped",
         "preemptions", "deadlocks", "energy_kwh", "events", "wall_seconds", "events_per_second", "finished_jobs",
-        "unfinished_jobs", "worst_quota_deficit", "worst_quota_deficit_raw", "lost_gpu_hours", "restarts")
+        "unfinished_jobs", "worst_quota_deficit", "worst_quota_deficit_raw", "longest_quota_shortfall_s",
+        "lost_gpu_hours", "restarts", "preemptions_by_action")
+QUEUE_KEYS = ("quota_gpus", "jobs", "mean_gpus", "quota_deficit", "quota_deficit_raw", "quota_shortfall_time_share",
+              "quota_shortfall_longest_s", "mean_jct_s", "preemptions")
 
 
 def measure_one(trace: str, policy: str, seed: int, max_jobs: int | None) -> dict:
@@ -101,6 +104,7 @@ def measure_one(trace: str, policy: str, seed: int, max_jobs: int | None) -> dic
     row["engine_place_calls"] = spent[1]
     row["engine_place_seconds"] = spent[0]
     row["engine_share"] = spent[0] / res.metrics["wall_seconds"] if res.metrics["wall_seconds"] else math.nan
+    row["queues"] = {name: {k: q[k] for k in QUEUE_KEYS} for name, q in res.queues.items()}
     row["events_by_kind"] = res.metrics["events_by_kind"]
     row["scheduler_stats"] = res.metrics["scheduler_stats"]
     row["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -137,9 +141,9 @@ def markdown(rows: list[dict], machine: dict) -> str:
         "(checkpoint every 1,800 s, 30 s restart overhead, no failures). See `bench_jobs.py` for the method.",
         "",
         "| trace | policy | jobs | GPUs | mean JCT (h) | p95 JCT (h) | mean queueing delay (h) | makespan (d) "
-        "| GPU util | Jain (capped) | worst quota deficit | preemptions | deadlocks | energy (MWh) | events "
-        "| events/s | engine share |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| GPU util | Jain (capped) | worst quota deficit | longest shortfall (min) | preemptions (moves) "
+        "| deadlocks | energy (MWh) | events | events/s | engine share |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -147,7 +151,8 @@ def markdown(rows: list[dict], machine: dict) -> str:
             f"| {_fmt(r['p95_jct_s'] / 3600)} | {_fmt(r['mean_queueing_delay_s'] / 3600, 2)} "
             f"| {_fmt(r['makespan_s'] / 86400)} | {100 * r['gpu_utilization']:.1f}% | {_fmt(r['jain_fairness'], 3)} "
             f"({_fmt(r['jain_fairness_capped'], 3)}) "
-            f"| {100 * r['worst_quota_deficit']:.1f}% | {r['preemptions']:,} | {r['deadlocks']} "
+            f"| {100 * r['worst_quota_deficit']:.2f}% | {_fmt(r['longest_quota_shortfall_s'] / 60)} "
+            f"| {r['preemptions']:,} ({r['preemptions_by_action'].get('consolidated', 0):,}) | {r['deadlocks']} "
             f"| {_fmt(r['energy_kwh'] / 1000)} | {r['events']:,} | {_fmt(r['events_per_second'], 0)} "
             f"| {100 * r['engine_share']:.0f}% |")
     lines += [
@@ -157,15 +162,40 @@ def markdown(rows: list[dict], machine: dict) -> str:
         "`engine share`: fraction of the event loop's wall time spent inside `Engine.place` (placing pods with "
         "the placement policy). `worst quota deficit`: over the queues, the largest share of "
         "`min(demand, quota)` GPU-time the queue did not get while one of its waiting jobs fitted in what was "
-        "left of its quota (`worst_quota_deficit_raw` in the JSON: at any time).",
+        "left of its quota (GPUs held idle for its own reserved gang count as held; "
+        "`worst_quota_deficit_raw` in the JSON: any shortfall); `longest shortfall`: the longest time a queue "
+        "spent in such a shortfall. `preemptions (moves)`: evictions, of which moves by consolidation (the "
+        "job restarts at once on another node from the checkpoint it took on eviction).",
         "",
         f"Target: >= {TARGET_EVENTS_PER_S:,} simulated events/s on one core (whole Philly trace).",
     ]
+    tail = []
     for r in rows:
         if r["trace"] == "philly":
             verdict = "meets" if r["events_per_second"] >= TARGET_EVENTS_PER_S else "BELOW"
-            lines.append(f"- `{r['policy']}`: {r['events_per_second']:,.0f} events/s: {verdict} the target.")
-    return "\n".join(lines) + "\n"
+            tail.append(f"- `{r['policy']}`: {r['events_per_second']:,.0f} events/s: {verdict} the target.")
+    lines += tail
+    lines += ["", "## Quota attainment per queue", "",
+              "Queues with a quota. `in-quota deficit`: share of the queue's `min(demand, quota)` GPU-time it did "
+              "not hold while one of its waiting jobs fitted in what was left of its quota (GPUs reserved idle "
+              "for the queue's own starving gang count as held); `raw`: any shortfall, also while its waiting "
+              "jobs were too big for the quota left; `time short`: share of the run in an in-quota shortfall; "
+              "`longest`: the longest such shortfall.", ""]
+    for r in rows:
+        qs = {k: v for k, v in (r.get("queues") or {}).items() if v["quota_gpus"] > 0}
+        if not qs:
+            continue
+        lines += [f"### {r['trace']} / {r['policy']}", "",
+                  "| queue | quota (GPUs) | jobs | mean GPUs held | in-quota deficit | raw | time short "
+                  "| longest (min) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for name, q in sorted(qs.items(), key=lambda kv: (-kv[1]["quota_deficit"], kv[0])):
+            lines.append(
+                f"| {name} | {q['quota_gpus']:g} | {q['jobs']:,} | {_fmt(q['mean_gpus'])} "
+                f"| {100 * q['quota_deficit']:.2f}% | {100 * q['quota_deficit_raw']:.2f}% "
+                f"| {100 * q['quota_shortfall_time_share']:.2f}% | {_fmt(q['quota_shortfall_longest_s'] / 60)} |")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 
