@@ -366,11 +366,11 @@ class EvictionActions:
 
         Jobs are tried in queue order (below fair share first), then job order, skipping those that need
         more GPUs than are free and those of a shape (GPUs per pod, pods) that already failed in this
-        cycle, at most ``max_attempts`` per cycle. A
-        move is all or nothing: the waiting job is placed and every moved job is placed again elsewhere
-        at once, or nothing changes. A moved job keeps its queue's allocation (no quota or fair-share
-        effect, so no reclaim loop), restarts from the checkpoint it takes on eviction, and is not moved
-        again before ``min_run_s``. Reported as an eviction with reason ``consolidated``.
+        cycle, at most ``max_attempts`` per cycle. A move is all or nothing: the waiting job is placed
+        and every moved job is placed again elsewhere at once, or nothing changes. A moved job keeps its
+        queue's allocation (no quota or fair-share effect, so no reclaim loop), restarts from the
+        checkpoint it takes on eviction, and is not moved again before ``min_run_s``. Reported as an
+        eviction with reason ``consolidated``.
         """
         if self.free_gpus <= 1:
             return False
