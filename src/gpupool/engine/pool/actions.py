@@ -99,23 +99,18 @@ class EvictionActions:
         return placed
 
     def _evict(self, victim: PoolJob, now: float, res: CycleResult, reason: str) -> None:
-        """Books of a running job whose pods were released: back to its queue, reported as evicted."""
+        """Books of a running job whose pods were released: back to its queue, reported as evicted. A job
+        that also started in this very cycle (possible with a minimum runtime of 0) never ran: it leaves
+        ``started`` instead, so that the driver, which carries out ``preempted`` before ``started``,
+        sees one consistent change."""
         self._account_stop(victim, now)
-        victim.preemptions += 1
         self._enqueue(victim, now)
-        self._note_eviction(res, victim, reason)
-
-    @staticmethod
-    def _note_eviction(res: CycleResult, job: PoolJob, reason: str) -> None:
-        """Record that ``job`` was evicted in this cycle. A job that also started in this very cycle
-        (possible with a minimum runtime of 0) never ran: it leaves ``started`` instead, so that the
-        driver, which carries out ``preempted`` before ``started``, sees one consistent change."""
         for k, j in enumerate(res.started):
-            if j is job:
+            if j is victim:
                 del res.started[k]
-                job.preemptions -= 1  # undo the count of an eviction that, for the driver, never was
                 return
-        res.preempted.append((job, reason))
+        victim.preemptions += 1
+        res.preempted.append((victim, reason))
 
     def _restore(self, job: PoolJob, pods: Sequence[Assignment], quiet: bool = False) -> bool:
         """Put ``pods`` back on exactly their devices, all or none; True on success."""
