@@ -202,6 +202,14 @@ class ClusterState:
         self.changes += 1
         return assignment
 
+    def touch(self, node: int) -> None:
+        """Mark ``node`` changed without changing its resources (its taints, cordon or labels changed), so that
+        caches keyed by ``version`` recompute it; raises :class:`AllocationError` for an index out of range."""
+        if not 0 <= node < self.n_nodes:
+            raise AllocationError(f"node index {node} out of range 0..{self.n_nodes - 1}")
+        self.version[node] += 1
+        self.changes += 1
+
     def set_gpu_health(self, node: int, gpu: int, healthy: bool) -> None:
         """Mark one GPU healthy or not; pods already on it stay until a driver moves them.
 

@@ -605,12 +605,17 @@ class ConstrainedRequest(EffectiveRequest):
 
 
 class Eligibility:
-    """Per-cycle node eligibility of pods, as engine filter plugins (:attr:`filters`).
+    """Node eligibility of pods, as engine filter plugins (:attr:`filters`), kept across cycles.
 
-    ``nodes`` are the Node dicts in the order of ``state.node_names``. Masks are computed once per
-    distinct :class:`Constraints` and cached for the cycle; the MIG count is checked live against
-    ``state.assignments`` so that pods placed earlier in the cycle (or in the same gang) are counted.
+    ``nodes`` are the Node dicts in the order of ``state.node_names``. What eligibility reads of each node
+    (labels, NoSchedule/NoExecute taints, cordon, Ready) is read once per node version; masks are cached
+    per distinct :class:`Constraints` and refreshed only for nodes changed since (:meth:`update_node`), so a
+    cycle costs what changed. Nodes without taints pass the taint check for every pod, and pods without a
+    selector or required affinity match every node, without a per-node loop. The MIG count is checked live
+    against ``state.assignments`` so that pods placed earlier in the cycle (or in the same gang) are counted.
     """
+
+    CORDON = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
 
     def __init__(self, state: ClusterState, nodes: Mapping[str, Mapping[str, Any]],
                  mig_capacity: Mapping[str, Mapping[str, int]] | None = None,
@@ -621,39 +626,73 @@ class Eligibility:
                              if n in state.node_index}
         self.mig_used = {state.node_index[n]: dict(c) for n, c in (mig_used or {}).items() if n in state.node_index}
         self.pending_mig: dict[str, tuple[tuple[str, int], ...]] = {}
-        self._masks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        n = len(self.nodes)
+        self.gen = np.zeros(n, dtype=np.int64)  # bumped by update_node
+        self.ready = np.ones(n, dtype=bool)
+        self.cordoned = np.zeros(n, dtype=bool)
+        self.taints: list[list[Mapping[str, Any]]] = [[] for _ in range(n)]
+        self.labels: list[Mapping[str, str]] = [{} for _ in range(n)]
+        for i in range(n):
+            self._read(i)
+        # Constraints key -> (gen snapshot, schedulable, taints tolerated, affinity matched)
+        self._masks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.filters = (_SchedulableFilter(self), _TaintFilter(self), _AffinityFilter(self), _MigFilter(self))
+
+    def _read(self, i: int) -> None:
+        node = self.nodes[i]
+        spec = _mapping(node.get("spec"))
+        self.ready[i] = node_ready(node)
+        self.cordoned[i] = bool(spec.get("unschedulable"))
+        taints = spec.get("taints")
+        self.taints[i] = [t for t in (taints if isinstance(taints, list) else [])
+                          if isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute")]
+        self.labels[i] = _labels(node)
+
+    def update_node(self, i: int, node: Mapping[str, Any]) -> None:
+        """Node ``i``'s object changed (labels, taints, cordon, Ready): re-read it; masks refresh its row."""
+        self.nodes[i] = node
+        self._read(i)
+        self.gen[i] += 1
+
+    def _rows(self, c: Constraints, idx: np.ndarray, tolerations: list[Any], terms: Any,
+              sched: np.ndarray, taint_ok: np.ndarray, aff: np.ndarray) -> None:
+        tolerate_cordon = tolerates(tolerations, self.CORDON)
+        sched[idx] = self.ready[idx] & (~self.cordoned[idx] | tolerate_cordon)
+        for i in idx.tolist():
+            taint_ok[i] = all(tolerates(tolerations, t) for t in self.taints[i]) if self.taints[i] else True
+        if not c.node_selector and terms is None:
+            aff[idx] = True
+            return
+        for i in idx.tolist():
+            labels = self.labels[i]
+            if any(labels.get(k) != v for k, v in c.node_selector):
+                aff[i] = False
+            elif terms is not None and not any(matches_node_selector_term(t, self.nodes[i]) for t in terms):
+                aff[i] = False
+            else:
+                aff[i] = True
 
     def masks(self, c: Constraints) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(schedulable, taints tolerated, affinity matched): (n_nodes,) bool each."""
         key = c.key[:3]
         cached = self._masks.get(key)
         if cached is not None:
-            return cached
+            snap, sched, taint_ok, aff = cached
+            stale = (snap != self.gen).nonzero()[0]
+            if len(stale) == 0:
+                return sched, taint_ok, aff
+        else:
+            n = len(self.nodes)
+            snap = np.full(n, -1, dtype=np.int64)
+            sched, taint_ok, aff = np.ones(n, dtype=bool), np.ones(n, dtype=bool), np.ones(n, dtype=bool)
+            stale = np.arange(n)
+            if len(self._masks) >= 4096:
+                self._masks.clear()
+            self._masks[key] = (snap, sched, taint_ok, aff)
         tolerations = json.loads(c.tolerations)
         terms = json.loads(c.required_terms) if c.required_terms else None
-        n = len(self.nodes)
-        sched = np.ones(n, dtype=bool)
-        taint_ok = np.ones(n, dtype=bool)
-        aff = np.ones(n, dtype=bool)
-        cordon = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
-        for i, node in enumerate(self.nodes):
-            spec = _mapping(node.get("spec"))
-            if (spec.get("unschedulable") and not tolerates(tolerations, cordon)) or not node_ready(node):
-                sched[i] = False
-            taints = spec.get("taints")
-            for taint in taints if isinstance(taints, list) else []:
-                if not isinstance(taint, Mapping):
-                    continue
-                if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
-                    taint_ok[i] = False
-                    break
-            labels = _labels(node)
-            if any(labels.get(k) != v for k, v in c.node_selector):
-                aff[i] = False
-            elif terms is not None and not any(matches_node_selector_term(t, node) for t in terms):
-                aff[i] = False
-        self._masks[key] = (sched, taint_ok, aff)
+        self._rows(c, stale, tolerations, terms, sched, taint_ok, aff)
+        snap[stale] = self.gen[stale]
         return sched, taint_ok, aff
 
     def mig_free(self, node: int, profile: str) -> int:

@@ -27,30 +27,18 @@ from gpupool.engine.core import Engine
 from gpupool.engine.statement import place_gang
 from gpupool.k8s import POD_GROUP_API, QUEUE_API, VOLCANO_POD_GROUP_API
 from gpupool.k8s.inventory import (
-    ConstrainedRequest,
-    Constraints,
-    Eligibility,
     InventoryInfo,
-    NoUsableNodeError,
-    build_state,
-    constraints_of,
 )
 from gpupool.k8s.requests import (
     PodInfo,
     QueueSpec,
     RequestParseError,
     describe_pod,
-    is_terminal,
-    is_waiting_for,
-    node_name_of,
     object_key,
-    parse_pod_group,
     parse_queue,
-    pod_key,
-    spec_unreadable,
 )
 from gpupool.model import MILLI, Assignment, GpupoolError
-from gpupool.policies import DEFAULT_POLICY, make_policy
+from gpupool.policies import DEFAULT_POLICY
 
 log = logging.getLogger("gpupool.k8s.snapshot")
 
@@ -320,135 +308,16 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
          describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod) -> Plan:
     """One scheduling cycle on ``snapshot``: a :class:`Placement` for every pending pod of ``scheduler_name``.
 
+    The snapshot's objects are fed to a :class:`~gpupool.k8s.state.ClusterModel` as the live scheduler's
+    watch events are, and one cycle of it runs: the dry run and the live scheduler share one code path.
     ``prepare_state`` runs on the state before any placement (e.g. GPU health from telemetry:
-    :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod (the live
-    scheduler passes a cache of :func:`~gpupool.k8s.requests.describe_pod` keyed by UID and resourceVersion).
+    :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod.
     """
-    # A pod whose spec is not even a mapping cannot say which scheduler it names: it is reported, not dropped.
-    pending_pods = [p for p in snapshot.pods if isinstance(p, Mapping) and (
-        is_waiting_for(p, scheduler_name) or (spec_unreadable(p) and not is_terminal(p)))]
-    out: list[Placement] = []
-    if not pending_pods:
-        return Plan(out, None, policy)
-    try:
-        state, inv = build_state(snapshot.nodes, snapshot.pods, describe)
-    except ValueError as exc:
-        skipped = exc.skipped_nodes if isinstance(exc, NoUsableNodeError) else {}
-        return Plan([Placement(pod_key(p), None, reason=f"0/0 nodes are available: {exc}")
-                     for p in pending_pods], None, policy, skipped_nodes=skipped)
-    if prepare_state is not None:
-        prepare_state(state)
+    from gpupool.k8s.state import ClusterModel
 
-    # Read every pending pod; a pod that cannot be read (or is not the only one of its name) fails alone.
-    bound_to = {pod_key(p): node_name_of(p) for p in snapshot.pods
-                if isinstance(p, Mapping) and node_name_of(p) and not is_terminal(p)}
-    pending_count: dict[str, int] = {}
-    for pod in pending_pods:
-        pending_count[pod_key(pod)] = pending_count.get(pod_key(pod), 0) + 1
-    infos: list[tuple[dict[str, Any], PodInfo]] = []
-    constraints: dict[str, Constraints] = {}
-    for pod in pending_pods:
-        key = pod_key(pod)
-        why = _identity_problem(pod, key, pending_count, bound_to)
-        if why:
-            out.append(Placement(key, None, reason=f"pod {key}: {why}", invalid=True))
-            continue
-        try:
-            info = describe(pod)
-            why = unsupported_constraint(pod)
-            if not why:
-                constraints[info.key] = constraints_of(pod, info.mig)
-        except RequestParseError as exc:
-            out.append(Placement(key, None, reason=str(exc), invalid=True))
-            continue
-        except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the cycle
-            log.warning("pod unreadable", exc_info=True, extra={"event": "pod_invalid", "pod": key})
-            out.append(Placement(key, None, reason=f"pod {key}: invalid object: {type(exc).__name__}: {exc}",
-                                 invalid=True))
-            continue
-        if why:
-            out.append(Placement(key, None, reason=f"pod {key}: {why}", invalid=True))
-            continue
-        infos.append((pod, info))
-
-    # Gangs.
-    groups: dict[str, int] = {}
-    group_errors: dict[str, str] = {}
-    for obj in snapshot.pod_groups:
-        try:
-            gkey, min_member = parse_pod_group(obj)
-        except RequestParseError as exc:
-            group_errors[object_key(obj)] = str(exc)
-            continue
-        except Exception as exc:  # noqa: BLE001 - one unreadable PodGroup never stops the cycle
-            gkey = object_key(obj)
-            group_errors[gkey] = f"PodGroup {gkey}: invalid object: {type(exc).__name__}: {exc}"
-            continue
-        groups.setdefault(gkey, min_member)
-    scheduled_in: dict[str, int] = {}
-    for pinfo in inv["pods"].values():
-        if pinfo.pod_group:
-            scheduled_in[pinfo.pod_group] = scheduled_in.get(pinfo.pod_group, 0) + 1
-    units: list[_Unit] = []
-    gangs: dict[str, _Unit] = {}
-    for pod, info in infos:
-        if info.pod_group is None:
-            units.append(_Unit([(pod, info)]))
-        else:
-            gangs.setdefault(info.pod_group, _Unit([], info.pod_group)).members.append((pod, info))
-    for gkey, unit in gangs.items():
-        declared = [i.min_member for _, i in unit.members if i.min_member]
-        min_member = groups.get(gkey) or (max(declared) if declared else None)
-        reason = ""
-        if gkey in group_errors:
-            reason = group_errors[gkey]
-        elif min_member is None:
-            reason = (f"PodGroup {gkey} not found (create a PodGroup with spec.minMember, "
-                      "or annotate the pods with gpupool.io/min-member)")
-        else:
-            done = scheduled_in.get(gkey, 0)
-            unit.need = max(0, min_member - done)
-            if len(unit.members) < unit.need:
-                reason = (f"gang {gkey}: {len(unit.members)} pod(s) pending and {done} scheduled of minMember "
-                          f"{min_member}; waiting for the rest")
-        if reason:
-            out.extend(Placement(i.key, None, reason=reason, gang=gkey) for _, i in unit.members)
-        else:
-            unit.members.sort(key=lambda m: (-m[1].request.priority, m[1].request.creation_time or 0.0, m[1].key))
-            units.append(unit)
-
-    # Queues.
-    book = queue_book(snapshot.queues)
-    for pinfo in inv["pods"].values():
-        book.charge(pinfo.queue, pinfo.gpu_milli_total)
-
-    # The engine, with node eligibility (selectors, taints, cordons, MIG counts) as extra filters.
-    elig = Eligibility(state, inv["nodes"], inv["mig_capacity"], inv["mig_used"])
-    for unit in units:
-        for _, info in unit.members:
-            if info.mig:
-                elig.pending_mig[info.key] = info.mig
-    pol = make_policy(policy)
-    pol.filters = tuple(elig.filters) + tuple(pol.filters)
-    base_effective = pol.effective
-
-    def effective(req):
-        e = base_effective(req)
-        return ConstrainedRequest(e.requested, e.gpu_milli, constraints.get(req.name, Constraints()))
-
-    pol.effective = effective  # type: ignore[method-assign]
-    workload = [i.request for i in inv["pods"].values()] + [i.request for _, i in infos]
-    engine = Engine(state, pol, seed=seed, workload=workload if len(workload) >= 50 else None)
-
-    for unit in sorted(units, key=_Unit.order):
-        try:
-            out.extend(_place_unit(unit, engine, pol, book, policy))
-        except Exception as exc:  # noqa: BLE001 - a unit that trips the engine fails alone
-            log.error("placement failed", exc_info=True, extra={"event": "placement_error",
-                                                                 "pods": [i.key for _, i in unit.members]})
-            out.extend(Placement(i.key, None, reason=f"gpupool could not place this pod: {type(exc).__name__}: {exc}",
-                                 gang=unit.gang) for _, i in unit.members)
-    return Plan(out, inv, policy, state, book)
+    model = ClusterModel.from_snapshot(snapshot, scheduler_name=scheduler_name, policy=policy, seed=seed,
+                                       describe=describe)
+    return model.cycle(prepare_state, full_inventory=True)
 
 
 def _identity_problem(pod: Mapping[str, Any], key: str, pending_count: Mapping[str, int],
@@ -470,41 +339,82 @@ def _identity_problem(pod: Mapping[str, Any], key: str, pending_count: Mapping[s
     return ""
 
 
-def _place_unit(unit: _Unit, engine: Engine, pol: Any, book: QueueBook, policy: str) -> list[Placement]:
-    """Place one unit (a single pod, or a gang all or nothing) within its queues' limits."""
-    demands: dict[str, int] = {}
-    for _, info in unit.members:
+def _charges(members: Sequence[tuple[Any, PodInfo]], state: ClusterState | None = None,
+             assignments: Mapping[str, Assignment] | None = None) -> dict[str, int]:
+    """{queue: milli-GPU} the members are charged: exact where placed (``assignments``), else as declared."""
+    from gpupool.k8s.state import queue_charge
+
+    out: dict[str, int] = {}
+    for _, info in members:
         if info.queue:
-            demands[info.queue] = demands.get(info.queue, 0) + info.gpu_milli_total
-    refused = book.admit(demands)
+            a = assignments.get(info.key) if assignments is not None else None
+            out[info.queue] = out.get(info.queue, 0) + queue_charge(info, a, state)
+    return out
+
+
+def _place_unit(unit: _Unit, engine: Engine, pol: Any, book: QueueBook, policy: str,
+                state: ClusterState | None = None) -> list[Placement]:
+    """Place one unit (a single pod, or a gang) within its queues' limits.
+
+    The limit check is exact: a pod is placed, charged what it occupies there (a memory-sized share as its
+    memory's fraction of the GPU, :func:`gpupool.k8s.state.queue_charge`), and released again if that breaks
+    a limit. A gang needs its minMember within the limits (all or nothing); members beyond the minimum are
+    kept one by one, in order, while the limits hold.
+    """
+    state = engine.state if state is None else state
+    minimum = unit.members[: max(1, unit.need)] if unit.gang is not None else unit.members
+    refused = book.admit(_charges(minimum))  # declared shares: a lower bound of the exact charge
     if refused:
         return [Placement(i.key, None, reason=refused, gang=unit.gang) for _, i in unit.members]
+    feasible_of: dict[str, int] = {}
     if unit.gang is None:
         _, info = unit.members[0]
-        feasible = int(engine.feasible_mask(pol.effective(info.request)).sum())
+        feasible_of[info.key] = int(engine.feasible_mask(pol.effective(info.request)).sum())
         decision = engine.place(info.request)
         if decision.assignment is None:
             return [Placement(info.key, None, reason=decision.reason)]
-        placed = {info.key: (decision.assignment, feasible)}
+        assignments = [decision.assignment]
     else:
         feasible_of = {i.key: int(engine.feasible_mask(pol.effective(i.request)).sum()) for _, i in unit.members}
         assignments, reason = place_gang(engine, [i.request for _, i in unit.members], unit.need)
         if not assignments and unit.need > 0:
             return [Placement(i.key, None, reason=f"gang {unit.gang} cannot be placed together: {reason}",
                               gang=unit.gang) for _, i in unit.members]
-        placed = {a.pod: (a, feasible_of[a.pod]) for a in assignments}
+    by_key = {a.pod: a for a in assignments}
+    info_of = {i.key: (p, i) for p, i in unit.members}
+    kept: list[tuple[Any, PodInfo]] = []
+    over: dict[str, str] = {}
+    for a in assignments:
+        trial = kept + [info_of[a.pod]]
+        why = book.admit(_charges(trial, state, by_key))
+        if not why:
+            kept.append(info_of[a.pod])
+            continue
+        if unit.gang is not None and len(kept) < unit.need:  # the minimum breaks a limit: nothing starts
+            for b in reversed(assignments):
+                engine.release(b.pod)
+            return [Placement(i.key, None, reason=why, gang=unit.gang) for _, i in unit.members]
+        engine.release(a.pod)
+        over[a.pod] = why
+    placed = {k: by_key[k] for _, i in kept for k in (i.key,)}
     out: list[Placement] = []
     for _, info in unit.members:
+        if info.key in over:
+            out.append(Placement(info.key, None, gang=unit.gang, reason=over[info.key] if unit.gang is None else
+                                 f"gang {unit.gang} has its minMember without this pod; this pod waits: "
+                                 f"{over[info.key]}"))
+            continue
         if info.key not in placed:
             why = engine.schedule(info.request).reason or "no room"
             out.append(Placement(info.key, None, reason=f"gang {unit.gang} has its minMember without this pod; "
                                  f"this pod waits: {why}", gang=unit.gang))
             continue
-        a, feasible_n = placed[info.key]
-        book.charge(info.queue, info.gpu_milli_total)
+        a = placed[info.key]
+        book.charge(info.queue, _charges([(None, info)], state, placed).get(info.queue or "", 0))
         out.append(Placement(
             info.key, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
-            _success_reason(policy, a, feasible_n, unit.gang, info.mig), a.gpu_memory_mib, info.mig, unit.gang,
+            _success_reason(policy, a, feasible_of[info.key], unit.gang, info.mig), a.gpu_memory_mib, info.mig,
+            unit.gang,
         ))
     return out
 
