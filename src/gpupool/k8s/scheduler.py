@@ -23,7 +23,7 @@ reflector lists again so the state is rebuilt from the API before the first bind
 
 from __future__ import annotations
 
-import copy
+import collections
 import json
 import logging
 import random
@@ -50,14 +50,14 @@ from gpupool.k8s import (
     QUEUE_API,
     VOLCANO_POD_GROUP_API,
 )
+from gpupool.k8s.events import EventRecorder
 from gpupool.k8s.requests import PodInfo, RequestParseError, annotations_of, describe_pod, node_name_of, pod_key
-from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, plan
+from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan
+from gpupool.k8s.state import ClusterModel
+from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
 from gpupool.policies import DEFAULT_POLICY
 
 log = logging.getLogger("gpupool.k8s.scheduler")
-
-MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 
 
 def _log(level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
@@ -93,7 +93,8 @@ class SchedulerConfig:
 
 
 class Backoff:
-    """Exponential backoff with full jitter: ``initial * 2**n`` capped at ``maximum``."""
+    """Exponential backoff with jitter: the n-th delay is drawn from ``[d/2, d]``, ``d = initial * 2**n`` capped at
+    ``maximum`` (seconds). :meth:`reset` after a success."""
 
     def __init__(self, initial: float, maximum: float) -> None:
         self.initial, self.maximum, self.failures = initial, maximum, 0
@@ -116,7 +117,12 @@ class _RawWatch(watch.Watch):
 
 # ------------------------------------------------------------------ cache
 class ClusterCache:
-    """Objects by kind, as the watches last reported them; ``changed`` is set on every change."""
+    """Objects by kind, as the watches last reported them; ``changed`` is set on every change.
+
+    Every change is also queued in ``changes`` (``(kind, event type, object)``, ``(kind, "RELIST", items)``
+    for a list) for the scheduling thread, which applies them to its :class:`~gpupool.k8s.state.ClusterModel`
+    at the start of each cycle (:meth:`drain`): reflectors never touch the model.
+    """
 
     KINDS = ("nodes", "pods", "podgroups", "volcanopodgroups", "queues")
 
@@ -124,6 +130,7 @@ class ClusterCache:
         self.lock = threading.Lock()
         self.objects: dict[str, dict[str, dict[str, Any]] | None] = {k: {} for k in self.KINDS}
         self.changed = threading.Event()
+        self.changes: collections.deque[tuple[str, str, Any]] = collections.deque()
 
     @staticmethod
     def key(obj: Mapping[str, Any]) -> str:
@@ -134,6 +141,7 @@ class ClusterCache:
     def replace(self, kind: str, items: list[dict[str, Any]] | None) -> None:
         with self.lock:
             self.objects[kind] = None if items is None else {self.key(o): o for o in items}
+            self.changes.append((kind, "RELIST", items))
         self.changed.set()
 
     def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
@@ -145,7 +153,25 @@ class ClusterCache:
                 store.pop(self.key(obj), None)
             else:
                 store[self.key(obj)] = obj
+            self.changes.append((kind, event_type, obj))
         self.changed.set()
+
+    def drain(self, model: Any) -> int:
+        """Apply the queued changes to ``model`` (a :class:`~gpupool.k8s.state.ClusterModel`); returns how many.
+
+        A relist supersedes the queued events of its kind before it, so they are skipped."""
+        with self.lock:
+            batch = list(self.changes)
+            self.changes.clear()
+        last_relist = {kind: i for i, (kind, etype, _) in enumerate(batch) if etype == "RELIST"}
+        for i, (kind, etype, obj) in enumerate(batch):
+            if i < last_relist.get(kind, -1):
+                continue
+            if etype == "RELIST":
+                model.replace(kind, obj)
+            else:
+                model.apply(kind, etype, obj)
+        return len(batch)
 
     def get(self, kind: str, key: str) -> dict[str, Any] | None:
         with self.lock:
@@ -172,7 +198,12 @@ class Reflector(threading.Thread):
     List (paged), then watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``; each
     watch request ends after ``watch_timeout_s`` and is resumed from the last resourceVersion seen
     (events and bookmarks). ``410 Gone`` -> list again at once. Other errors -> resume after a backoff.
-    An ``optional`` kind (a CRD) that answers 404 is recorded as absent and looked for again later.
+
+    An ``optional`` kind (a CRD) that has never been listed and answers 404 (not installed) or 403 (not granted:
+    a warning names the missing permission) is recorded as absent and looked for again later. Once a kind has
+    been listed, every error is transient: the cache is kept (a restarting API server answers 403 and 5xx for a
+    while), the reflector backs off and lists again. An outage is logged once when it starts and once when it
+    ends (with the number of failed attempts), not per attempt.
     """
 
     def __init__(self, kind: str, list_fn: Callable[..., Any], cache: ClusterCache, config: SchedulerConfig,
@@ -187,6 +218,8 @@ class Reflector(threading.Thread):
         self._relist = threading.Event()
         self._watch: _RawWatch | None = None
         self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
+        self._outage = Outage(_log, "api", kind=kind)
+        self.absent_reported = False  # the "not installed / not granted" line was logged
 
     # -- control
     def stop(self) -> None:
@@ -218,8 +251,7 @@ class Reflector(threading.Thread):
                                       "_request_timeout": (self.config.connect_timeout_s, 120)}
             if cont:
                 kwargs["_continue"] = cont
-            resp = self.list_fn(**kwargs)
-            body = json.loads(resp.data)
+            body = json.loads(drain(self.list_fn(**kwargs)))
             items.extend(body.get("items") or [])
             meta = body.get("metadata") or {}
             cont = meta.get("continue")
@@ -395,6 +427,10 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.cycles = 0
         self._parse = ParseCache()
+        self.model = ClusterModel(self.config.scheduler_name, self.config.policy, self.config.seed,
+                                  describe=self._parse, assume_ttl_s=self.config.assume_ttl_s)
+        self._model_ops: collections.deque[tuple[str, str, str]] = collections.deque()  # from binder threads
+        self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=10000)  # recent cycle times
         self._skipped: dict[str, str] = {}
         self.heartbeat = time.monotonic()
         self.bindings: list[tuple[str, str]] = []  # (pod, node) bound by this replica, in order
@@ -466,6 +502,8 @@ class Scheduler:
             with self._lock:
                 self.assumed.clear()
                 self._reported.clear()
+            for key in list(self.model.assumed):
+                self.model.forget(key)
             if self.leader is None:
                 self._lists_at_election = None  # no election: the lists made at start are the rebuild
             else:
@@ -497,6 +535,11 @@ class Scheduler:
                 break
             time.sleep(self.config.batch_s)
             self.cache.changed.clear()
+            try:
+                self._sync_model()  # as leader or as warm standby: the model follows the watches
+            except Exception:  # pragma: no cover - a bug must not stop the scheduler
+                _log(logging.ERROR, "model_update_failed", exc_info=True)
+                self.model.touch_all()
             if not self.synced:
                 continue
             self._set_ready(True)  # cache synced: ready, as leader or as warm standby
@@ -509,61 +552,54 @@ class Scheduler:
                 time.sleep(self.config.backoff_initial_s)
                 self.cache.changed.set()
 
-    def _with_assumed(self, snap: ClusterSnapshot) -> ClusterSnapshot:
-        """Drop assumptions the API has caught up with; show the rest as bound pods."""
-        now = time.monotonic()
-        pods = {pod_key(p): p for p in snap.pods}
+    def _sync_model(self) -> None:
+        """Apply the watch changes and the binders' outcomes (bound, forgotten) to the model."""
+        self.cache.drain(self.model)
         with self._lock:
-            for key, a in list(self.assumed.items()):
-                pod = pods.get(key)
-                uid = (pod or {}).get("metadata", {}).get("uid", "")
-                if pod is None or uid != a.uid or node_name_of(pod):
-                    del self.assumed[key]  # deleted, replaced, or bound as the watch now shows
-                elif a.done_at is not None and now - a.done_at > self.config.assume_ttl_s:
-                    _log(logging.WARNING, "assumption_expired", pod=key, node=a.placement.node)
-                    del self.assumed[key]
-            for key in [k for k in self._reported if k not in pods]:
+            done = [k for k, a in self.assumed.items() if a.done_at is not None]
+            for key in done:
+                del self.assumed[key]
+        for key in done:
+            self.model.bound(key)
+        while self._model_ops:
+            op, key, uid = self._model_ops.popleft()
+            if op == "forget":
+                self.model.forget(key, uid or None)
+        with self._lock:
+            for key in [k for k in self._reported if self.cache.get("pods", k) is None]:
                 del self._reported[key]
-            assumed = dict(self.assumed)
-        for key, a in assumed.items():
-            pod = copy.deepcopy(pods[key])
-            pod.setdefault("spec", {})["nodeName"] = a.placement.node
-            meta = pod.setdefault("metadata", {})
-            meta["annotations"] = {**(meta.get("annotations") or {}), **a.annotations}
-            pods[key] = pod
-        snap.pods = list(pods.values())
-        return snap
 
     def run_cycle(self) -> Plan:
-        """One cycle: plan on the cache (plus assumptions) and dispatch bindings and failure reports."""
+        """One cycle: apply what changed to the model, plan its pending pods, dispatch bindings and reports.
+
+        Costs what the pending pods and the changes cost (:class:`~gpupool.k8s.state.ClusterModel`), not what
+        the cluster costs; the time is kept in ``cycle_seconds``.
+        """
         t0 = time.perf_counter()
-        snap = self._with_assumed(self.cache.snapshot())
-        result = plan(snap, self.config.scheduler_name, self.config.policy, self.config.seed, self.prepare_state,
-                      self._parse)
-        self._parse.prune()
+        self._sync_model()
+        result = self.model.cycle(self.prepare_state)
         self.cycles += 1
-        if result.inventory is not None:
-            skipped = dict(result.inventory["skipped_pods"])
+        skipped = self.model.skipped_pods
+        if skipped.keys() != self._skipped.keys():
             for key in skipped.keys() - self._skipped.keys():
                 _log(logging.WARNING, "bound_pod_miscounted", pod=key, note=skipped[key])
-            self._skipped = skipped
+            self._skipped = dict(skipped)
         elapsed = time.perf_counter() - t0
+        if result.placements:
+            self.cycle_seconds.append(elapsed)
         per_pod = elapsed / max(1, len(result.placements))
-        nodes = {(n.get("metadata") or {}).get("name") for n in snap.nodes}
         for p in result.placements:
             pod = self.cache.get("pods", p.pod)
             if pod is None:
+                if p.node is not None:
+                    self.model.forget(p.pod)
                 continue
             if p.node is None:
                 self._metric("observe_attempt", "unschedulable", per_pod)
                 self._report_unschedulable(pod, p.reason)
                 continue
-            if p.node not in nodes:  # pragma: no cover - plan only uses known nodes
-                continue
             uid = (pod.get("metadata") or {}).get("uid", "")
             with self._lock:
-                if p.pod in self.assumed:
-                    continue
                 a = _Assumed(uid, p, assignment_annotations(p), started=t0)
                 self.assumed[p.pod] = a
             self._pool.submit(self._bind, pod, a)
@@ -583,9 +619,11 @@ class Scheduler:
 
     # -- binding
     def _forget(self, key: str, a: _Assumed) -> None:
+        """The binding of ``key`` did not happen: its devices go back to the pool at the next cycle."""
         with self._lock:
             if self.assumed.get(key) is a:
                 del self.assumed[key]
+        self._model_ops.append(("forget", key, a.uid))
         self.cache.changed.set()
 
     def _bind(self, pod: Mapping[str, Any], a: _Assumed) -> str:
