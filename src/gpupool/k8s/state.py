@@ -638,6 +638,12 @@ class ClusterModel:
             log.warning("incremental state drifted from the API; rebuilt",
                         extra={"event": "state_drift", "fields": problems})
 
+    def refresh(self) -> ClusterState | None:
+        """Bring the state up to date without planning (rebuild if the node set changed); returns it."""
+        if self._dirty:
+            self._rebuild()
+        return self.state
+
     def touch_all(self) -> None:
         """Rebuild before the next cycle (e.g. the scheduler became leader)."""
         self._dirty = True
@@ -727,8 +733,7 @@ class ClusterModel:
         from gpupool.k8s import snapshot as snap
 
         self.expire()
-        if self._dirty:
-            self._rebuild()
+        self.refresh()
         pending = [self.pods[k] for k in self.pending]
         if not pending:
             return snap.Plan([], None, self.policy_name)

@@ -1,0 +1,272 @@
+"""The incremental cluster model (:mod:`gpupool.k8s.state`): changed in place by watch events, equal to a model
+built from scratch on the same objects, and a cycle whose cost follows the pending pods and the changes."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MILLI, ANN_NODE
+from gpupool.k8s.state import ClusterModel, queue_charge
+
+_rv = itertools.count(100)
+
+
+def node(name: str, gpus: int = 4, product: str = "NVIDIA-H100-80GB-HBM3", taints=None, **labels) -> dict:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "resourceVersion": str(next(_rv)),
+                         "labels": {"nvidia.com/gpu.product": product, **labels}},
+            "spec": {"taints": taints} if taints else {},
+            "status": {"allocatable": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": str(gpus)},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def pod(name: str, gpu: int = 1, fraction: float | None = None, node_name: str | None = None, queue: str | None = None,
+        devices: tuple[int, ...] | None = None, milli: int = 1000, gpumem: int | None = None, **meta) -> dict:
+    ann: dict = {}
+    limits: dict = {}
+    if fraction is not None:
+        ann["gpu-fraction"] = str(fraction)
+    elif gpumem is not None:
+        limits = {"nvidia.com/gpu": str(gpu), "nvidia.com/gpumem": str(gpumem)}
+    elif gpu:
+        limits = {"nvidia.com/gpu": str(gpu)}
+    if node_name and devices is not None:
+        ann.update({ANN_NODE: node_name, ANN_GPU_INDEX: ",".join(map(str, devices)), ANN_GPU_MILLI: str(milli)})
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    p = {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}-{next(_rv)}",
+                      "resourceVersion": str(next(_rv)), "annotations": ann, "labels": labels,
+                      "creationTimestamp": "2025-01-01T00:00:00Z", **meta},
+         "spec": {"schedulerName": "gpupool",
+                  "containers": [{"name": "c", "resources": {"limits": limits, "requests": {"cpu": "1"}}}]},
+         "status": {"phase": "Running" if node_name else "Pending"}}
+    if node_name:
+        p["spec"]["nodeName"] = node_name
+    return p
+
+
+def bumped(obj: dict, **changes) -> dict:
+    out = copy.deepcopy(obj)
+    out["metadata"]["resourceVersion"] = str(next(_rv))
+    for k, v in changes.items():
+        if k == "node_name":
+            out["spec"]["nodeName"] = v
+        elif k == "phase":
+            out["status"]["phase"] = v
+        elif k == "annotations":
+            out["metadata"]["annotations"].update(v)
+        elif k == "taints":
+            out["spec"]["taints"] = v
+    return out
+
+
+def books(model: ClusterModel) -> tuple:
+    s = model.state
+    assert s is not None
+    s.check_invariants()
+    return (s.node_names, s.cpu_free.tolist(), s.gpu_free.tolist(), s.gpu_mem_free.tolist(),
+            {k: (a.node_name, a.gpus, a.gpu_milli) for k, a in s.assignments.items()},
+            {q: v for q, v in model.queue_used.items() if v})
+
+
+def fresh(model: ClusterModel) -> ClusterModel:
+    """A model built from scratch on the objects ``model`` holds now (what a relist gives)."""
+    other = ClusterModel()
+    other.replace("nodes", [r.obj for r in model.nodes.values()])
+    other.replace("pods", [r.obj for r in model.pods.values()])
+    other.replace("queues", None if model.queues is None else list(model.queues.values()))
+    other.refresh()
+    return other
+
+
+def test_pod_events_change_the_state_in_place():
+    m = ClusterModel()
+    m.replace("nodes", [node("a"), node("b")])
+    m.replace("pods", [pod("x", node_name="a", devices=(0,))])
+    m.cycle()
+    assert m.stats["rebuilds"] == 1
+    state = m.state
+    assert state.gpu_free[0, 0] == 0
+    y = pod("y", node_name="b", devices=(2,))
+    m.apply("pods", "ADDED", y)
+    assert state.gpu_free[1, 2] == 0  # counted at once, no rebuild
+    m.apply("pods", "MODIFIED", bumped(y, phase="Succeeded"))
+    assert state.gpu_free[1, 2] == 1000  # finished: released
+    m.apply("pods", "DELETED", m.pods["default/x"].obj)
+    assert state.gpu_free[0, 0] == 1000
+    m.cycle()
+    assert m.stats["rebuilds"] == 1 and m.state is state
+    state.check_invariants()
+
+
+def test_a_cycle_parses_only_what_changed():
+    m = ClusterModel()
+    m.replace("nodes", [node(f"n{i}") for i in range(50)])
+    m.replace("pods", [pod(f"b{i}", node_name=f"n{i % 50}") for i in range(120)])
+    m.apply("pods", "ADDED", pod("p0"))
+    m.cycle()
+    parsed, nodes_parsed = m.stats["parsed_pods"], m.stats["parsed_nodes"]
+    for i in range(1, 6):
+        m.apply("pods", "ADDED", pod(f"p{i}"))
+        result = m.cycle()
+        assert [p.pod for p in result.placements] == [f"default/p{i}"]  # the earlier ones are assumed
+    assert m.stats["parsed_pods"] == parsed + 5 and m.stats["parsed_nodes"] == nodes_parsed
+    assert m.stats["rebuilds"] == 1
+
+
+def test_assumed_pod_holds_its_devices_until_forgotten_or_adopted():
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=1)])
+    p = pod("p")
+    m.replace("pods", [p, pod("q")])
+    result = {x.pod: x for x in m.cycle().placements}
+    placed = [k for k, x in result.items() if x.node]
+    assert len(placed) == 1  # one GPU for two whole-GPU pods
+    winner = placed[0]
+    loser = "default/q" if winner == "default/p" else "default/p"
+    assert "Insufficient GPU share" in result[loser].reason
+    assert m.cycle().placements[0].pod == loser  # the winner is assumed, not planned again
+    assert m.forget(winner)
+    assert m.state.gpu_free[0, 0] == 1000
+    assert {x.pod for x in m.cycle().placements} == {winner, loser}
+    # the watch shows the new winner bound where it was placed: adopted, devices unchanged
+    new_winner = next(k for k in m.assumed)
+    rec = m.pods[new_winner]
+    m.apply("pods", "MODIFIED", bumped(rec.obj, node_name="a",
+                                       annotations={ANN_NODE: "a", ANN_GPU_INDEX: "0", ANN_GPU_MILLI: "1000"}))
+    assert not m.assumed and m.pods[new_winner].counted and m.state.gpu_free[0, 0] == 0
+    assert books(m) == books(fresh(m))
+
+
+def test_bound_elsewhere_replaces_the_assumption():
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=1), node("b", gpus=1)])
+    m.replace("pods", [pod("p")])
+    placed = m.cycle().placements[0]
+    other = "b" if placed.node == "a" else "a"
+    m.apply("pods", "MODIFIED", bumped(m.pods["default/p"].obj, node_name=other))
+    assert not m.assumed
+    assert m.state.assignments["default/p"].node_name == other
+    assert books(m) == books(fresh(m))
+
+
+def test_taint_change_touches_only_that_node():
+    m = ClusterModel()
+    m.replace("nodes", [node("a"), node("b")])
+    m.replace("pods", [])
+    m.apply("pods", "ADDED", pod("warm"))
+    m.cycle()
+    version = m.state.version.copy()
+    tainted = bumped(m.nodes["a"].obj, taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}])
+    m.apply("nodes", "MODIFIED", tainted)
+    assert m.stats["rebuilds"] == 1
+    assert (m.state.version - version).tolist() == [1, 0]
+    m.apply("pods", "ADDED", pod("p"))
+    assert m.cycle().placements[0].node == "b"
+
+
+def test_capacity_change_rebuilds():
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=2)])
+    m.replace("pods", [pod("x", node_name="a", devices=(1,))])
+    m.cycle()
+    grown = node("a", gpus=4)
+    m.apply("nodes", "MODIFIED", grown)
+    m.apply("pods", "ADDED", pod("y", gpu=3))
+    placed = m.cycle().placements[0]
+    assert m.stats["rebuilds"] == 2 and placed.node == "a" and set(placed.gpus) == {0, 2, 3}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_events_keep_the_books_equal_to_a_rebuild(seed):
+    """Random adds, binds, finishes, deletions, moves and node taints, with cycles in between: after each
+    step the incremental books equal those of a model built from scratch on the same objects."""
+    rng = random.Random(seed)
+    m = ClusterModel(seed=seed)
+    nodes = [node(f"n{i}", gpus=rng.choice([2, 4, 8])) for i in range(6)]
+    m.replace("nodes", nodes)
+    m.replace("pods", [])
+    m.replace("queues", [{"apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": q},
+                          "spec": {"quota": 4, "limit": 12}} for q in ("qa", "qb")])
+    m.cycle()
+    names = itertools.count()
+    compared = 0
+    for step in range(100):
+        roll = rng.random()
+        live = [r for r in m.pods.values()]
+        if roll < 0.35 or not live:
+            kind = rng.random()
+            p = pod(f"p{next(names)}", gpu=rng.choice([1, 1, 2]),
+                    fraction=rng.choice([None, 0.25, 0.5]) if kind < 0.5 else None,
+                    gpumem=rng.choice([None, 20000]) if kind >= 0.5 else None,
+                    queue=rng.choice([None, "qa", "qb"]))
+            m.apply("pods", "ADDED", p)
+        elif roll < 0.55:
+            m.cycle()
+        elif roll < 0.75:
+            for key in list(m.assumed):  # the binders finish: most bound as placed, some fail
+                if rng.random() < 0.2:
+                    m.forget(key)
+                    continue
+                a = m.state.assignments[key]
+                rec = m.pods[key]
+                m.apply("pods", "MODIFIED", bumped(rec.obj, node_name=a.node_name, annotations={
+                    ANN_NODE: a.node_name, ANN_GPU_INDEX: ",".join(map(str, a.gpus)),
+                    ANN_GPU_MILLI: str(a.gpu_milli)}))
+        elif roll < 0.8:
+            r = rng.choice(live)
+            m.apply("pods", "MODIFIED", bumped(r.obj, phase=rng.choice(["Succeeded", "Failed"])))
+        elif roll < 0.9:
+            r = rng.choice(live)
+            m.apply("pods", "DELETED", r.obj)
+        elif roll < 0.95 and m.assumed:
+            m.forget(rng.choice(list(m.assumed)))
+        else:
+            i = rng.randrange(len(nodes))
+            nodes[i] = bumped(m.nodes[f"n{i}"].obj, taints=rng.choice(
+                [None, [{"key": "x", "effect": "NoSchedule"}]]))
+            m.apply("nodes", "MODIFIED", nodes[i])
+        if m.assumed:
+            continue  # a rebuilt model knows nothing of assumptions: compare when none is in flight
+        if m.state is not None and not m._dirty:
+            assert books(m) == books(fresh(m)), f"step {step}"
+            compared += 1
+    assert compared >= 10
+    m.state.check_invariants()
+
+
+def test_relist_detects_no_drift_when_books_are_right():
+    m = ClusterModel()
+    m.replace("nodes", [node("a")])
+    m.replace("pods", [pod("x", node_name="a", devices=(0,))])
+    m.cycle()
+    m.replace("pods", [r.obj for r in m.pods.values()])
+    m.cycle()
+    assert m.stats["rebuilds"] == 2 and m.stats["drift"] == 0
+
+
+def test_relist_reports_drift():
+    m = ClusterModel()
+    m.replace("nodes", [node("a")])
+    m.replace("pods", [pod("x", node_name="a", devices=(0,))])
+    m.cycle()
+    m.state.release("default/x")  # a bug's worth of drift: the books lost a pod
+    m.replace("pods", [r.obj for r in m.pods.values()])
+    m.cycle()
+    assert m.stats["drift"] == 1 and m.state.gpu_free[0, 0] == 0
+
+
+def test_queue_charge_of_memory_shares():
+    m = ClusterModel()
+    m.replace("nodes", [node("a")])
+    m.replace("pods", [pod("x", node_name="a", gpumem=70000, devices=(0,), milli=1)])
+    m.cycle()
+    info = m.pods["default/x"].info
+    a = m.state.assignments["default/x"]
+    assert queue_charge(info, a, m.state) == int(np.ceil(70000 * 1000 / 81559))
+    assert queue_charge(info, None, None) == 1  # declared share: the lower bound used before placing
