@@ -5,11 +5,16 @@ format), extended here with what a scheduler depends on and the emulator leaves 
 
 * ``resourceVersion`` on every change, LIST answering with the current one, WATCH resuming from a given
   one (replaying only the later events), ``410 Gone`` for a compacted one, and a BOOKMARK after catch-up;
-* the ``pods/binding`` subresource with the API server's rules (404 for a missing pod, 409 for a pod
-  already bound or a UID mismatch; annotations of the Binding copied onto the pod; PodScheduled=True);
+* the ``pods/binding`` subresource with kube-apiserver's rules (``BindingREST.Create`` / ``assignPod``):
+  400 when the URL's name differs from the Binding's, 404 for a missing pod, 409 for a UID or
+  resourceVersion precondition that fails, a pod already bound, being deleted or gated; on success, in
+  ONE update: ``spec.nodeName``, the Binding's annotations (and labels) merged over the pod's, PodScheduled=True,
+  and a ``201`` with a ``Status`` body;
 * ``generateName`` for Events;
 * fault hooks: run something just before a binding is served (bind the pod elsewhere, delete it),
-  end every open watch, compact the history.
+  end every open watch, compact the history;
+* a count of the TCP connections the server accepted (``Harness.connections``), to check that the client
+  reuses its connections.
 
 The emulator runs on its own event loop thread; the scheduler's threads use the official ``kubernetes``
 client against it exactly as against a real API server.
@@ -32,7 +37,7 @@ import kmock
 import pytest
 from kubernetes import client
 
-from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MILLI, ANN_NODE
+from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MILLI, ANN_NODE, wire
 from gpupool.k8s.scheduler import Scheduler, SchedulerConfig, _Assumed, assignment_annotations
 from gpupool.k8s.snapshot import Placement
 
@@ -85,6 +90,8 @@ class ApiServer(kmock.KubernetesEmulator):
     cond: asyncio.Condition = attrs.field(factory=asyncio.Condition)
     before_bind: dict[str, Callable[..., Any]] = attrs.field(factory=dict)
     binds: list[tuple[str, str, str]] = attrs.field(factory=list)
+    # every binding request: (ns, name, target, annotations, HTTP status)
+    bind_attempts: list[tuple[str, str, str, dict[str, str], int]] = attrs.field(factory=list)
     watches: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -166,38 +173,67 @@ class ApiServer(kmock.KubernetesEmulator):
             await self._buses[request.resource].put({"type": "MODIFIED", "object": obj.raw})
             return obj.raw
 
-    # -- pods/binding
+    # -- pods/binding, as kube-apiserver's BindingREST.Create -> assignPod -> setPodNodeAndMetadata
     async def _serve_binding(self, request):
         ns, name = request.namespace, request.name
+        body = request.data or {}
+        meta = body.get("metadata") or {}
+        annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+        target = (body.get("target") or {}).get("name")
         hook = self.before_bind.pop(name, None)
         if hook is not None:
-            await hook(self, ns, name)
-        body = request.data or {}
-        target = (body.get("target") or {}).get("name")
-        async with self._lock:
-            key = (PODS, ns, name)
-            if key not in self._objects or self._objects[key].deleted:
-                raise kmock.KubernetesError(status=404, reason="NotFound", message=f'pods "{name}" not found')
-            obj = self._objects[key]
-            uid = (body.get("metadata") or {}).get("uid")
-            if uid and uid != obj.raw.get("metadata", {}).get("uid"):
-                raise kmock.KubernetesError(status=409, reason="Conflict", message="Precondition failed: UID")
-            bound = (obj.raw.get("spec") or {}).get("nodeName")
-            if bound:
-                raise kmock.KubernetesError(
-                    status=409, reason="Conflict",
-                    message=f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
-                            f'assigned to node "{bound}"')
-            await self._set_node(ns, name, target, (body.get("metadata") or {}).get("annotations") or {})
-            self.binds.append((ns, name, target))
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+            await hook(self, ns, name, body)
+        status = 500
+        try:
+            if meta.get("name") != name:
+                status = 400
+                raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                            message="name in URL does not match name in Binding object")
+            if not target:
+                status = 422
+                raise kmock.KubernetesError(status=422, reason="Invalid", message="target.name: Required value")
+            async with self._lock:  # one atomic update, as GuaranteedUpdate
+                key = (PODS, ns, name)
+                if key not in self._objects or self._objects[key].deleted:
+                    status = 404
+                    raise kmock.KubernetesError(status=404, reason="NotFound", message=f'pods "{name}" not found')
+                pod = self._objects[key].raw
+                pmeta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+                problem = None
+                if meta.get("uid") and meta["uid"] != pmeta.get("uid"):
+                    problem = (f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: "
+                               f"{pmeta.get('uid')}")
+                elif meta.get("resourceVersion") and meta["resourceVersion"] != pmeta.get("resourceVersion"):
+                    problem = "the object has been modified; please apply your changes to the latest version"
+                elif pmeta.get("deletionTimestamp"):
+                    problem = f"pod {name} is being deleted, cannot be assigned to a host"
+                elif spec.get("nodeName"):
+                    problem = f'pod {name} is already assigned to node "{spec["nodeName"]}"'
+                elif spec.get("schedulingGates"):
+                    problem = f"pod {name} has non-empty .spec.schedulingGates"
+                if problem:
+                    status = 409
+                    raise kmock.KubernetesError(
+                        status=409, reason="Conflict",
+                        message=f'Operation cannot be fulfilled on pods/binding "{name}": {problem}')
+                await self._set_node(ns, name, target, annotations, meta.get("labels") or {})
+                self.binds.append((ns, name, target))
+                status = 201
+        finally:
+            self.bind_attempts.append((ns, name, target, annotations, status))
+        return kmock.Response(status=201, payload={"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                   "status": "Success", "code": 201})
 
-    async def _set_node(self, ns: str, name: str, node: str, annotations: dict[str, str] | None = None) -> None:
+    async def _set_node(self, ns: str, name: str, node: str, annotations: dict[str, str] | None = None,
+                        labels: dict[str, str] | None = None) -> None:
+        """spec.nodeName, the annotations (and labels) merged over the pod's (a key set to a value, none removed),
+        PodScheduled=True; one new version, one MODIFIED event."""
         obj = self._objects[PODS, ns, name]
         conditions = [c for c in (obj.raw.get("status") or {}).get("conditions") or []
                       if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True"})
-        obj.patch({"spec": {"nodeName": node}, "metadata": {"annotations": annotations or {}},
+        obj.patch({"spec": {"nodeName": node}, "metadata": {"annotations": dict(annotations or {}),
+                                                            "labels": dict(labels or {})},
                    "status": {"conditions": conditions}})
         await self._buses[PODS].put({"type": "MODIFIED", "object": obj.raw})
 
@@ -223,6 +259,7 @@ class Harness:
     """The API server on a background event loop, and helpers to talk to it from the test's thread."""
 
     def __init__(self) -> None:
+        self.connections = 0  # TCP connections the server accepted
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
@@ -230,6 +267,7 @@ class Harness:
         assert self._ready.wait(10), "mock API server did not start"
         cfg = client.Configuration()
         cfg.host = str(self.srv.url).rstrip("/")
+        wire.configure(cfg, SchedulerConfig().bind_workers)  # as scheduler_cli does
         self.url = cfg.host
         self.api = client.ApiClient(cfg)
         self.v1 = client.CoreV1Api(self.api)
@@ -246,6 +284,14 @@ class Harness:
             server.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
             server.resources[NODES] = kmock.ResourceInfo(kind="Node", namespaced=False)
             server.resources[EVENTS] = kmock.ResourceInfo(kind="Event", namespaced=True)
+            web = srv._managed_server.runner.server  # aiohttp's low-level Server: one call per TCP connection
+            made = web.connection_made
+
+            def count_connection(handler, transport):
+                self.connections += 1
+                return made(handler, transport)
+
+            web.connection_made = count_connection
             self._ready.set()
             await self._stop.wait()
             await server.drop_watches()
@@ -287,14 +333,16 @@ class Harness:
         return [e for e in self.objects(EVENTS) if e.get("involvedObject", {}).get("name") == name]
 
     def create_node(self, node: dict[str, Any]) -> None:
-        self.v1.create_node(node, _preload_content=False)
+        wire.drain(self.v1.create_node(node, _preload_content=False))
 
     def create_pod(self, pod: dict[str, Any]) -> None:
-        self.v1.create_namespaced_pod(pod["metadata"].get("namespace", "default"), pod, _preload_content=False)
+        wire.drain(self.v1.create_namespaced_pod(pod["metadata"].get("namespace", "default"), pod,
+                                                 _preload_content=False))
 
-    def scheduler(self, leader: Callable[[], bool] | None = None, identity: str = "gpupool-0") -> Scheduler:
+    def scheduler(self, leader: Callable[[], bool] | None = None, identity: str = "gpupool-0",
+                  **config: Any) -> Scheduler:
         cfg = SchedulerConfig(identity=identity, batch_s=0.01, backoff_initial_s=0.05, backoff_max_s=0.3,
-                              optional_retry_s=0.5, resync_s=0.5, watch_timeout_s=30)
+                              optional_retry_s=0.5, resync_s=0.5, watch_timeout_s=30, **config)
         s = Scheduler(self.api, cfg, leader=leader)
         self.schedulers.append(s)
         s.start()
@@ -450,9 +498,10 @@ def test_conflict_409_counts_the_pod_where_the_api_says(h):
     h.create_pod(gpu_pod("raced", gpus=1))
     taken: list[str] = []
 
-    async def someone_else_binds_first(server, ns, name):
-        pod = server._objects[PODS, ns, name].raw
-        planned = pod["metadata"]["annotations"]["gpupool.io/node"]
+    async def someone_else_binds_first(server, ns, name, binding):
+        planned = binding["metadata"]["annotations"]["gpupool.io/node"]
+        assert planned == binding["target"]["name"]
+        assert "gpupool.io/node" not in server._objects[PODS, ns, name].raw["metadata"]["annotations"]  # no PATCH
         other = "n2" if planned == "n1" else "n1"
         taken.append(other)
         await server.bind_elsewhere(ns, name, other)
@@ -460,7 +509,8 @@ def test_conflict_409_counts_the_pod_where_the_api_says(h):
     h.call(lambda: h.server.before_bind.__setitem__("raced", someone_else_binds_first))
     s = h.scheduler()
     wait_for(lambda: taken and bound_node(h, "raced") == taken[0], what="bound elsewhere")
-    wait_for(lambda: "gpupool.io/node" not in h.pod("raced")["metadata"]["annotations"], what="annotations undone")
+    # The loser never wrote the pod: it carries the winner's annotations (none here), not gpupool's.
+    assert "gpupool.io/node" not in h.pod("raced")["metadata"]["annotations"]
     # The GPU the other scheduler took is not handed out again; the free one is.
     h.create_pod(gpu_pod("next", gpus=1))
     h.create_pod(gpu_pod("third", gpus=1))
@@ -477,7 +527,7 @@ def test_pod_deleted_before_binding(h):
     h.create_node(gpu_node("n1", gpus=1))
     h.create_pod(gpu_pod("doomed", gpus=1))
 
-    async def delete_first(server, ns, name):
+    async def delete_first(server, ns, name, binding):
         await server.delete_pod(ns, name)
 
     h.call(lambda: h.server.before_bind.__setitem__("doomed", delete_first))

@@ -18,6 +18,9 @@ its work in an unsupervised thread, hence this implementation on ``CoordinationV
 
 Callbacks run on the elector's thread and must return promptly (signal the scheduling loop, e.g. set
 an event); a callback that raises is logged.
+
+Every response is read to the end, so the elector reuses one connection; an outage of the API server is
+logged once when it starts and once when it ends (with the number of failed rounds), not every round.
 """
 
 from __future__ import annotations
@@ -33,11 +36,20 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpupool.k8s.wire import Outage, drain
+
 log = logging.getLogger(__name__)
+
+
+def _log(level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
+    """One structured log line: the event as the message, the fields as ``extra``."""
+    if log.isEnabledFor(level):
+        log.log(level, event, extra={"event": event, **fields}, exc_info=exc_info)
 
 Callback = Callable[[], None]
 
@@ -141,6 +153,7 @@ class LeaderElector:
         self._last_leader = ""
         self._timeout = max(0.5, min(self.renew_deadline, 5.0))  # per API request
         self._last_renew = -math.inf
+        self._outage = Outage(_log, "lease", lease=f"{self.namespace}/{self.name}", identity=self.identity)
 
     # ------------------------------------------------------------------ state
     @property
@@ -187,7 +200,7 @@ class LeaderElector:
             if exc.status == 404:
                 return None
             raise
-        return json.loads(resp.data)
+        return json.loads(drain(resp))
 
     def _observe(self, record: LeaseRecord) -> None:
         if not record.same_as(self.observed):
@@ -211,10 +224,12 @@ class LeaderElector:
                 body = self._record_body(now_wall, _micro_time(now_wall), 0, None)
                 created = self.api.create_namespaced_lease(self.namespace, body, _preload_content=False,
                                                            _request_timeout=timeout)
-                self._observe(LeaseRecord.from_lease(json.loads(created.data)))
+                self._observe(LeaseRecord.from_lease(json.loads(drain(created))))
+                self._outage.success()
                 return True
             record = LeaseRecord.from_lease(current)
             self._observe(record)
+            self._outage.success()
             mine = record.holder == self.identity
             if record.holder and not mine and self.observed_at + self.lease_duration > self.clock():
                 return False  # held by someone else and not expired
@@ -226,17 +241,16 @@ class LeaderElector:
             body = self._record_body(now_wall, acquire, transitions, record.resource_version)
             replaced = self.api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
                                                          _request_timeout=timeout)
-            self._observe(LeaseRecord.from_lease(json.loads(replaced.data)))
+            self._observe(LeaseRecord.from_lease(json.loads(drain(replaced))))
             return True
         except ApiException as exc:
             if exc.status == 409:
-                log.debug("lease write lost a race", extra={"lease": self.name, "identity": self.identity})
+                _log(logging.DEBUG, "lease_race_lost", lease=self.name, identity=self.identity)
             else:
-                log.warning("lease request failed", extra={"lease": self.name, "status": exc.status,
-                                                           "reason": exc.reason})
+                self._outage.failure(status=exc.status, reason=exc.reason)
             return False
         except Exception as exc:  # network errors, timeouts, bad payloads: just a failed round
-            log.warning("lease request failed", extra={"lease": self.name, "error": repr(exc)})
+            self._outage.failure(error=type(exc).__name__, detail=str(exc)[:200])
             return False
 
     def release(self) -> bool:
@@ -251,8 +265,8 @@ class LeaderElector:
             now_wall = dt.datetime.now(dt.UTC)
             body = self._record_body(now_wall, _micro_time(now_wall), record.transitions, record.resource_version,
                                      holder="", duration=1)
-            self.api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
-                                              _request_timeout=self._timeout)
+            drain(self.api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
+                                                    _request_timeout=self._timeout))
             return True
         except Exception as exc:
             log.warning("lease release failed", extra={"lease": self.name, "error": repr(exc)})

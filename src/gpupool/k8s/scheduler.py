@@ -54,7 +54,7 @@ from gpupool.k8s.events import EventRecorder
 from gpupool.k8s.requests import PodInfo, RequestParseError, annotations_of, describe_pod, node_name_of, pod_key
 from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan
 from gpupool.k8s.state import ClusterModel
-from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
+from gpupool.k8s.wire import STRATEGIC_PATCH, Outage, call, drain, ensure_pool
 from gpupool.policies import DEFAULT_POLICY
 
 log = logging.getLogger("gpupool.k8s.scheduler")
@@ -88,7 +88,8 @@ class SchedulerConfig:
     batch_s: float = 0.05  # wait this long after a change so that a burst becomes one cycle
     resync_s: float = 30.0  # run a cycle at least this often
     assume_ttl_s: float = 60.0  # forget a binding the watch has not shown this long after it succeeded
-    bind_workers: int = 8
+    bind_workers: int = 8  # threads that POST bindings (nothing else); the client's pool is sized to fit
+    bind_timeout_s: float = 30.0  # read timeout of a binding, a status patch, a read-back (seconds)
     list_page: int = 500
 
 
@@ -285,6 +286,7 @@ class Reflector(threading.Thread):
                 if rv and etype in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
                     self.resource_version = rv
                 self._backoff.reset()
+                self._outage.success(action="watched")
         finally:
             self._watch = None
 
@@ -299,7 +301,9 @@ class Reflector(threading.Thread):
                     self._list()
                     need_list = False
                     self._backoff.reset()
+                    self._outage.success(action="listed")
                 self._watch_once()
+                self._outage.success(action="watched")
             except ApiException as exc:
                 if self._halt.is_set():
                     break
@@ -308,20 +312,17 @@ class Reflector(threading.Thread):
                          action="relist")
                     need_list = True
                     continue
-                if exc.status in (403, 404) and self.optional:
-                    # CRD not installed (404) or not granted to us (403): run without it, look again later.
-                    if self.cache.objects.get(self.kind) is not None or not self.synced.is_set():
-                        _log(logging.INFO if exc.status == 404 else logging.WARNING, "resource_absent",
-                             kind=self.kind, status=exc.status, retry_s=self.config.optional_retry_s)
-                    self.cache.replace(self.kind, None)
-                    self.synced.set()
+                if exc.status in (403, 404) and self.optional and self.lists == 0:
+                    # Never listed: the CRD is not installed (404) or we may not read it (403). Run without it
+                    # and look again later. Once listed, a 403/404 is the API server's trouble, not an answer.
+                    self._absent(exc.status)
                     need_list = True
-                    self._sleep(self.config.optional_retry_s)
                     continue
+                # Transient (5xx, 429, and 403/404 from a kind already listed: a restarting API server answers
+                # 403 until its authorizer is ready): keep what the cache holds, back off, list again.
                 delay = self._backoff.next()
-                _log(logging.WARNING, "api_error", kind=self.kind, status=exc.status, reason=exc.reason,
-                     retry_s=round(delay, 2))
-                if exc.status in (400, 401, 403, 422) or exc.status is None:
+                self._outage.failure(status=exc.status, reason=exc.reason, retry_s=round(delay, 2))
+                if exc.status in (400, 401, 403, 404, 422) or exc.status is None:
                     need_list = True
                 self._sleep(delay)
             except Exception as exc:  # connection refused, reset, read timeout, malformed stream, ...
@@ -330,12 +331,27 @@ class Reflector(threading.Thread):
                 if self._relist.is_set():
                     continue  # we cut the watch short ourselves to list again
                 delay = self._backoff.next()
-                _log(logging.WARNING, "watch_error", kind=self.kind, error=type(exc).__name__, detail=str(exc)[:200],
-                     retry_s=round(delay, 2))
+                self._outage.failure(error=type(exc).__name__, detail=str(exc)[:200], retry_s=round(delay, 2))
                 if self._backoff.failures > 5:
                     need_list = True  # a long outage: do not trust the resourceVersion any more
                 self._sleep(delay)
         _log(logging.INFO, "reflector_stopped", kind=self.kind)
+
+    def _absent(self, status: int) -> None:
+        """An optional kind never listed answered 404 (CRD not installed) or 403 (not granted): run without it."""
+        if not self.absent_reported:
+            self.absent_reported = True
+            if status == 404:
+                _log(logging.INFO, "resource_absent", kind=self.kind, status=status,
+                     note="CRD not installed: running without it", retry_s=self.config.optional_retry_s)
+            else:
+                _log(logging.WARNING, "resource_forbidden", kind=self.kind, status=status,
+                     note="list/watch not granted to this service account (see deploy/rbac.yaml): running without "
+                          "it, so what it would enforce is not enforced", retry_s=self.config.backoff_max_s)
+        self.cache.replace(self.kind, None)
+        self.synced.set()
+        # Not granted may be a moment's trouble (an API server starting up): look again soon, then less often.
+        self._sleep(self.config.optional_retry_s if status == 404 else self._backoff.next())
 
 
 # ------------------------------------------------------------------ the scheduler
@@ -424,6 +440,12 @@ class Scheduler:
         self._leading = False
         self._lists_at_election: dict[str, int] | None = None
         self._pool = ThreadPoolExecutor(max_workers=self.config.bind_workers, thread_name_prefix="gpupool-bind")
+        # Binders only bind; Events go through the recorder's bounded queue, conditions through the report pool.
+        self.recorder = EventRecorder(api_client, self.config.scheduler_name, self.config.identity,
+                                      on_drop=lambda: self._metric("inc_events_dropped"))
+        self._report_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="gpupool-report")
+        self._report_pool_closed = False
+        self._bind_outage = Outage(_log, "bind")
         self._thread: threading.Thread | None = None
         self.cycles = 0
         self._parse = ParseCache()
@@ -455,6 +477,12 @@ class Scheduler:
 
     # -- lifecycle
     def start(self) -> None:
+        # One connection per thread that writes at once (binders, report pool, event workers) plus the watches
+        # (each holds one) and a few for lists and read-backs: fewer and urllib3 discards one per request.
+        want = self.config.bind_workers + 2 + self.recorder.workers + len(self.reflectors) + 4
+        if not ensure_pool(self.api_client, want):
+            _log(logging.WARNING, "connection_pool_small", size=self.api_client.configuration.connection_pool_maxsize,
+                 want=want)
         for r in self.reflectors:
             r.start()
         self._thread = threading.Thread(target=self._loop, name="gpupool-scheduler", daemon=True)
@@ -470,6 +498,9 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._report_pool_closed = True
+        self._report_pool.shutdown(wait=True, cancel_futures=True)
+        self.recorder.stop(timeout)
         for r in self.reflectors:
             if r.is_alive():
                 r.join(timeout)
@@ -627,39 +658,47 @@ class Scheduler:
         self.cache.changed.set()
 
     def _bind(self, pod: Mapping[str, Any], a: _Assumed) -> str:
-        """Annotate, bind, report; returns bound|conflict|deleted|node_gone|error|not_leader."""
+        """Bind ``pod`` as ``a`` plans it, in ONE write; returns bound|conflict|deleted|node_gone|error|not_leader.
+
+        The ``pods/binding`` POST carries the device annotations and the pod's UID (precondition): the API server
+        sets ``spec.nodeName`` and copies the Binding's annotations onto the pod in one atomic update, so a pod
+        is never annotated by a scheduler that did not bind it. The ``Scheduled`` Event is queued on the
+        recorder (:class:`gpupool.k8s.events.EventRecorder`) and never delays the next binding.
+        """
         key = a.placement.pod
         node = a.placement.node or ""
         meta = pod.get("metadata") or {}
         ns, name = meta.get("namespace") or "default", meta.get("name", "")
-        result = "error"
+        if self._stop.is_set() or not self._is_leader():
+            self._forget(key, a)
+            return "not_leader"
+        if self.cache.get("nodes", node) is None:
+            _log(logging.INFO, "bind_skipped", pod=key, node=node, reason="node no longer exists")
+            self._forget(key, a)
+            return "node_gone"
+        binding_meta: dict[str, Any] = {"name": name, "namespace": ns, "annotations": a.annotations}
+        if a.uid:
+            binding_meta["uid"] = a.uid
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": binding_meta,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
-            if self._stop.is_set() or not self._is_leader():
-                result = "not_leader"
-                self._forget(key, a)
-                return result
-            if self.cache.get("nodes", node) is None:
-                result = "node_gone"
-                _log(logging.INFO, "bind_skipped", pod=key, node=node, reason="node no longer exists")
-                self._forget(key, a)
-                return result
-            patch = {"metadata": {"annotations": a.annotations}}
-            self.core.patch_namespaced_pod(name, ns, patch, _content_type=MERGE_PATCH, _preload_content=False)
-            body = client.V1Binding(
-                metadata=client.V1ObjectMeta(name=name, namespace=ns, uid=a.uid or None, annotations=a.annotations),
-                target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
-            )
-            self.core.create_namespaced_pod_binding(name, ns, body, _preload_content=False)
+            call(self.api_client, "POST", "/api/v1/namespaces/{namespace}/pods/{name}/binding", body,
+                 timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
+                 path_params={"namespace": ns, "name": name})
         except ApiException as exc:
             if exc.status == 404:
                 result = "deleted"
                 _log(logging.INFO, "bind_skipped", pod=key, node=node, reason="pod deleted")
                 self._forget(key, a)
             elif exc.status == 409:
+                self._bind_outage.success()
                 result = self._on_conflict(ns, name, key, a)
             else:
                 result = "error"
-                _log(logging.WARNING, "bind_failed", pod=key, node=node, status=exc.status, reason=exc.reason)
+                if exc.status is None or exc.status in (403, 429) or exc.status >= 500:
+                    self._bind_outage.failure(pod=key, status=exc.status, reason=exc.reason)
+                else:
+                    _log(logging.WARNING, "bind_failed", pod=key, node=node, status=exc.status, reason=exc.reason)
                 self._forget(key, a)
                 self._report_unschedulable(pod, f"Binding rejected: {exc.status} {exc.reason}", force=True)
             if result == "error":
@@ -667,56 +706,75 @@ class Scheduler:
             elif result == "bound":
                 self._metric("observe_attempt", "scheduled", time.perf_counter() - a.started)
             return result
-        except Exception as exc:  # connection errors: plan the pod again in the next cycle
-            _log(logging.WARNING, "bind_failed", pod=key, node=node, error=type(exc).__name__, detail=str(exc)[:200])
-            self._forget(key, a)
-            self._metric("observe_attempt", "error", time.perf_counter() - a.started)
-            return "error"
-        result = "bound"
+        except Exception as exc:  # transport trouble: the binding may or may not have reached the API server
+            self._bind_outage.failure(pod=key, error=type(exc).__name__, detail=str(exc)[:200])
+            result = self._on_conflict(ns, name, key, a, why="unknown outcome")
+            self._metric("observe_attempt", "scheduled" if result == "bound" else "error",
+                         time.perf_counter() - a.started)
+            return result
+        self._bind_outage.success()
+        self._bound(pod, key, a, node)
+        return "bound"
+
+    def _bound(self, pod: Mapping[str, Any], key: str, a: _Assumed, node: str, note: str = "") -> None:
+        """Record a binding the API server accepted: assumption done, ``Scheduled`` Event queued, metric."""
         with self._lock:
             a.done_at = time.monotonic()
             self.bindings.append((key, node))
             self._reported.pop(key, None)
-        _log(logging.INFO, "bound", pod=key, node=node, gpus=a.annotations[ANN_GPU_INDEX] or "-",
-             gpu_milli=a.placement.gpu_milli)
+        _log(logging.INFO, "bound", pod=key, node=node, gpus=a.annotations.get(ANN_GPU_INDEX) or "-",
+             gpu_milli=a.placement.gpu_milli, **({"note": note} if note else {}))
         self._post_event(pod, "Scheduled", f"Successfully assigned {key} to {node}", "Normal", "Binding")
         self._metric("observe_attempt", "scheduled", time.perf_counter() - a.started)
         self.cache.changed.set()
-        return result
 
-    def _on_conflict(self, ns: str, name: str, key: str, a: _Assumed) -> str:
-        """409 on binding: someone bound the pod first. Take the API's word for where it runs."""
-        node = a.placement.node
+    def _on_conflict(self, ns: str, name: str, key: str, a: _Assumed, why: str = "409") -> str:
+        """The binding was refused (409) or its outcome is unknown: read the pod back and take the API's word.
+
+        Bound where planned with exactly our annotations (an earlier attempt of ours went through) -> ``bound``.
+        Bound elsewhere or by someone else -> ``conflict``: the assumption is dropped and the pod is counted where
+        the API says, with the winner's annotations; the pod is never written to (its annotations are the
+        winner's). Gone -> ``deleted``. Unbound, or unreadable -> ``error`` (planned again next cycle).
+        """
+        node = a.placement.node or ""
         try:
-            resp = self.core.read_namespaced_pod(name, ns, _preload_content=False)
-            current = json.loads(resp.data)
+            current = json.loads(call(self.api_client, "GET", "/api/v1/namespaces/{namespace}/pods/{name}",
+                                      timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
+                                      path_params={"namespace": ns, "name": name}))
         except ApiException as exc:
             if exc.status == 404:
                 self._forget(key, a)
                 return "deleted"
             current = None
-        except Exception:  # pragma: no cover - network trouble while reading back
+        except Exception:  # network trouble while reading back
             current = None
-        bound_to = node_name_of(current) if current else ""
-        if current is not None and bound_to == node and (current.get("metadata") or {}).get("uid", "") == a.uid:
-            # An earlier attempt of ours went through (e.g. a retried request): it is bound as planned.
-            with self._lock:
-                a.done_at = time.monotonic()
-            _log(logging.INFO, "bound", pod=key, node=node, note="already bound here")
+        if current is None:
+            _log(logging.INFO, "bind_unknown", pod=key, planned=node, why=why, action="plan again")
+            self._forget(key, a)
+            return "error"
+        bound_to = node_name_of(current)
+        cmeta = current.get("metadata") or {}
+        ann = annotations_of(current)
+        if (bound_to == node and cmeta.get("uid", "") == a.uid
+                and all(ann.get(k) == v for k, v in a.annotations.items())):
+            self._bound(current, key, a, node, note=f"already bound here ({why})")
             return "bound"
-        _log(logging.INFO, "bind_conflict", pod=key, planned=node, bound_to=bound_to or "?")
+        if not bound_to:
+            _log(logging.INFO, "bind_unknown", pod=key, planned=node, why=why, action="plan again")
+            self._forget(key, a)
+            return "error"
+        _log(logging.INFO, "bind_conflict", pod=key, planned=node, bound_to=bound_to,
+             their_gpus=ann.get(ANN_GPU_INDEX, "?") if ann.get(ANN_NODE) == bound_to else "?")
         self._forget(key, a)
-        if current is not None and bound_to and annotations_of(current).get(ANN_NODE) == node:
-            # Our annotations describe devices on a node the pod did not go to: remove them.
-            undo = {"metadata": {"annotations": {k: None for k in a.annotations}}}
-            try:
-                self.core.patch_namespaced_pod(name, ns, undo, _content_type=MERGE_PATCH, _preload_content=False)
-            except Exception as exc:  # best effort: readers ignore annotations whose gpupool.io/node differs
-                _log(logging.DEBUG, "unannotate_failed", pod=key, error=type(exc).__name__)
         return "conflict"
 
     # -- reporting
     def _report_unschedulable(self, pod: Mapping[str, Any], message: str, force: bool = False) -> None:
+        """Report ``pod`` unplaceable: a ``FailedScheduling`` Event and ``PodScheduled=False``, once per message.
+
+        Never blocks on the API: the Event goes to the recorder's queue, the condition to the report pool.
+        ``force``: report even if this exact message was reported for this pod before.
+        """
         meta = pod.get("metadata") or {}
         key = pod_key(pod)
         uid = meta.get("uid", "")
@@ -725,10 +783,15 @@ class Scheduler:
                 return
             self._reported[key] = (uid, message)
         _log(logging.INFO, "unschedulable", pod=key, reason=message)
-        self._pool.submit(self._post_failure, dict(pod), message)
+        self._post_event(pod, "FailedScheduling", message, "Warning", "Scheduling")
+        if not self._report_pool_closed:
+            try:
+                self._report_pool.submit(self._post_failure, dict(pod), message)
+            except RuntimeError:  # shut down meanwhile
+                pass
 
     def _post_failure(self, pod: Mapping[str, Any], message: str) -> None:
-        self._post_event(pod, "FailedScheduling", message, "Warning", "Scheduling")
+        """Set ``PodScheduled=False`` (reason ``Unschedulable``, ``message``) unless the pod already says so."""
         meta = pod.get("metadata") or {}
         for cond in (pod.get("status") or {}).get("conditions") or []:
             if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
@@ -739,29 +802,16 @@ class Scheduler:
             "lastProbeTime": None, "lastTransitionTime": _now(),
         }]}}
         try:
-            self.core.patch_namespaced_pod_status(meta.get("name", ""), meta.get("namespace") or "default", body,
-                                                  _content_type=STRATEGIC_PATCH, _preload_content=False)
+            call(self.api_client, "PATCH", "/api/v1/namespaces/{namespace}/pods/{name}/status", body,
+                 content_type=STRATEGIC_PATCH, timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
+                 path_params={"namespace": meta.get("namespace") or "default", "name": meta.get("name", "")})
         except Exception as exc:
-            _log(logging.DEBUG, "condition_failed", pod=pod_key(pod), error=type(exc).__name__)
+            _log(logging.DEBUG, "condition_failed", pod=pod_key(pod), error=type(exc).__name__,
+                 status=getattr(exc, "status", None))
 
     def _post_event(self, pod: Mapping[str, Any], reason: str, message: str, etype: str, action: str) -> None:
-        meta = pod.get("metadata") or {}
-        ns = meta.get("namespace") or "default"
-        now = _now()
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'pod')}.", "namespace": ns},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name", ""), "namespace": ns,
-                               "uid": meta.get("uid", "")},
-            "reason": reason, "message": message[:1024], "type": etype, "action": action,
-            "source": {"component": self.config.scheduler_name},
-            "reportingComponent": self.config.scheduler_name, "reportingInstance": self.config.identity,
-            "firstTimestamp": now, "lastTimestamp": now, "eventTime": None, "count": 1,
-        }
-        try:
-            self.core.create_namespaced_event(ns, body, _preload_content=False)
-        except Exception as exc:  # events are best effort
-            _log(logging.DEBUG, "event_failed", pod=pod_key(pod), reason=reason, error=type(exc).__name__)
+        """Queue an Event about ``pod`` on the recorder (aggregated, dropped and counted when the queue is full)."""
+        self.recorder.event(pod, etype, reason, message, action)
 
     # -- metrics seam
     def _metric(self, name: str, *args: Any) -> None:
@@ -787,7 +837,7 @@ def read_cluster(api_client: client.ApiClient, page: int = 500) -> ClusterSnapsh
             kwargs: dict[str, Any] = {"limit": page, "_preload_content": False}
             if cont:
                 kwargs["_continue"] = cont
-            body = json.loads(fn(*args, **kwargs).data)
+            body = json.loads(drain(fn(*args, **kwargs)))
             out.extend(body.get("items") or [])
             cont = (body.get("metadata") or {}).get("continue")
             if not cont:

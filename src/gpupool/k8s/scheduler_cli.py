@@ -142,17 +142,22 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
     return s
 
 
-def load_api_client(kubeconfig: Path | None = None, context: str | None = None):
+def load_api_client(kubeconfig: Path | None = None, context: str | None = None, writers: int = 8):
     """An ``ApiClient``: the given kubeconfig, else the in-cluster ServiceAccount, else ``~/.kube/config``.
 
+    ``writers``: threads that send requests at once (the binders); the client keeps that many connections
+    and more (:func:`gpupool.k8s.wire.configure`: connection pool, quiet urllib3 retries).
     Raises :class:`ConfigError` when none of them gives a usable configuration.
     """
     from kubernetes import client, config
 
+    from gpupool.k8s.wire import configure
+
     if kubeconfig is None and context is None:
+        cfg = client.Configuration()
         try:
-            config.load_incluster_config()
-            return client.ApiClient()
+            config.load_incluster_config(client_configuration=cfg)
+            return client.ApiClient(configure(cfg, writers))
         except config.ConfigException:
             pass
     cfg = client.Configuration()
@@ -162,7 +167,7 @@ def load_api_client(kubeconfig: Path | None = None, context: str | None = None):
     except (config.ConfigException, OSError) as exc:
         where = kubeconfig or "~/.kube/config (or $KUBECONFIG)"
         raise ConfigError(f"no usable Kubernetes configuration: not in a cluster, and {where}: {exc}") from None
-    return client.ApiClient(cfg)
+    return client.ApiClient(configure(cfg, writers))
 
 
 def _fail(message: str) -> None:
@@ -219,7 +224,7 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
 
     logging_setup(settings.log_level, fmt=settings.log_format)
     log = logging.getLogger("gpupool.k8s.scheduler")
-    api = load_api_client(kubeconfig, context)
+    api = load_api_client(kubeconfig, context, writers=SchedulerConfig().bind_workers)
     metrics = SchedulerMetrics()
 
     telemetry = poller = None
