@@ -77,7 +77,6 @@ def test_bad_node_spec(kwargs) -> None:
     [
         dict(num_gpu=1, gpu_milli=0),
         dict(num_gpu=1, gpu_milli=1001),
-        dict(num_gpu=2, gpu_milli=500),  # a fraction needs num_gpu == 1
         dict(num_gpu=0, gpu_milli=500),
         dict(num_gpu=-1),
         dict(cpu_milli=-1),

@@ -20,6 +20,25 @@ from gpupool.catalog import get_model
 from gpupool.model import MILLI, AllocationError, Assignment, NodeSpec, PodRequest
 
 
+def gpu_memory_of(spec: NodeSpec) -> int:
+    """Memory of each GPU of ``spec`` (MiB): ``spec.gpu_memory_mib`` (what the node reports, e.g. GFD's
+    ``nvidia.com/gpu.memory``) when set, else the catalog's figure for ``spec.gpu_model``; 0 when neither is
+    known (an opaque model without a node figure) or the node has no GPU."""
+    if spec.gpu_count <= 0:
+        return 0
+    if spec.gpu_memory_mib > 0:
+        return spec.gpu_memory_mib
+    return get_model(spec.gpu_model).memory_mib
+
+
+def slice_ask(requested_milli: int, effective_milli: int, gpu_memory_mib: int) -> bool:
+    """True when a GPU ask is in device-plugin units: a whole GPU each (``requested_milli`` and
+    ``effective_milli`` both 1000) with no amount of GPU memory. On a time-sliced node (replicas > 1) such
+    an ask of ``N`` is ``N`` replicas, each one replica's share (``1000 // replicas`` milli) of a distinct
+    GPU; elsewhere it is ``N`` whole GPUs."""
+    return requested_milli == MILLI and effective_milli == MILLI and not gpu_memory_mib
+
+
 class ClusterState:
     """Per-node and per-GPU capacity and free resources.
 
@@ -32,7 +51,12 @@ class ClusterState:
     * ``gpu_model``: (n_nodes, max_gpus) int16 index into ``model_names`` (-1: no GPU)
     * ``node_model``: (n_nodes,) int16 model of the node's GPUs (-1: CPU-only node)
     * ``gpu_free``: (n_nodes, max_gpus) int32 free milli-GPU (1000 = whole GPU free)
-    * ``gpu_mem_cap``, ``gpu_mem_free``: (n_nodes, max_gpus) int64 GPU memory (MiB; 0 = unknown model)
+    * ``gpu_mem_cap``, ``gpu_mem_free``: (n_nodes, max_gpus) int64 GPU memory (MiB; 0 = unknown: no
+      ``NodeSpec.gpu_memory_mib`` and a model the catalog does not know); ``node_gpu_mem``: (n_nodes,) the same
+      per node
+    * ``gpu_replicas``: (n_nodes,) int64 time-slicing replicas per GPU (1 = not shared); ``slice_milli``:
+      (n_nodes,) int64 milli-GPU of one replica (``1000 // gpu_replicas``). On a node with replicas > 1 a
+      whole-GPU ask is in replicas: see :func:`slice_ask` and :meth:`share_on`
     * ``gpu_healthy``: (n_nodes, max_gpus) bool; an unhealthy GPU is never chosen
     * ``version``: (n_nodes,) int64, bumped on every change of the node
     * ``changes``: int, bumped on every change of any node (a cache that saw the same count is current)
@@ -65,8 +89,13 @@ class ClusterState:
             [self.model_index[s.gpu_model] if s.gpu_count > 0 else -1 for s in nodes], dtype=np.int16
         )
         self.gpu_model = np.where(self.gpu_exists, self.node_model[:, None], -1).astype(np.int16)
-        mem_per_model = np.array([get_model(m).memory_mib for m in self.model_names] + [0], dtype=np.int64)
-        self.gpu_mem_cap = np.where(self.gpu_exists, mem_per_model[self.gpu_model], 0).astype(np.int64)
+        # GPU memory per GPU: the node's own figure (GFD nvidia.com/gpu.memory) wins over the catalog's;
+        # 0 = unknown (neither the node nor the catalog says), never "unlimited"
+        self.node_gpu_mem = np.array([gpu_memory_of(s) for s in nodes], dtype=np.int64)
+        self.gpu_mem_cap = np.where(self.gpu_exists, self.node_gpu_mem[:, None], 0).astype(np.int64)
+        # time-slicing / MPS replicas per GPU (1 = not shared) and the share one replica is (milli-GPU)
+        self.gpu_replicas = np.array([max(1, s.gpu_replicas) for s in nodes], dtype=np.int64)
+        self.slice_milli = (MILLI // self.gpu_replicas).astype(np.int64)
 
         self.cpu_free = self.cpu_cap.copy()
         self.mem_free = self.mem_cap.copy()
@@ -100,6 +129,15 @@ class ClusterState:
         """milli-GPU held by placed pods (what the devices have handed out)."""
         return int(self.total_gpu_milli - self.gpu_free[self.gpu_exists].sum())
 
+    def share_on(self, req: PodRequest, node: int, gpu_milli: int | None = None) -> int:
+        """milli-GPU each device of ``node`` gives ``req`` when it is handed ``gpu_milli`` per GPU (default: the
+        ask): one replica's share (``slice_milli[node]``) for a whole-GPU ask (:func:`slice_ask`) on a
+        time-sliced node, else ``gpu_milli`` as given."""
+        milli = req.gpu_milli if gpu_milli is None else int(gpu_milli)
+        if self.gpu_replicas[node] > 1 and slice_ask(req.gpu_milli, milli, req.gpu_memory_mib):
+            return int(self.slice_milli[node])
+        return milli
+
     def gpu_memory_for(self, req: PodRequest, node: int, gpu: int, milli: int) -> int:
         """GPU memory (MiB) a pod takes on one GPU: its explicit ask, else its share of the GPU's memory."""
         if req.gpu_memory_mib:
@@ -125,13 +163,16 @@ class ClusterState:
             raise AllocationError(f"node index {node} out of range 0..{self.n_nodes - 1}")
         gpu_list = tuple(int(x) for x in gpus)
         milli = req.gpu_milli if gpu_milli is None else int(gpu_milli)
+        requested = req.gpu_milli
+        if req.num_gpu and self.gpu_replicas[node] > 1 and slice_ask(req.gpu_milli, milli, req.gpu_memory_mib):
+            milli = requested = int(self.slice_milli[node])  # a whole-GPU ask on a time-sliced node: replicas
         name = self.node_names[node]
         if len(gpu_list) != req.num_gpu:
             raise AllocationError(f"pod {req.name} asks for {req.num_gpu} GPU(s), got devices {gpu_list}")
         if len(set(gpu_list)) != len(gpu_list):
             raise AllocationError(f"pod {req.name}: device list {gpu_list} repeats a GPU")
-        if req.num_gpu and not req.gpu_milli <= milli <= MILLI:
-            raise AllocationError(f"pod {req.name}: share {milli} outside {req.gpu_milli}..{MILLI}")
+        if req.num_gpu and not requested <= milli <= MILLI:
+            raise AllocationError(f"pod {req.name}: share {milli} outside {requested}..{MILLI}")
         if self.cpu_free[node] < req.cpu_milli:
             raise AllocationError(f"pod {req.name}: insufficient cpu on {name}")
         if self.mem_free[node] < req.memory_mib:
@@ -177,7 +218,7 @@ class ClusterState:
             gpus=gpu_list,
             gpu_milli=milli if gpu_list else 0,
             gpu_memory_mib=mem_each,
-            requested_gpu_milli=req.gpu_milli,
+            requested_gpu_milli=requested,
             cpu_milli=req.cpu_milli,
             memory_mib=req.memory_mib,
         )

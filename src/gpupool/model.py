@@ -6,7 +6,8 @@ Units, everywhere in gpupool:
 * memory in MiB,
 * GPU share in milli-GPU (``1000`` = one whole GPU); a pod asking for a fraction of one GPU has
   ``num_gpu == 1`` and ``gpu_milli < 1000`` (the convention of the Alibaba openb trace and of the
-  FGD simulator, Weng et al., USENIX ATC'23),
+  FGD simulator, Weng et al., USENIX ATC'23); a pod asking ``N > 1`` GPUs with ``gpu_milli < 1000``
+  gets ``N`` distinct GPUs with that share on each (HAMi ``nvidia.com/gpu: N`` + ``gpucores``),
 * time in seconds.
 
 These types do no I/O and know nothing of Kubernetes or of the simulator.
@@ -62,7 +63,19 @@ class NodeSpec:
     """A node as the cluster declares it.
 
     ``gpu_model`` names an entry of :mod:`gpupool.catalog` (unknown names are kept as opaque models);
-    ``""`` for a CPU-only node. Topology (``""`` = none): ``nvlink_domain`` groups GPUs joined by NVLink
+    ``""`` for a CPU-only node. ``gpu_memory_mib`` is the memory of each GPU (MiB) as the node reports it
+    (GPU Feature Discovery's ``nvidia.com/gpu.memory`` label); it wins over the catalog's figure, and
+    ``0`` means "take the catalog's figure" (unknown when the catalog does not know the model either:
+    such GPUs take whole-GPU and share-only pods but no pod that asks for an amount of GPU memory).
+    ``gpu_replicas`` is how many time-slicing / MPS replicas the device plugin advertises per GPU
+    (``nvidia.com/gpu.replicas``; 1 = not shared): a whole-GPU ask on such a node is in replicas
+    ("slices"), each ``1000 // gpu_replicas`` milli of a distinct GPU (see
+    :meth:`gpupool.cluster.ClusterState.share_on`). ``gpu_product`` is the product name the node
+    reports (e.g. ``NVIDIA-A100-SXM4-80GB``; ``""``: the same as ``gpu_model``), matched by HAMi-style
+    GPU type selection. ``gpu_ids`` are the identities (UUIDs) of the advertised GPUs in device-index
+    order when the node publishes them (``()``: unknown), used to match telemetry and other
+    schedulers' device annotations by identity rather than position.
+    Topology (``""`` = none): ``nvlink_domain`` groups GPUs joined by NVLink
     (an 8-GPU HGX board is one domain), ``rack`` the rack, ``switch`` the InfiniBand / Ethernet leaf
     switch above it; ``labels`` are free-form (e.g. Kubernetes node labels).
     """
@@ -76,6 +89,10 @@ class NodeSpec:
     rack: str = ""
     switch: str = ""
     labels: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    gpu_memory_mib: int = 0
+    gpu_replicas: int = 1
+    gpu_product: str = ""
+    gpu_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -84,6 +101,14 @@ class NodeSpec:
         _check_int(owner, "cpu_milli", self.cpu_milli, MAX_CPU_MILLI, ValueError)
         _check_int(owner, "memory_mib", self.memory_mib, MAX_MEMORY_MIB, ValueError)
         _check_int(owner, "gpu_count", self.gpu_count, MAX_GPUS_PER_NODE, ValueError)
+        _check_int(owner, "gpu_memory_mib", self.gpu_memory_mib, MAX_MEMORY_MIB, ValueError)
+        _check_int(owner, "gpu_replicas", self.gpu_replicas, MILLI, ValueError)
+        if self.gpu_replicas < 1:
+            raise ValueError(f"{owner}: gpu_replicas must be at least 1, got {self.gpu_replicas}")
+        if not isinstance(self.gpu_product, str):
+            raise ValueError(f"{owner}: gpu_product must be a string, got {self.gpu_product!r}")
+        if not isinstance(self.gpu_ids, tuple) or not all(isinstance(x, str) for x in self.gpu_ids):
+            raise ValueError(f"{owner}: gpu_ids must be a tuple of strings, got {self.gpu_ids!r}")
         if self.gpu_count > 0 and not self.gpu_model:
             raise ValueError(f"node {self.name}: {self.gpu_count} GPUs but no GPU model")
         if self.gpu_model:
@@ -96,9 +121,15 @@ class PodRequest:
 
     * ``num_gpu``: GPUs wanted; ``gpu_milli``: share of *each* of them (1..1000). A fractional pod has
       ``num_gpu == 1`` and ``gpu_milli < 1000``; a whole-GPU pod has ``gpu_milli == 1000``; a CPU pod 0/0.
+      ``num_gpu > 1`` with ``gpu_milli < 1000`` is a per-card share: ``num_gpu`` distinct GPUs, each
+      giving ``gpu_milli`` (and ``gpu_memory_mib``).
     * ``gpu_memory_mib``: GPU memory per GPU (MiB); 0 means "in proportion to the share"
       (``gpu_milli / 1000`` of the GPU's memory, the time-slicing-with-memory-cap convention).
-    * ``gpu_spec``: allowed GPU models; empty means any.
+    * ``gpu_spec``: allowed GPU models (exact catalog keys or opaque names); empty means any.
+    * ``gpu_type_include`` / ``gpu_type_exclude``: HAMi-style GPU type selection
+      (``nvidia.com/use-gputype`` / ``nouse-gputype``): case-insensitive substrings of the GPU model or
+      product name; a GPU qualifies when it matches one of ``gpu_type_include`` (if any are given) and
+      none of ``gpu_type_exclude``.
     * ``priority``: larger is more important. ``qos`` is kept as given (LS, BE, Burstable, Guaranteed).
 
     Raises :class:`InvalidRequestError` when the combination is impossible.
@@ -116,6 +147,8 @@ class PodRequest:
     creation_time: float | None = None
     deletion_time: float | None = None
     labels: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    gpu_type_include: tuple[str, ...] = ()
+    gpu_type_exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -132,6 +165,10 @@ class PodRequest:
             raise InvalidRequestError(f"{owner}: gpu_spec must be a tuple of GPU model names, got {self.gpu_spec!r}")
         for model in self.gpu_spec:
             _check_model_name(owner, model, InvalidRequestError)
+        for label, types in (("gpu_type_include", self.gpu_type_include),
+                             ("gpu_type_exclude", self.gpu_type_exclude)):
+            if not isinstance(types, tuple) or not all(isinstance(t, str) and t.strip() for t in types):
+                raise InvalidRequestError(f"{owner}: {label} must be a tuple of non-empty strings, got {types!r}")
         if self.gpu_memory_mib and not self.num_gpu:
             raise InvalidRequestError(f"{owner}: gpu_memory_mib without num_gpu")
         for label, t in (("creation_time", self.creation_time), ("deletion_time", self.deletion_time)):
@@ -148,11 +185,6 @@ class PodRequest:
                 raise InvalidRequestError(
                     f"pod {self.name}: gpu_milli {self.gpu_milli} outside 1..{MILLI} for {self.num_gpu} GPU(s)"
                 )
-            if self.num_gpu > 1 and self.gpu_milli != MILLI:
-                raise InvalidRequestError(
-                    f"pod {self.name}: a fractional share ({self.gpu_milli} milli) needs num_gpu == 1, "
-                    f"got {self.num_gpu}"
-                )
 
     @property
     def total_gpu_milli(self) -> int:
@@ -161,7 +193,8 @@ class PodRequest:
 
     @property
     def is_fractional(self) -> bool:
-        """True for a pod that shares one GPU (``num_gpu == 1`` and ``gpu_milli < 1000``)."""
+        """True for a pod that shares one GPU (``num_gpu == 1`` and ``gpu_milli < 1000``); a per-card share over
+        several GPUs (``num_gpu > 1``, ``gpu_milli < 1000``) is not "fractional" in this sense."""
         return self.num_gpu == 1 and self.gpu_milli < MILLI
 
     @property

@@ -6,17 +6,33 @@ reason a node fails (shown in the unschedulable message the way kube-scheduler s
 
 Filters depend only on the node's own state and the request, so the engine caches their masks and
 re-evaluates only nodes whose ``version`` changed.
+
+GPU memory of unknown size (no node figure, model not in the catalog; ``gpu_mem_cap == 0``): a pod asking
+an amount of GPU memory (``gpu_memory_mib``) never fits such GPUs and is told so
+(:data:`UNKNOWN_MEMORY_REASON`); whole-GPU pods fit them; a share-only pod (``gpu_milli < 1000`` without a
+memory amount, e.g. KAI ``gpu-fraction``) fits by share alone: its memory is that fraction of whatever the
+GPU has, enforced (or not) by the sharing mechanism, so nothing is booked that could be over-booked.
+
+Per-card shares: ``num_gpu > 1`` with ``gpu_milli < 1000`` needs ``num_gpu`` distinct GPUs each with that
+share and memory free. Time-sliced nodes (``ClusterState.gpu_replicas`` > 1): a whole-GPU ask of ``N`` is
+``N`` replicas, one replica's share (``ClusterState.slice_milli``) on each of ``N`` distinct GPUs
+(:func:`node_share`).
 """
 
 from __future__ import annotations
 
+import re
+import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from gpupool.cluster import ClusterState
+from gpupool.cluster import ClusterState, slice_ask
 from gpupool.model import MILLI, PodRequest
+
+UNKNOWN_MEMORY_REASON = "GPU memory unknown (no nvidia.com/gpu.memory label, model not in catalog)"
+"""Why a pod asking an amount of GPU memory does not fit GPUs whose memory size nobody reported."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +61,34 @@ class EffectiveRequest:
     def is_fractional(self) -> bool:
         return self.num_gpu == 1 and self.gpu_milli < MILLI
 
+    @property
+    def is_slice_ask(self) -> bool:
+        """True when the ask is in device-plugin units (whole GPUs, no memory amount): on a time-sliced node
+        each unit is one replica of a distinct GPU (:func:`gpupool.cluster.slice_ask`)."""
+        return slice_ask(self.requested.gpu_milli, self.gpu_milli, self.requested.gpu_memory_mib)
+
     def key(self) -> tuple:
         """Hashable identity of everything filters and node-local scores read from the request."""
         r = self.requested
-        return (r.cpu_milli, r.memory_mib, r.num_gpu, self.gpu_milli, r.gpu_memory_mib, r.gpu_spec)
+        return (r.cpu_milli, r.memory_mib, r.num_gpu, self.gpu_milli, r.gpu_memory_mib, r.gpu_spec,
+                r.gpu_milli, r.gpu_type_include, r.gpu_type_exclude)
+
+
+def node_share(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+    """(len(nodes),) int64 milli-GPU each device of each node gives ``req``: ``req.gpu_milli``, except one
+    replica's share (``state.slice_milli``) for a whole-GPU ask on a time-sliced node."""
+    milli = np.full(len(nodes), req.gpu_milli, dtype=np.int64)
+    if req.num_gpu and req.is_slice_ask:
+        sliced = state.gpu_replicas[nodes] > 1
+        milli = np.where(sliced, state.slice_milli[nodes], milli)
+    return milli
+
+
+def share_at(state: ClusterState, req: EffectiveRequest, node: int) -> int:
+    """:func:`node_share` of one node, as a Python int."""
+    if req.num_gpu and req.is_slice_ask and state.gpu_replicas[node] > 1:
+        return int(state.slice_milli[node])
+    return req.gpu_milli
 
 
 class FilterPlugin(Protocol):
@@ -73,9 +113,65 @@ class MemoryFit:
         return state.mem_free[nodes] >= req.memory_mib
 
 
+_MODEL_TEXTS: weakref.WeakKeyDictionary[ClusterState, tuple[tuple[str, ...], ...]] = weakref.WeakKeyDictionary()
+
+
+def model_texts(state: ClusterState) -> tuple[tuple[str, ...], ...]:
+    """Per model index of ``state``: the upper-case names GPU type selection matches against (the model's
+    own name and the product names nodes of that model report, ``NodeSpec.gpu_product``). Cached per state
+    (models and products never change within one :class:`ClusterState`)."""
+    cached = _MODEL_TEXTS.get(state)
+    if cached is None:
+        texts: list[set[str]] = [{_type_text(m)} for m in state.model_names]
+        for spec in state.nodes:
+            if spec.gpu_count > 0 and spec.gpu_product:
+                texts[state.model_index[spec.gpu_model]].add(_type_text(spec.gpu_product))
+        cached = tuple(tuple(sorted(t)) for t in texts)
+        _MODEL_TEXTS[state] = cached
+    return cached
+
+
+def _type_text(name: str) -> str:
+    """A GPU model / product / type name as type selection compares it: upper case, whitespace runs as ``-``
+    (GFD writes ``NVIDIA-A100-SXM4-80GB`` where NVML and HAMi say ``NVIDIA A100-SXM4-80GB``)."""
+    return re.sub(r"\s+", "-", name.strip()).upper()
+
+
+def type_matches(texts: tuple[str, ...], types: tuple[str, ...]) -> bool:
+    """True when one of ``types`` is a case-insensitive substring of one of ``texts`` (as :func:`_type_text`
+    writes them), the way HAMi matches ``nvidia.com/use-gputype`` against the device type."""
+    return any(_type_text(t) in text for t in types for text in texts if _type_text(t))
+
+
+def _type_allowed(state: ClusterState, req: EffectiveRequest) -> np.ndarray:
+    """(n_models + 1,) bool: models GPU type selection (include / exclude substrings) lets the pod use."""
+    r = req.requested
+    out = np.ones(len(state.model_names) + 1, dtype=bool)
+    for i, texts in enumerate(model_texts(state)):
+        if r.gpu_type_include and not type_matches(texts, r.gpu_type_include):
+            out[i] = False
+        elif r.gpu_type_exclude and type_matches(texts, r.gpu_type_exclude):
+            out[i] = False
+    out[-1] = False
+    return out
+
+
+def _restricts_models(req: EffectiveRequest) -> bool:
+    r = req.requested
+    return bool(r.gpu_spec or r.gpu_type_include or r.gpu_type_exclude)
+
+
 def allowed_models(state: ClusterState, req: EffectiveRequest) -> np.ndarray:
-    """(n_models + 1,) bool: which model indices the pod accepts; the last slot (index -1) is "no GPU"."""
-    spec = req.requested.gpu_spec
+    """(n_models + 1,) bool: which model indices the pod accepts (``gpu_spec`` and GPU type selection); the
+    last slot (index -1) is "no GPU"."""
+    out = _spec_allowed(state, req.requested.gpu_spec)
+    if req.requested.gpu_type_include or req.requested.gpu_type_exclude:
+        out &= _type_allowed(state, req)
+    return out
+
+
+def _spec_allowed(state: ClusterState, spec: tuple[str, ...]) -> np.ndarray:
+    """(n_models + 1,) bool: models named in ``spec`` (all models when it is empty); the last slot False."""
     if not spec:
         out = np.ones(len(state.model_names) + 1, dtype=bool)
     else:
@@ -94,17 +190,47 @@ class GpuModelMatch:
     def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         if req.num_gpu == 0 or not req.requested.gpu_spec:
             return np.ones(len(nodes), dtype=bool)
-        return allowed_models(state, req)[state.node_model[nodes]]
+        return _spec_allowed(state, req.requested.gpu_spec)[state.node_model[nodes]]
+
+
+class GpuTypeMatch:
+    """HAMi-style GPU type selection (``nvidia.com/use-gputype`` / ``nouse-gputype``)."""
+
+    reason = "GPU type not selected (use-gputype / nouse-gputype)"
+
+    def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+        r = req.requested
+        if req.num_gpu == 0 or not (r.gpu_type_include or r.gpu_type_exclude):
+            return np.ones(len(nodes), dtype=bool)
+        return _type_allowed(state, req)[state.node_model[nodes]]
+
+
+class GpuMemoryKnown:
+    """A pod asking an amount of GPU memory (``gpu_memory_mib``) cannot be placed on GPUs of unknown memory
+    size (no node figure, model not in the catalog): it passes nodes where some GPU's memory is known.
+    Whole-GPU and share-only pods pass every node (their share is a fraction of whatever memory the GPU has;
+    the device plugin or HAMi enforces it)."""
+
+    reason = UNKNOWN_MEMORY_REASON
+
+    def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+        if req.num_gpu == 0 or not req.requested.gpu_memory_mib:
+            return np.ones(len(nodes), dtype=bool)
+        return (state.node_gpu_mem[nodes] > 0) | (state.gpu_count[nodes] == 0)
 
 
 def gpu_fit_matrix(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
-    """(len(nodes), max_gpus) bool: GPUs that are healthy, of an allowed model, with enough share and memory."""
-    milli = req.gpu_milli
-    if milli > 0:  # the usable share is 0 on unhealthy and absent GPUs, so they fail this test
+    """(len(nodes), max_gpus) bool: GPUs that are healthy, of an allowed model, with enough share and memory.
+
+    The share is :func:`node_share` (one replica on a time-sliced node for a whole-GPU ask); memory is the
+    pod's amount (only GPUs of known memory size), else its share of the GPU's memory (0 when unknown).
+    """
+    milli = node_share(state, req, nodes)[:, None]  # (k, 1)
+    if req.gpu_milli > 0:  # the usable share is 0 on unhealthy and absent GPUs, so they fail this test
         ok = state.usable_gpu_free(nodes) >= milli
     else:
         ok = state.gpu_healthy[nodes] & (state.gpu_free[nodes] >= milli)
-    if req.requested.gpu_spec:
+    if _restricts_models(req):
         ok &= allowed_models(state, req)[state.gpu_model[nodes]]
     mem_cap = state.gpu_mem_cap[nodes]
     if req.requested.gpu_memory_mib:
@@ -121,8 +247,8 @@ def fitting_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> list[
 
     Same test, on the node's rows as Python ints (cheaper than the vectorized form for a single node).
     """
-    milli = req.gpu_milli
-    spec = req.requested.gpu_spec
+    milli = share_at(state, req, node)
+    spec = _restricts_models(req)
     need_mem = req.requested.gpu_memory_mib
     free = state.gpu_free[node].tolist()
     healthy = state.gpu_healthy[node].tolist()
@@ -158,7 +284,8 @@ class GpuFit:
         return gpu_fit_matrix(state, req, nodes).sum(axis=1) >= req.num_gpu
 
 
-DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (CpuFit(), MemoryFit(), GpuModelMatch(), GpuFit())
+DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (CpuFit(), MemoryFit(), GpuModelMatch(), GpuTypeMatch(), GpuMemoryKnown(),
+                                             GpuFit())
 
 
 def feasible(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
@@ -188,4 +315,7 @@ def unschedulable_reason(state: ClusterState, req: EffectiveRequest,
         m in state.model_index for m in req.requested.gpu_spec
     ):
         parts.append(f"no node has GPU model {'|'.join(req.requested.gpu_spec)}")
+    include = req.requested.gpu_type_include
+    if req.num_gpu and include and not any(type_matches(t, include) for t in model_texts(state)):
+        parts.append(f"no node has GPU type {'|'.join(include)}")
     return f"0/{state.n_nodes} nodes are available: " + (", ".join(parts) or "no node passed") + "."

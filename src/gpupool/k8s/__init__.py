@@ -52,6 +52,15 @@ ANN_ALIBABA_GPU_MILLI = "alibabacloud.com/gpu-milli"
 ANN_ALIBABA_GPU_COUNT = "alibabacloud.com/gpu-count"
 # gpupool's own request annotation: allowed GPU models, comma-separated catalog names or GFD products
 ANN_GPU_MODEL = "gpupool.io/gpu-model"
+# HAMi (and Volcano vGPU, same keys) GPU type selection: comma-separated, case-insensitive substrings of the
+# GPU type (product) name; the pod uses only GPUs matching one of use-gputype, and none matching nouse-gputype
+ANN_HAMI_USE_GPUTYPE = "nvidia.com/use-gputype"
+ANN_HAMI_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
+# What HAMi writes on a pod it scheduled: the node, and the devices per container
+# ("UUID,Type,usedmem,usedcores:" per device, containers separated by ";")
+ANN_HAMI_NODE = "hami.io/vgpu-node"
+ANN_HAMI_DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
+ANN_HAMI_DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
 
 # Gangs
 LABEL_POD_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins coscheduling
@@ -75,6 +84,9 @@ LABEL_GPU_REPLICAS = "nvidia.com/gpu.replicas"
 LABEL_GPU_SHARING = "nvidia.com/gpu.sharing-strategy"
 LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
 LABEL_GPU_CLIQUE = "nvidia.com/gpu.clique"
+# HAMi's node registration: the node's GPUs in device order, each with its UUID, split count, memory, cores,
+# type and health (JSON list of objects in HAMi >= 2.4, "UUID,count,mem,cores,type,numa,health:" before)
+ANN_HAMI_NODE_REGISTER = "hami.io/node-nvidia-register"
 LABEL_ALIBABA_MODEL = "alibabacloud.com/gpu-card-model"
 LABEL_RACK = "topology.gpupool.io/rack"
 LABEL_SWITCH = "topology.gpupool.io/switch"

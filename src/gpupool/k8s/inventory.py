@@ -43,12 +43,15 @@ from gpupool.k8s import (
     ANN_ALIBABA_GPU_MILLI,
     ANN_GPU_INDEX,
     ANN_GPU_MILLI,
+    ANN_HAMI_NODE_REGISTER,
     ANN_KAI_FRACTION,
     ANN_KAI_MEMORY,
     ANN_KAI_NUM_DEVICES,
     ANN_NODE,
     LABEL_ALIBABA_MODEL,
     LABEL_GPU_CLIQUE,
+    LABEL_GPU_COUNT,
+    LABEL_GPU_MEMORY,
     LABEL_GPU_PRODUCT,
     LABEL_GPU_REPLICAS,
     LABEL_GPU_SHARING,
@@ -76,12 +79,13 @@ from gpupool.k8s.requests import (
     _quantity,
     annotations_of,
     describe_pod,
+    hami_devices,
     is_terminal,
     node_name_of,
     pod_key,
     pod_resources,
 )
-from gpupool.model import MILLI, AllocationError, Assignment, NodeSpec, PodRequest
+from gpupool.model import MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, MILLI, AllocationError, Assignment, NodeSpec, PodRequest
 
 log = logging.getLogger("gpupool.k8s.inventory")
 
@@ -135,6 +139,8 @@ def check_node_shape(node: Any) -> str:
 
 
 def _gpu_model(labels: Mapping[str, str]) -> str:
+    """Catalog key of the node's GPU product label (GFD ``nvidia.com/gpu.product``, else Alibaba's card model),
+    the product itself (without GFD's ``-SHARED``) when the catalog does not know it, "" without a label."""
     product = labels.get(LABEL_GPU_PRODUCT) or labels.get(LABEL_ALIBABA_MODEL) or ""
     if not product:
         return ""
@@ -144,19 +150,108 @@ def _gpu_model(labels: Mapping[str, str]) -> str:
     return product[: -len(SHARED_SUFFIX)] if product.upper().endswith(SHARED_SUFFIX) else product
 
 
-def _replicas(labels: Mapping[str, str]) -> int:
+def _gpu_product(labels: Mapping[str, str]) -> str:
+    """The product name the node reports (without GFD's ``-SHARED`` suffix), "" without a label."""
+    product = (labels.get(LABEL_GPU_PRODUCT) or labels.get(LABEL_ALIBABA_MODEL) or "").strip()
+    return product[: -len(SHARED_SUFFIX)] if product.upper().endswith(SHARED_SUFFIX) else product
+
+
+def _label_int(labels: Mapping[str, str], key: str, high: int) -> int | None:
+    """A whole-number label in 1..``high``; None when absent or unreadable (the caller falls back)."""
+    text = str(labels.get(key, "")).strip()
+    if not text.isdigit() or len(text) > 18:
+        return None
+    value = int(text)
+    return value if 1 <= value <= high else None
+
+
+def _replicas(labels: Mapping[str, str], allocatable_gpus: int | None = None) -> int:
+    """Time-slicing / MPS replicas per physical GPU (1 = not shared), from GFD's labels.
+
+    Shared when ``nvidia.com/gpu.sharing-strategy`` is ``time-slicing`` or ``mps`` or the product ends in
+    ``-SHARED``; then ``nvidia.com/gpu.replicas``, else (label missing or unreadable) allocatable GPUs /
+    ``nvidia.com/gpu.count`` when ``allocatable_gpus`` is given and both are known. Device-plugin replicas
+    are slots of a physical GPU, never cards.
+    """
     sharing = labels.get(LABEL_GPU_SHARING, "")
     shared = sharing in ("time-slicing", "mps") or labels.get(LABEL_GPU_PRODUCT, "").upper().endswith(SHARED_SUFFIX)
+    if not shared:
+        return 1
+    replicas = _label_int(labels, LABEL_GPU_REPLICAS, MILLI)
+    if replicas is None and allocatable_gpus:
+        count = _label_int(labels, LABEL_GPU_COUNT, 4096)
+        if count and allocatable_gpus > count:
+            replicas = max(1, min(MILLI, allocatable_gpus // count))
+    return replicas if replicas and replicas > 1 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredGpu:
+    """One GPU of HAMi's node registration (``hami.io/node-nvidia-register``): ``uuid``, ``split`` (vGPU
+    slots the device plugin advertises for it: slots, never cards), ``memory_mib``, ``type`` and health."""
+
+    uuid: str
+    split: int
+    memory_mib: int
+    type: str
+    healthy: bool
+
+
+def hami_registered_gpus(node: Mapping[str, Any]) -> list[RegisteredGpu] | None:
+    """The node's GPUs in device order from HAMi's ``hami.io/node-nvidia-register`` annotation, either format
+    (a JSON list of ``{"id", "index", "count", "devmem", "type", "health"}`` objects, HAMi >= 2.4; or
+    ``UUID,count,devmem,devcore,type,numa,health:`` per device before). None when the annotation is absent
+    or unreadable (the caller falls back to allocatable and GFD labels)."""
+    ann = _mapping(_mapping(node.get("metadata") if isinstance(node, Mapping) else None).get("annotations"))
+    raw = ann.get(ANN_HAMI_NODE_REGISTER)
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    out: list[tuple[int, RegisteredGpu]] = []
     try:
-        replicas = int(labels.get(LABEL_GPU_REPLICAS, "1"))
-    except ValueError:
-        replicas = 1
-    return replicas if shared and replicas > 1 else 1
+        text = raw.strip()
+        if text.startswith("["):
+            for i, d in enumerate(json.loads(text)):
+                if not isinstance(d, Mapping) or not isinstance(d.get("id"), str):
+                    return None
+                health = d.get("health", True)
+                out.append((int(d.get("index", i)), RegisteredGpu(
+                    d["id"], int(d.get("count", 1) or 1), int(d.get("devmem", 0) or 0), str(d.get("type", "")),
+                    health is True or str(health).lower() == "true")))
+        else:
+            for i, item in enumerate(x for x in text.split(":") if x.strip()):
+                f = [x.strip() for x in item.split(",")]
+                if len(f) < 5 or not f[0]:
+                    return None
+                out.append((i, RegisteredGpu(f[0], int(f[1] or 1), int(f[2] or 0), f[4],
+                                             len(f) < 7 or f[6].lower() != "false")))
+    except (ValueError, TypeError):
+        return None
+    out.sort(key=lambda x: x[0])
+    return [g for _, g in out]
+
+
+def _gpu_memory_label(name: str, labels: Mapping[str, str]) -> int:
+    """GFD's ``nvidia.com/gpu.memory`` (MiB per GPU); 0 when absent. An unreadable value is ignored (0: the
+    catalog's figure, or unknown) and logged once, naming the label."""
+    if LABEL_GPU_MEMORY not in labels:
+        return 0
+    value = _label_int(labels, LABEL_GPU_MEMORY, MAX_MEMORY_MIB)
+    if value is None:
+        _warn_once(name, "gpu.memory", f"node {name}: label {LABEL_GPU_MEMORY}={labels[LABEL_GPU_MEMORY]!r} is not a "
+                   "whole number of MiB; ignored", event="node_label_unreadable", node=name, label=LABEL_GPU_MEMORY)
+        return 0
+    return value
 
 
 def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
-    """A Node (API dict) -> :class:`NodeSpec`: allocatable CPU/memory, physical GPUs, model, topology.
+    """A Node (API dict) -> :class:`NodeSpec`: allocatable CPU/memory, physical GPUs, model, GPU memory,
+    time-slicing replicas, device identities, topology.
 
+    GPUs: ``status.allocatable["nvidia.com/gpu"]`` (what kubelet admits; a failed GPU drops out of it)
+    divided by the time-slicing replicas (:func:`_replicas`). On a HAMi node (``hami.io/node-nvidia-register``)
+    the allocatable count is vGPU slots, so the GPUs are the healthy registered devices (never more than the
+    allocatable slots allow), with their UUIDs as ``gpu_ids``. GPU memory: GFD's ``nvidia.com/gpu.memory``
+    (else HAMi's registered ``devmem``) wins over the catalog; neither nor a catalog model = unknown.
     Raises :class:`NodeParseError` when a capacity figure is unreadable.
     """
     name = check_node_shape(node)
@@ -166,23 +261,41 @@ def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
     try:
         cpu = int(_quantity(alloc.get("cpu", 0), f'{where}["cpu"]') * 1000)
         mem = int(_quantity(alloc.get("memory", 0), f'{where}["memory"]') / MIB)
-        gpus = int(_quantity(alloc.get(RES_GPU, 0), f'{where}["{RES_GPU}"]'))
+        slots = int(_quantity(alloc.get(RES_GPU, 0), f'{where}["{RES_GPU}"]'))
     except RequestParseError as exc:
         raise NodeParseError(str(exc)) from None
-    gpus //= _replicas(labels)
+    replicas = _replicas(labels, slots)
+    gpus = slots // replicas
+    gpu_memory = _gpu_memory_label(name, labels)
+    ids: tuple[str, ...] = ()
+    product = _gpu_product(labels)
+    registered = hami_registered_gpus(node) if slots else None
+    if registered:
+        healthy = [g for g in registered if g.healthy]
+        gpus = min(len(healthy), slots)  # the healthy registered devices (vGPU slots are not cards)
+        ids = tuple(g.uuid for g in healthy[:gpus])
+        replicas = 1
+        if gpus and not gpu_memory:
+            gpu_memory = max(0, min(g.memory_mib for g in healthy[:gpus]))
+        if gpus and not product and healthy[0].type:
+            product = healthy[0].type
     model = _gpu_model(labels) if gpus else ""
     if gpus and not model:
-        model = UNKNOWN_GPU_MODEL
+        model = (resolve_name(product) or product) if product else UNKNOWN_GPU_MODEL
     return NodeSpec(
         name=name,
         cpu_milli=cpu,
         memory_mib=mem,
-        gpu_count=gpus,
+        gpu_count=min(gpus, MAX_GPUS_PER_NODE),
         gpu_model=model,
         nvlink_domain=labels.get(LABEL_GPU_CLIQUE) or labels.get(LABEL_NVLINK_DOMAIN, ""),
         rack=labels.get(LABEL_RACK, ""),
         switch=labels.get(LABEL_SWITCH, ""),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        gpu_memory_mib=gpu_memory if gpus else 0,
+        gpu_replicas=replicas if gpus else 1,
+        gpu_product=product if gpus else "",
+        gpu_ids=ids,
     )
 
 
@@ -339,45 +452,107 @@ def annotated_devices(pod: Mapping[str, Any]) -> tuple[tuple[int, ...], int] | N
 
 
 def lowest_free_devices(state: ClusterState, req: PodRequest, node: int) -> tuple[int, ...] | None:
-    """The lowest-indexed devices of ``node`` that can take ``req`` (None if there are too few)."""
+    """The lowest-indexed healthy-or-not devices of ``node`` that can take ``req`` (None if there are too few).
+
+    The share per device is :meth:`ClusterState.share_on` (one replica for a whole-GPU ask on a time-sliced
+    node); memory is the pod's amount (GPUs of known size only) or its share of the GPU's memory.
+    """
     if req.num_gpu == 0:
         return ()
-    ok = state.gpu_exists[node] & (state.gpu_free[node] >= req.gpu_milli)
+    milli = state.share_on(req, node)
+    ok = state.gpu_exists[node] & (state.gpu_free[node] >= milli)
     if req.gpu_memory_mib:
         ok &= (state.gpu_mem_cap[node] > 0) & (state.gpu_mem_free[node] >= req.gpu_memory_mib)
     else:
-        ok &= state.gpu_mem_free[node] >= state.gpu_mem_cap[node] * req.gpu_milli // MILLI
+        ok &= state.gpu_mem_free[node] >= state.gpu_mem_cap[node] * milli // MILLI
     idx = np.flatnonzero(ok)
     if len(idx) < req.num_gpu:
         return None
     return tuple(int(i) for i in idx[: req.num_gpu])
 
 
+def named_devices(state: ClusterState, info: PodInfo, node: int) -> tuple[int, ...] | None:
+    """Device indices of the GPUs another scheduler named for a bound pod (``info.named_devices``, UUIDs),
+    through the node's published identities (``NodeSpec.gpu_ids``); None unless every UUID is known, they
+    are distinct and there is one per card the pod asks."""
+    ids = state.nodes[node].gpu_ids
+    uuids = info.named_devices
+    if not ids or not uuids or len(uuids) != info.request.num_gpu or len(set(uuids)) != len(uuids):
+        return None
+    index = {u: i for i, u in enumerate(ids)}
+    if any(u not in index for u in uuids):
+        return None
+    return tuple(index[u] for u in uuids)
+
+
+def _stacked_slices(state: ClusterState, req: PodRequest, node: int) -> Assignment | None:
+    """A pod holding ``k`` replicas of a time-sliced node that cannot have ``k`` distinct GPUs: the replicas
+    stacked on as few of the lowest free GPUs as hold them (``ceil(k / m)`` replicas each on ``m`` GPUs), so
+    that every replica it holds is counted. None when even that does not fit."""
+    replicas = int(state.gpu_replicas[node])
+    one = int(state.slice_milli[node])
+    if replicas <= 1 or req.gpu_memory_mib or req.gpu_milli != one or req.num_gpu < 2:
+        return None
+    k = req.num_gpu
+    for m in range(k - 1, 0, -1):
+        per = -(-k // m)
+        if per > replicas:
+            break
+        stacked = replace(req, num_gpu=m, gpu_milli=min(MILLI, per * one))
+        gpus = lowest_free_devices(state, stacked, node)
+        if gpus is not None:
+            try:
+                return state.allocate(stacked, node, gpus)
+            except AllocationError:
+                continue
+    return None
+
+
 def count_bound_pod(state: ClusterState, info: PodInfo, node: int,
                     annotated: tuple[tuple[int, ...], int] | None) -> tuple[Assignment | None, str]:
-    """Allocate a pod already running on ``node``: on its annotated devices when they are valid, else on the
-    lowest free ones. Returns (assignment, "") or (assignment-or-None, what could not be counted)."""
+    """Allocate a pod already running on ``node`` where it runs, as far as that is known:
+
+    1. on the devices gpupool annotated (``annotated``, from :func:`annotated_devices`) when they are valid;
+    2. else on the devices another scheduler named (HAMi's UUIDs in ``info.named_devices``, mapped through
+       the node's ``gpu_ids``: :func:`named_devices`);
+    3. else conservatively on the lowest free devices that fit (a time-sliced pod's replicas on distinct
+       GPUs, else stacked: :func:`_stacked_slices`);
+    4. else what fits of it ("counted in part").
+
+    Returns (assignment, "") or (assignment-or-None, what could not be counted as the pod asks).
+    """
     req = info.request
+    note = ""
     if annotated is not None and req.num_gpu and len(annotated[0]) == req.num_gpu:
         gpus, milli = annotated
-        counted = req if milli >= req.gpu_milli else replace(req, gpu_milli=milli)
+        counted = req if milli >= req.gpu_milli else replace(req, gpu_milli=max(milli, 1))
         try:
             return state.allocate(counted, node, gpus, max(milli, 1)), ""
         except AllocationError as exc:
             note = f"annotated devices unusable ({exc}); "
-    else:
-        note = ""
+    elif req.num_gpu and info.named_devices:
+        gpus_named = named_devices(state, info, node)
+        if gpus_named is not None:
+            try:
+                return state.allocate(req, node, gpus_named), ""
+            except AllocationError as exc:
+                note = f"devices named by the pod's annotations unusable ({exc}); "
+        else:
+            note = "devices named by the pod's annotations not known on the node; counted on the lowest free; "
     gpus = lowest_free_devices(state, req, node)
     if gpus is not None:
         try:
             return state.allocate(req, node, gpus), note.rstrip("; ")
         except AllocationError as exc:
             note += f"{exc}; "
+    stacked = _stacked_slices(state, req, node)
+    if stacked is not None:
+        return stacked, note.rstrip("; ")  # the device plugin may stack replicas: not a miscount
     # Over-committed as gpupool sees it (another scheduler, or a model gpupool does not share): count what fits.
     cpu = min(req.cpu_milli, int(state.cpu_free[node]))
     mem = min(req.memory_mib, int(state.mem_free[node]))
     whole = [g for g in range(state.max_gpus) if state.gpu_exists[node, g] and state.gpu_free[node, g] == MILLI]
-    take = whole[: req.num_gpu] if req.gpu_milli == MILLI else []
+    take = whole[: req.num_gpu] if req.gpu_milli == MILLI and state.gpu_replicas[node] <= 1 else []
     partial = PodRequest(req.name, cpu_milli=cpu, memory_mib=mem, num_gpu=len(take), gpu_milli=MILLI if take else 0)
     try:
         a = state.allocate(partial, node, take)
@@ -389,17 +564,27 @@ def count_bound_pod(state: ClusterState, info: PodInfo, node: int,
 def _bound_order(pod: Mapping[str, Any]) -> tuple:
     # Pods with gpupool's own device annotations first: they claim specific devices; then oldest first.
     meta = _mapping(pod.get("metadata"))
-    return (annotated_devices(pod) is None, str(meta.get("creationTimestamp") or ""), pod_key(pod))
+    named = annotated_devices(pod) is not None or bool(hami_devices(pod))
+    return (not named, str(meta.get("creationTimestamp") or ""), pod_key(pod))
+
+
+def slices_to_request(req: PodRequest, replicas: int) -> PodRequest:
+    """``req`` as it holds a node whose GPUs are time-sliced ``replicas`` ways (``nvidia.com/gpu.replicas``):
+    a whole-GPU ask of ``k`` (``nvidia.com/gpu: k``, :func:`gpupool.cluster.slice_ask`) is ``k`` replicas,
+    i.e. ``k`` distinct GPUs at ``1000 // replicas`` milli each (memory in proportion). Any other request, or
+    ``replicas`` <= 1, is returned unchanged. Units: milli-GPU per device; the result's ``total_gpu_milli``
+    is the GPU share the pod really occupies (what a queue should be charged)."""
+    if replicas <= 1 or req.num_gpu == 0 or req.gpu_milli != MILLI or req.gpu_memory_mib:
+        return req
+    return replace(req, gpu_milli=max(1, MILLI // replicas))
 
 
 def _time_sliced(info: PodInfo, replicas: int) -> PodInfo:
-    """A pod holding ``k`` time-slicing replicas (``nvidia.com/gpu: k``) of a GPU shared ``replicas`` ways:
-    counted as ``k / replicas`` of one GPU."""
-    req = info.request
-    if replicas <= 1 or req.num_gpu == 0 or req.gpu_milli != MILLI:
-        return info
-    milli = min(MILLI, max(1, req.num_gpu * MILLI // replicas))
-    return replace(info, request=replace(req, num_gpu=1, gpu_milli=milli))
+    """A bound pod holding ``k`` time-slicing replicas (``nvidia.com/gpu: k``) of GPUs shared ``replicas``
+    ways: counted as :func:`slices_to_request` (``k`` distinct GPUs, one replica each; stacked on fewer GPUs
+    by :func:`count_bound_pod` when ``k`` distinct ones are not free)."""
+    req = slices_to_request(info.request, replicas)
+    return info if req is info.request else replace(info, request=req)
 
 
 def build_state(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
@@ -750,7 +935,8 @@ class _MigFilter(_EligibilityFilter):
 
 __all__ = [
     "node_spec_from_node", "build_state", "mig_capacity", "mig_strategy", "InventoryInfo", "NodeParseError",
-    "annotated_devices", "lowest_free_devices", "count_bound_pod", "node_ready", "tolerates",
+    "annotated_devices", "lowest_free_devices", "count_bound_pod", "named_devices", "slices_to_request",
+    "hami_registered_gpus", "RegisteredGpu", "node_ready", "tolerates",
     "matches_node_selector_term", "Constraints", "constraints_of", "ConstrainedRequest", "Eligibility",
     "UNKNOWN_GPU_MODEL", "NoUsableNodeError", "check_node_shape", "node_name",
 ]

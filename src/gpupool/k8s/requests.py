@@ -6,11 +6,13 @@ read here (sources in /work/shared/reference/k8s-gpu-conventions.md):
 ============================================  ===============================================
 spelling                                      meaning in gpupool
 ============================================  ===============================================
-limits ``nvidia.com/gpu: N``                  N whole GPUs
-annotation ``gpu-fraction: "0.25"`` (KAI)     one GPU, 250 milli (``gpu-fraction-num-devices``
-                                              N > 1 only with a fraction of 1: N whole GPUs)
+limits ``nvidia.com/gpu: N``                  N whole GPUs (N replicas on a time-sliced node:
+                                              see :func:`gpupool.cluster.slice_ask`)
+annotation ``gpu-fraction: "0.25"`` (KAI)     one GPU, 250 milli (``gpu-fraction-num-devices: N``:
+                                              N distinct GPUs, 250 milli of each)
 annotation ``gpu-memory: "2000"`` (KAI)       one GPU, 2000 MiB of its memory (share 1 milli, so
-                                              memory is the constraint); ``"20Gi"`` also read
+                                              memory is the constraint); ``"20Gi"`` also read;
+                                              with ``gpu-fraction-num-devices: N``, N GPUs
 limits ``nvidia.com/gpu`` + ``gpucores``,     HAMi vGPU: N GPUs, share = cores % (else memory %),
 ``gpumem`` (MiB), ``gpumem-percentage``       memory per GPU from ``gpumem``
 limits ``volcano.sh/vgpu-number/-memory/``    the same, Volcano's spelling
@@ -20,7 +22,14 @@ annotations ``alibabacloud.com/gpu-milli``,   the openb trace's own spelling
 limits ``nvidia.com/mig-<profile>: 1``        one MIG device of that profile (MIG "mixed"
                                               strategy; counted per node, no GPU share)
 annotation ``gpupool.io/gpu-model``           allowed GPU models (catalog names or GFD products)
+annotations ``nvidia.com/use-gputype``,       HAMi / Volcano GPU type selection: comma-separated
+``nvidia.com/nouse-gputype``                  case-insensitive substrings of the model / product
 ============================================  ===============================================
+
+Several GPUs with a share of each (HAMi ``nvidia.com/gpu: 2`` + ``gpumem``/``gpucores``, Volcano
+``vgpu-number: 2``, KAI ``gpu-fraction-num-devices: 2`` with a fraction or ``gpu-memory``, Alibaba
+``gpu-count: 2`` with ``gpu-milli``) are ``num_gpu`` distinct GPUs, each with that share and memory.
+HAMi and Volcano vGPU limits are read per container, as HAMi allocates them (see :func:`_hami_like`).
 
 Gangs: the scheduler-plugins label ``scheduling.x-k8s.io/pod-group``, Volcano's annotation
 ``scheduling.k8s.io/group-name`` (or ``scheduling.volcano.sh/group-name``), KAI's ``pod-group-name``.
@@ -53,6 +62,11 @@ from gpupool.k8s import (
     ANN_ALIBABA_GPU_COUNT,
     ANN_ALIBABA_GPU_MILLI,
     ANN_GPU_MODEL,
+    ANN_HAMI_DEVICES_ALLOCATED,
+    ANN_HAMI_DEVICES_TO_ALLOCATE,
+    ANN_HAMI_NODE,
+    ANN_HAMI_NOUSE_GPUTYPE,
+    ANN_HAMI_USE_GPUTYPE,
     ANN_KAI_FRACTION,
     ANN_KAI_MEMORY,
     ANN_KAI_MIN_MEMBER,
@@ -345,21 +359,23 @@ class GpuAsk:
     spelling: str = ""
 
 
-def _hami_like(res: Mapping[str, Decimal], count_key: str, mem_key: str, pct_key: str | None,
-               cores_key: str, spelling: str) -> GpuAsk:
-    where = f'resources["{count_key}"]'
+def _hami_container(res: Mapping[str, Decimal], count_key: str, mem_key: str, pct_key: str | None,
+                    cores_key: str, spelling: str, where: str = "") -> GpuAsk:
+    """One container's vGPU ask (HAMi / Volcano): ``count_key`` cards, each with the share from the cores
+    (else memory) percentage and ``mem_key`` MiB of memory. ``where`` prefixes field names in errors."""
+    prefix = f"{where}." if where else ""
     if count_key not in res:
         extra = [k for k in (mem_key, pct_key, cores_key) if k and k in res]
-        raise RequestParseError(f'resources["{extra[0]}"] given without resources["{count_key}"]')
-    n = _whole(res[count_key], where, minimum=1)
-    cores = _whole(res[cores_key], f'resources["{cores_key}"]') if cores_key in res else 0
-    pct = _whole(res[pct_key], f'resources["{pct_key}"]') if pct_key and pct_key in res else 0
-    mem = _whole(res[mem_key], f'resources["{mem_key}"]') if mem_key in res else 0
+        raise RequestParseError(f'{prefix}resources["{extra[0]}"] given without resources["{count_key}"]')
+    n = _whole(res[count_key], f'{prefix}resources["{count_key}"]', minimum=1)
+    cores = _whole(res[cores_key], f'{prefix}resources["{cores_key}"]') if cores_key in res else 0
+    pct = _whole(res[pct_key], f'{prefix}resources["{pct_key}"]') if pct_key and pct_key in res else 0
+    mem = _whole(res[mem_key], f'{prefix}resources["{mem_key}"]') if mem_key in res else 0
     for key, value in ((cores_key, cores), (pct_key, pct)):
         if key and key in res and not 1 <= value <= 100:
-            raise RequestParseError(f'resources["{key}"]={value}: must be a percentage in 1..100')
+            raise RequestParseError(f'{prefix}resources["{key}"]={value}: must be a percentage in 1..100')
     if mem_key in res and mem <= 0:
-        raise RequestParseError(f'resources["{mem_key}"]: must be a positive amount of MiB')
+        raise RequestParseError(f'{prefix}resources["{mem_key}"]: must be a positive amount of MiB')
     if cores:
         milli = max(cores, pct) * 10  # with both, the larger: memory in proportion covers the percentage
     elif pct:
@@ -368,11 +384,56 @@ def _hami_like(res: Mapping[str, Decimal], count_key: str, mem_key: str, pct_key
         milli = 1  # memory is the constraint
     else:
         milli = MILLI  # a vGPU without limits takes all of the GPU's memory: a whole GPU
-    if n > 1 and milli < MILLI:
-        raise RequestParseError(
-            f"{where}={n} with a share of {milli} milli per GPU: gpupool places a fractional share on one GPU only"
-        )
     return GpuAsk(n, milli, mem, (), spelling)
+
+
+def _gpu_containers(pod: Mapping[str, Any]) -> list[tuple[str, dict[str, Decimal], bool]]:
+    """(field path, resources, runs beside the app) of every container and init container; sidecar init
+    containers (``restartPolicy: Always``) run beside the app containers, other init containers before them."""
+    spec = _expect_mapping(pod.get("spec"), "spec")
+    out: list[tuple[str, dict[str, Decimal], bool]] = []
+    for kind in ("containers", "initContainers"):
+        for i, c in enumerate(_expect_list(spec.get(kind), f"spec.{kind}")):
+            where = f"spec.{kind}[{i}]"
+            concurrent = kind == "containers" or c.get("restartPolicy") == "Always"
+            out.append((where, _container_requests(c, where), concurrent))
+    return out
+
+
+def _hami_like(pod: Mapping[str, Any], count_key: str, mem_key: str, pct_key: str | None,
+               cores_key: str, spelling: str) -> GpuAsk:
+    """A vGPU pod (HAMi / Volcano), read per container as HAMi allocates: each container asking
+    ``count_key: N`` gets N cards of its own with its ``mem_key`` MiB and cores share on each.
+
+    gpupool books one share per card for the whole pod: the containers' cards add up (distinct cards,
+    never one container's memory doubled onto a card), each card booked with the largest share and the
+    largest memory any container asks per card (exact when the containers ask the same per card, an
+    over-estimate otherwise). Init containers run before the app containers, so they count as the larger of
+    their own ask and the app containers' total. Raises :class:`RequestParseError` when one container gives
+    a memory amount and another a share of memory in proportion (no single per-card booking holds both),
+    naming both containers.
+    """
+    asks: list[tuple[str, GpuAsk, bool]] = []
+    keys = {k for k in (count_key, mem_key, pct_key, cores_key) if k}
+    for where, res, concurrent in _gpu_containers(pod):
+        if keys & res.keys():
+            asks.append((where, _hami_container(res, count_key, mem_key, pct_key, cores_key, spelling, where),
+                         concurrent))
+    if not asks:
+        return GpuAsk(spelling=spelling)
+    beside = sum(a.num_gpu for _, a, concurrent in asks if concurrent)
+    before = max((a.num_gpu for _, a, concurrent in asks if not concurrent), default=0)
+    milli = max(a.gpu_milli for _, a, _ in asks)
+    sized = [(w, a) for w, a, _ in asks if a.gpu_memory_mib]
+    proportional = [(w, a) for w, a, _ in asks if not a.gpu_memory_mib and a.gpu_milli < MILLI]
+    if sized and proportional:
+        raise RequestParseError(
+            f'{sized[0][0]} asks {sized[0][1].gpu_memory_mib} MiB of GPU memory per card but {proportional[0][0]} '
+            f"a share of the GPU's memory in proportion ({proportional[0][1].gpu_milli} milli): gpupool books one "
+            "share per card for the pod; give every GPU container the same kind of memory limit"
+        )
+    mem = max((a.gpu_memory_mib for _, a in sized), default=0)
+    return GpuAsk(max(beside, before), milli, mem, (), spelling)
 
 
 def _kai(ann: Mapping[str, str], res: Mapping[str, Decimal]) -> GpuAsk:
@@ -394,19 +455,10 @@ def _kai(ann: Mapping[str, str], res: Mapping[str, Decimal]) -> GpuAsk:
         if not 0 < f <= 1:
             raise RequestParseError(f"{where}: must be a number in (0, 1]")
         milli = max(1, min(MILLI, round(f * MILLI)))
-        if n > 1 and milli < MILLI:
-            raise RequestParseError(
-                f"{where} with {ANN_KAI_NUM_DEVICES}={n}: gpupool places a fractional share on one GPU only"
-            )
-        return GpuAsk(n, milli, 0, (), "kai gpu-fraction")
+        return GpuAsk(n, milli, 0, (), "kai gpu-fraction")  # n distinct GPUs, that fraction of each
     raw = ann[ANN_KAI_MEMORY]
     mem = _memory_mib(raw, f'annotation {ANN_KAI_MEMORY}="{raw}"')
-    if n > 1:
-        raise RequestParseError(
-            f'annotation {ANN_KAI_MEMORY}="{raw}" with {ANN_KAI_NUM_DEVICES}={n}: '
-            "gpupool places a memory share on one GPU only"
-        )
-    return GpuAsk(1, 1, mem, (), "kai gpu-memory")
+    return GpuAsk(n, 1, mem, (), "kai gpu-memory")  # n distinct GPUs, that much memory on each
 
 
 def _alibaba(ann: Mapping[str, str]) -> GpuAsk:
@@ -420,12 +472,7 @@ def _alibaba(ann: Mapping[str, str]) -> GpuAsk:
         n = _int_annotation(raw, f'annotation {ANN_ALIBABA_GPU_COUNT}="{raw}"', 0)
     if n == 0:
         return GpuAsk(spelling="alibaba")
-    if n > 1 and milli < MILLI:
-        raise RequestParseError(
-            f"annotations {ANN_ALIBABA_GPU_MILLI}={milli} with {ANN_ALIBABA_GPU_COUNT}={n}: "
-            "gpupool places a fractional share on one GPU only"
-        )
-    return GpuAsk(n, milli, 0, (), "alibaba")
+    return GpuAsk(n, milli, 0, (), "alibaba")  # n distinct GPUs, that share of each
 
 
 def _mig(res: Mapping[str, Decimal]) -> GpuAsk:
@@ -480,9 +527,9 @@ def gpu_ask(pod: Mapping[str, Any], res: Mapping[str, Decimal] | None = None) ->
     if kind == "kai":
         return _kai(ann, res)
     if kind == "hami":
-        return _hami_like(res, RES_GPU, RES_HAMI_GPUMEM, RES_HAMI_GPUMEM_PERCENT, RES_HAMI_GPUCORES, "hami")
+        return _hami_like(pod, RES_GPU, RES_HAMI_GPUMEM, RES_HAMI_GPUMEM_PERCENT, RES_HAMI_GPUCORES, "hami")
     if kind == "volcano":
-        return _hami_like(res, RES_VOLCANO_VGPU_NUMBER, RES_VOLCANO_VGPU_MEMORY, None, RES_VOLCANO_VGPU_CORES,
+        return _hami_like(pod, RES_VOLCANO_VGPU_NUMBER, RES_VOLCANO_VGPU_MEMORY, None, RES_VOLCANO_VGPU_CORES,
                           "volcano")
     if kind == "alibaba":
         if RES_GPU in res:
@@ -507,6 +554,19 @@ def gpu_spec_of(pod: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(resolve_name(n) or n for n in names)
 
 
+def gpu_types_of(pod: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(include, exclude): GPU type selection from HAMi's (and Volcano vGPU's) ``nvidia.com/use-gputype`` and
+    ``nvidia.com/nouse-gputype`` annotations, comma-separated substrings matched case-insensitively against
+    the GPU model and product name (``"A100"`` selects ``NVIDIA-A100-SXM4-80GB``). A blank value selects
+    nothing, as in HAMi (every type contains the empty string)."""
+    ann = annotations_of(pod)
+    out: list[tuple[str, ...]] = []
+    for key in (ANN_HAMI_USE_GPUTYPE, ANN_HAMI_NOUSE_GPUTYPE):
+        raw = ann.get(key)
+        out.append(tuple(x.strip() for x in str(raw).split(",") if x.strip()) if raw is not None else ())
+    return out[0], out[1]
+
+
 # ------------------------------------------------------------------ the pod as a whole
 @dataclass(frozen=True, slots=True)
 class PodInfo:
@@ -514,7 +574,9 @@ class PodInfo:
 
     ``mig``: MIG devices asked, (profile, count) pairs; ``pod_group``: the gang's ``namespace/name``;
     ``queue``: the gpupool Queue's name; ``min_member``: the gang size the pod itself declares
-    (used when no PodGroup object exists).
+    (used when no PodGroup object exists). ``named_devices``: GPU UUIDs another scheduler recorded for a
+    bound pod (HAMi's ``hami.io/vgpu-devices-allocated``, trusted only when ``hami.io/vgpu-node`` is the node
+    the pod is bound to; see :func:`hami_devices`), one per card the pod holds, in container order.
     """
 
     key: str
@@ -523,12 +585,35 @@ class PodInfo:
     pod_group: str | None = None
     queue: str | None = None
     min_member: int | None = None
+    named_devices: tuple[str, ...] = ()
 
     @property
     def gpu_milli_total(self) -> int:
         """GPU demand in milli-GPU; a MIG device counts its compute slices (``3g.40gb`` = 3/7 GPU)."""
         mig = sum(int(MIG_PROFILE.fullmatch(p).group(1)) * MILLI // 7 * c for p, c in self.mig)  # type: ignore[union-attr]
         return self.request.total_gpu_milli + mig
+
+
+def hami_devices(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """GPU UUIDs HAMi (or Volcano's HAMi-based vGPU) allocated to a bound pod, one per card, in container
+    order: ``hami.io/vgpu-devices-allocated`` (else ``hami.io/vgpu-devices-to-allocate``), containers
+    separated by ``;``, devices by ``:``, each ``UUID,Type,usedmem,usedcores``. ``()`` unless the pod is bound
+    and ``hami.io/vgpu-node`` names that node, or when the value cannot be read (the pod is then counted
+    conservatively on the lowest free devices)."""
+    ann = annotations_of(pod)
+    node = node_name_of(pod)
+    if not node or ann.get(ANN_HAMI_NODE) != node:
+        return ()
+    raw = ann.get(ANN_HAMI_DEVICES_ALLOCATED) or ann.get(ANN_HAMI_DEVICES_TO_ALLOCATE)
+    if not isinstance(raw, str) or len(raw) > 65536:
+        return ()
+    out: list[str] = []
+    for container in raw.split(";"):
+        for device in container.split(":"):
+            uuid = device.split(",", 1)[0].strip()
+            if uuid:
+                out.append(uuid)
+    return tuple(out)
 
 
 def _with_pod(exc: Exception, pod: Mapping[str, Any]) -> RequestParseError:
@@ -549,6 +634,7 @@ def describe_pod(pod: Mapping[str, Any]) -> PodInfo:
         if not isinstance(priority, int):
             raise RequestParseError(f"spec.priority={priority!r}: not an integer")
         labels = labels_of(pod)
+        include, exclude = gpu_types_of(pod) if ask.num_gpu else ((), ())
         request = PodRequest(
             name=key,
             cpu_milli=cpu,
@@ -561,8 +647,11 @@ def describe_pod(pod: Mapping[str, Any]) -> PodInfo:
             priority=priority,
             creation_time=parse_time(_meta(pod).get("creationTimestamp")),
             labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+            gpu_type_include=include,
+            gpu_type_exclude=exclude,
         )
-        return PodInfo(key, request, ask.mig, pod_group_of(pod), queue_of(pod), min_member_of(pod))
+        return PodInfo(key, request, ask.mig, pod_group_of(pod), queue_of(pod), min_member_of(pod),
+                       hami_devices(pod) if ask.num_gpu else ())
     except RequestParseError as exc:
         raise _with_pod(exc, pod) from None
     except InvalidRequestError as exc:  # PodRequest's own checks (already name the pod)
@@ -686,7 +775,7 @@ def parse_queue(obj: Mapping[str, Any]) -> QueueSpec:
 __all__ = [
     "RequestParseError", "PodInfo", "QueueSpec", "GpuAsk",
     "parse_pod", "describe_pod", "pod_key", "pod_group_of", "queue_of", "min_member_of",
-    "parse_pod_group", "parse_queue", "pod_resources", "gpu_ask", "gpu_spec_of",
+    "parse_pod_group", "parse_queue", "pod_resources", "gpu_ask", "gpu_spec_of", "gpu_types_of", "hami_devices",
     "annotations_of", "labels_of", "node_name_of", "is_terminal", "is_waiting_for", "parse_time",
     "check_pod_shape", "check_selector_terms", "object_key", "spec_unreadable",
 ]

@@ -9,8 +9,14 @@ Two sources, same result (:class:`GpuSample` records in a :class:`GpuTelemetry` 
 
 Series are keyed by the node label (dcgm-exporter's ``Hostname``, which is the node name when the
 exporter runs with ``NODE_NAME`` set as the NVIDIA chart does; ``kubernetes_node`` and ``node`` are
-tried next) and the ``gpu`` label (device index). A scrape target may also be pinned to a node
-(``node=url``) when its ``Hostname`` is a pod name.
+tried next) and the ``gpu`` label (DCGM's device index); the ``UUID`` label is kept. A scrape target may
+also be pinned to a node (``node=url``) when its ``Hostname`` is a pod name.
+
+DCGM's index is the physical GPU; gpupool's device index is the position among the devices the node
+advertises (``status.allocatable``). They differ once a failed GPU is withdrawn, so readings are matched
+to gpupool's devices by identity (:meth:`GpuTelemetry.device_map`: UUID when the node publishes its
+devices' UUIDs, index only when every GPU DCGM sees is advertised), and a failed GPU the node no longer
+advertises never marks another one unhealthy.
 
 What the scheduler reads:
 
@@ -267,16 +273,79 @@ class GpuTelemetry:
         """(node, gpu) -> XID for every fresh GPU with a device-level XID error."""
         return {k: s.xid for k, s in self.fresh(now).items() if self.is_unhealthy(s)}
 
-    def health_mask(self, state: ClusterState, now: float | None = None) -> np.ndarray:
-        """(n_nodes, max_gpus) bool like ``state.gpu_exists``, False where fresh telemetry shows an XID error.
+    def device_map(self, state: ClusterState, now: float | None = None) -> dict[tuple[str, int], int]:
+        """(node, DCGM ``gpu`` index) -> gpupool device index, for every fresh sample whose GPU gpupool can
+        identify; a GPU the node no longer advertises (or one that cannot be identified) is left out.
 
-        GPUs without fresh data count as healthy; GPUs the state does not have are ignored.
+        gpupool's device indices are the devices the node advertises (``status.allocatable``), so after a
+        GPU fails and the device plugin withdraws it, DCGM's index no longer equals gpupool's. Matching:
+
+        1. by identity, when the node publishes its devices' UUIDs (``NodeSpec.gpu_ids``, e.g. HAMi's node
+           registration): the sample's ``UUID`` label names the device; a UUID not advertised is not mapped;
+        2. else by index, when DCGM reports no more GPUs for the node than it advertises (every GPU is
+           advertised, in index / minor-number order, as the NVIDIA device plugin enumerates them);
+        3. else (DCGM sees more GPUs than the node advertises: some were withdrawn) nothing is mapped by
+           position; :meth:`health_mask` then reasons about the withdrawn devices (see there).
+        """
+        out: dict[tuple[str, int], int] = {}
+        by_node: dict[str, list[GpuSample]] = {}
+        for (node, _), sample in self.fresh(now).items():
+            by_node.setdefault(node, []).append(sample)
+        for node, samples in by_node.items():
+            i = state.node_index.get(node)
+            if i is None:
+                continue
+            advertised = int(state.gpu_count[i])
+            ids = state.nodes[i].gpu_ids
+            if ids:
+                index = {u: g for g, u in enumerate(ids)}
+                for s in samples:
+                    if s.uuid in index:
+                        out[(node, s.gpu)] = index[s.uuid]
+                    elif not s.uuid and len(samples) <= advertised and s.gpu < advertised:
+                        out[(node, s.gpu)] = s.gpu
+            elif len(samples) <= advertised:
+                for s in samples:
+                    if 0 <= s.gpu < advertised:
+                        out[(node, s.gpu)] = s.gpu
+        return out
+
+    def health_mask(self, state: ClusterState, now: float | None = None) -> np.ndarray:
+        """(n_nodes, max_gpus) bool like ``state.gpu_exists``, False where fresh telemetry shows an XID error
+        on that device, matched by identity (:meth:`device_map`), never by position in gpupool's list.
+
+        GPUs without fresh data count as healthy; GPUs the state does not have are ignored. On a node where
+        DCGM sees ``n`` GPUs but only ``a < n`` are advertised and the GPUs cannot be identified: when at most
+        ``n - a`` of them show an error, the withdrawn devices are the failed ones (the device plugin withdraws
+        unhealthy devices) and every advertised GPU stays healthy; when more show one, some advertised GPU
+        is failed but which one is unknown, so all the node's GPUs are marked unhealthy (never a healthy
+        GPU chosen in a failed one's place, never a failed one handed out).
         """
         mask = state.gpu_exists.copy()
+        mapping = self.device_map(state, now)
+        fresh = self.fresh(now)
+        seen: dict[str, int] = {}
+        for (node, _) in fresh:
+            seen[node] = seen.get(node, 0) + 1
+        failed: dict[str, int] = {}
         for (node, gpu) in self.unhealthy(now):
             i = state.node_index.get(node)
-            if i is not None and 0 <= gpu < state.max_gpus:
-                mask[i, gpu] = False
+            if i is None:
+                continue
+            g = mapping.get((node, gpu))
+            if g is not None:
+                if 0 <= g < state.max_gpus:
+                    mask[i, g] = False
+                continue
+            if not state.nodes[i].gpu_ids:
+                failed[node] = failed.get(node, 0) + 1
+        for node, count in failed.items():
+            i = state.node_index[node]
+            withdrawn = seen[node] - int(state.gpu_count[i])
+            if withdrawn > 0 and count > withdrawn:
+                mask[i] = False
+                log.warning("failed GPU among the advertised ones cannot be identified; node's GPUs marked unhealthy",
+                            extra={"node": node, "failed": count, "withdrawn": withdrawn})
         return mask
 
     def apply_health(self, state: ClusterState, now: float | None = None) -> list[tuple[str, int, bool]]:
@@ -292,10 +361,13 @@ class GpuTelemetry:
     def gpu_load(self, state: ClusterState, now: float | None = None, default: float = np.nan) -> np.ndarray:
         """(n_nodes, max_gpus) float: fresh utilisation 0..1 per GPU, ``default`` where unknown or absent."""
         out = np.full((state.n_nodes, state.max_gpus), default, dtype=np.float64)
+        mapping = self.device_map(state, now)
         for (node, gpu), s in self.fresh(now).items():
             i = state.node_index.get(node)
-            if i is not None and 0 <= gpu < state.max_gpus and state.gpu_exists[i, gpu] and s.utilization is not None:
-                out[i, gpu] = s.utilization
+            g = mapping.get((node, gpu))
+            if i is not None and g is not None and 0 <= g < state.max_gpus and state.gpu_exists[i, g] \
+                    and s.utilization is not None:
+                out[i, g] = s.utilization
         return out
 
     def load(self, state: ClusterState, now: float | None = None, default: float = 0.0) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Policy
-from gpupool.engine.filters import EffectiveRequest
+from gpupool.engine.filters import EffectiveRequest, node_share
 from gpupool.policies.best_fit import MAX_SPEC_CPU, MAX_SPEC_GPU
 
 
@@ -22,10 +22,10 @@ class DotProduct(Policy):
     description = "GPU-aware: Tetris dot product of free and requested CPU/GPU (packs aligned nodes)"
 
     def score_key(self, req: EffectiveRequest) -> tuple:
-        return (req.cpu_milli, req.num_gpu * req.gpu_milli)
+        return (req.cpu_milli, req.num_gpu * req.gpu_milli, req.is_slice_ask)
 
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         cpu = state.cpu_free[nodes] / MAX_SPEC_CPU
         gpu = state.usable_gpu_free(nodes).sum(axis=1) / MAX_SPEC_GPU
-        dot = cpu * (req.cpu_milli / MAX_SPEC_CPU) + gpu * (req.num_gpu * req.gpu_milli / MAX_SPEC_GPU)
+        dot = cpu * (req.cpu_milli / MAX_SPEC_CPU) + gpu * (req.num_gpu * node_share(state, req, nodes) / MAX_SPEC_GPU)
         return np.trunc((1.0 - dot / 2.0) * 100.0)

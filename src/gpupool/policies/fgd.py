@@ -27,7 +27,7 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Policy
-from gpupool.engine.filters import EffectiveRequest, fitting_gpus, gpu_fit_matrix
+from gpupool.engine.filters import EffectiveRequest, fitting_gpus, gpu_fit_matrix, node_share
 from gpupool.frag import FragModel, TypicalPods, typical_pods
 from gpupool.model import MILLI, PodRequest
 
@@ -65,8 +65,9 @@ class FGD(Policy):
 
     def score_key(self, req: EffectiveRequest) -> tuple:
         mem = req.memory_mib if self.use_memory else 0
-        return (req.cpu_milli, mem, req.num_gpu, req.gpu_milli, req.requested.gpu_spec,
-                req.requested.gpu_memory_mib)
+        r = req.requested
+        return (req.cpu_milli, mem, req.num_gpu, req.gpu_milli, r.gpu_spec, r.gpu_memory_mib, r.gpu_milli,
+                r.gpu_type_include, r.gpu_type_exclude)
 
     def _transform(self, decrease: np.ndarray) -> np.ndarray:
         """Score of a fragmentation decrease (milli-GPU): higher is better."""
@@ -101,15 +102,17 @@ class FGD(Policy):
             s = np.where(fits, self._transform(before[:, None] - fa), -np.inf)
             choice = np.argmax(s, axis=1)
             return s[np.arange(len(nodes)), choice], choice
+        # whole GPUs, a per-card share over several GPUs, or replicas of a time-sliced node (node_share)
+        share = node_share(state, req, nodes)
         if len(nodes) <= self.FEW_NODES:
             after = free.copy()
             for i, node in enumerate(nodes.tolist()):
                 for g in fitting_gpus(state, req, node)[: req.num_gpu]:
-                    after[i, g] -= req.gpu_milli
+                    after[i, g] -= share[i]
         else:  # the same, vectorized: the lowest-index fitting GPUs give their share
             fits = gpu_fit_matrix(state, req, nodes)
             take = fits & (np.cumsum(fits, axis=1) <= req.num_gpu)
-            after = np.where(take, free - req.gpu_milli, free)
+            after = np.where(take, free - share[:, None], free)
         return self._transform(before - frag(after, cpu_a, model, mem_a)), None
 
     FEW_NODES = 4
@@ -127,7 +130,8 @@ class FGD(Policy):
         if len(nodes) < self.DEDUP_MIN_NODES:
             return self._evaluate(state, req, nodes)
         key = np.column_stack([state.node_model[nodes], state.cpu_free[nodes], state.mem_free[nodes],
-                               state.gpu_free[nodes], state.gpu_healthy[nodes], state.gpu_mem_free[nodes]])
+                               state.gpu_free[nodes], state.gpu_healthy[nodes], state.gpu_mem_free[nodes],
+                               state.gpu_mem_cap[nodes], state.slice_milli[nodes]])
         _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         scores, choice = self._evaluate(state, req, nodes[first])

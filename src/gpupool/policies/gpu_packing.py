@@ -21,7 +21,9 @@ class GpuPacking(Policy):
     description = "GPU-aware: shared GPUs first, then free GPUs of used nodes, then idle nodes"
 
     def score_key(self, req: EffectiveRequest) -> tuple:
-        return (req.num_gpu, req.gpu_milli, req.requested.gpu_spec, req.requested.gpu_memory_mib)
+        r = req.requested
+        return (req.num_gpu, req.gpu_milli, r.gpu_spec, r.gpu_memory_mib, r.gpu_milli, r.gpu_type_include,
+                r.gpu_type_exclude)
 
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         if req.num_gpu == 0:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gpupool.cluster import ClusterState
-from gpupool.engine.filters import EffectiveRequest
+from gpupool.engine.filters import EffectiveRequest, node_share
 from gpupool.frag import TypicalPods
 from gpupool.model import MILLI, PodRequest
 from gpupool.policies.best_fit import MAX_SPEC_GPU
@@ -80,8 +80,9 @@ class GpupoolPolicy(FGD):
 
     def _final_score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
                      scores: np.ndarray) -> np.ndarray:
+        demand = req.num_gpu * node_share(state, req, nodes)  # (k,) milli-GPU the pod takes on each node
         if self.pressure.any():  # else the scarcity term is all +0.0, which leaves the scores as they are
-            gpus = req.num_gpu * req.gpu_milli / MILLI
+            gpus = demand / MILLI
             scores = scores - self.kappa * POINTS_PER_GPU * self.pressure[state.node_model[nodes]] * gpus
-        gpu_left = (state.usable_gpu_free(nodes).sum(axis=1) - req.num_gpu * req.gpu_milli) / MAX_SPEC_GPU
+        gpu_left = (state.usable_gpu_free(nodes).sum(axis=1) - demand) / MAX_SPEC_GPU
         return scores - self.pack_epsilon * gpu_left
