@@ -38,6 +38,30 @@ DEFAULT_TYPICAL = TypicalPods(
 """Used when no workload is known: one whole GPU per pod (every partly used GPU is a fragment)."""
 
 
+_HASH_WEIGHTS = np.random.default_rng(0x5EED).integers(0, 2**63, 256, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+
+
+def _distinct_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index of the first row of each distinct row, (n,) index of each row's distinct row) of an integer
+    matrix, as ``np.unique(key, axis=0, return_index=True, return_inverse=True)`` gives them (up to order).
+
+    Rows are hashed to one int64 each (a dot product with fixed random odd multipliers, wrapping) and the hashes
+    made unique, which is 1-D and tens of times cheaper than ``np.unique`` over rows; a hash collision is
+    caught by comparing every row with its representative, and then the exact row-wise form is used.
+    """
+    k = np.ascontiguousarray(key, dtype=np.int64)
+    weights = _HASH_WEIGHTS[: k.shape[1]] if k.shape[1] <= len(_HASH_WEIGHTS) else (
+        np.random.default_rng(k.shape[1]).integers(0, 2**63, k.shape[1], dtype=np.uint64) * np.uint64(2) + np.uint64(1))
+    with np.errstate(over="ignore"):
+        h = (k.view(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not (k[first][inverse] == k).all():  # a collision: fall back to the exact form
+        _, first, inverse = np.unique(k, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+    return first, inverse
+
+
 class FGD(Policy):
     name = "fgd"
     description = "GPU-aware: fragmentation gradient descent (Weng et al., USENIX ATC'23)"
@@ -132,8 +156,7 @@ class FGD(Policy):
         key = np.column_stack([state.node_model[nodes], state.cpu_free[nodes], state.mem_free[nodes],
                                state.gpu_free[nodes], state.gpu_healthy[nodes], state.gpu_mem_free[nodes],
                                state.gpu_mem_cap[nodes], state.slice_milli[nodes]])
-        _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
+        first, inverse = _distinct_rows(key)
         scores, choice = self._evaluate(state, req, nodes[first])
         return scores[inverse], (None if choice is None else choice[inverse])
 
