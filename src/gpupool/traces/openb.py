@@ -110,6 +110,9 @@ def load_openb_pods(path: StrPath) -> list[PodRequest]:
                 "deletion_time", f"deletion_time {deletion_time:g} s before creation_time {creation_time:g} s"
             )
 
+        if num_gpu > 1 and gpu_milli != MILLI:  # the openb convention: a fraction only of one GPU
+            raise row.error("num_gpu", f"a fractional share ({gpu_milli} milli) needs num_gpu == 1 in an openb "
+                            f"trace, got {num_gpu}")
         try:
             pod = PodRequest(
                 name=name,
