@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean e2e
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,16 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/pytest
+
+## e2e: the live scheduler against a real etcd + kube-apiserver on loopback (tests/e2e, marker real_apiserver).
+## Binaries: $$KUBE_APISERVER / $$ETCD, else the kube-control-plane cache (../shared/tools/kube-control-plane/build.sh).
+KCP_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/kube-control-plane
+E2E_APISERVER = $(or $(KUBE_APISERVER),$(wildcard $(KCP_CACHE)/bin/kube-apiserver))
+E2E_ETCD = $(or $(ETCD),$(wildcard $(KCP_CACHE)/bin/etcd))
+e2e: $(STAMP)
+	@test -n "$(E2E_APISERVER)" -a -x "$(E2E_APISERVER)" || { echo "make e2e: no kube-apiserver (set KUBE_APISERVER or run ../shared/tools/kube-control-plane/build.sh)" >&2; exit 3; }
+	@test -n "$(E2E_ETCD)" -a -x "$(E2E_ETCD)" || { echo "make e2e: no etcd (set ETCD or run ../shared/tools/kube-control-plane/build.sh)" >&2; exit 3; }
+	KUBE_APISERVER="$(E2E_APISERVER)" ETCD="$(E2E_ETCD)" $(BIN)/pytest tests/e2e -m real_apiserver -p no:cacheprovider -p no:logging -W "ignore:Unverified HTTPS request" -rfEsP $(E2E_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decisions.py
