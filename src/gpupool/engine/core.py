@@ -165,6 +165,7 @@ class Engine:
         self.rng = np.random.default_rng(seed)
         self._mask_cache = _NodeCache(state, cache_size)
         self._score_cache = _NodeCache(state, cache_size)
+        self._reasons: dict[tuple, tuple[int, str]] = {}  # request class -> (state.changes, reason)
         policy.prepare(state, workload)
 
     def feasible_mask(self, eff: EffectiveRequest) -> np.ndarray:
@@ -194,7 +195,7 @@ class Engine:
         """Decide where ``req`` goes without changing the cluster."""
         eff, node, gpus = self._select(req)
         if node < 0:
-            return Decision(req.name, None, unschedulable_reason(self.state, eff, self.policy.filters))
+            return Decision(req.name, None, self.unschedulable_reason(eff))
         milli = eff.gpu_milli if req.num_gpu else 0
         preview = Assignment(req.name, node, self.state.node_names[node], gpus, milli, 0, req.gpu_milli,
                              req.cpu_milli, req.memory_mib)
@@ -208,10 +209,23 @@ class Engine:
             return Decision(req.name, None, f"pod {req.name} is already placed on {placed.node_name}")
         eff, node, gpus = self._select(req)
         if node < 0:
-            return Decision(req.name, None, unschedulable_reason(state, eff, self.policy.filters))
+            return Decision(req.name, None, self.unschedulable_reason(eff))
         assignment = state.allocate(req, node, gpus, eff.gpu_milli if gpus else None)
         self.policy.on_allocate(state, assignment)
         return Decision(req.name, assignment)
+
+    def unschedulable_reason(self, eff: EffectiveRequest) -> str:
+        """Why no node passes the filters for ``eff`` (kube-scheduler's message), remembered per request class
+        until any node changes: a burst of pods that fit nowhere costs one scan over the nodes, not one each."""
+        key = eff.key()
+        hit = self._reasons.get(key)
+        if hit is not None and hit[0] == self.state.changes:
+            return hit[1]
+        reason = unschedulable_reason(self.state, eff, self.policy.filters)
+        if len(self._reasons) >= 256:
+            self._reasons.clear()
+        self._reasons[key] = (self.state.changes, reason)
+        return reason
 
     def release(self, pod: str) -> Assignment:
         """Remove a placed pod and return what it held."""

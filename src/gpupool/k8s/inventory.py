@@ -80,7 +80,6 @@ from gpupool.k8s.requests import (
     annotations_of,
     describe_pod,
     hami_devices,
-    is_terminal,
     node_name_of,
     pod_key,
     pod_resources,
@@ -592,87 +591,23 @@ def build_state(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, 
                 ) -> tuple[ClusterState, InventoryInfo]:
     """The engine's state for ``nodes`` with every bound, unfinished pod in ``pods`` counted.
 
-    Nodes gpupool cannot read are left out (``skipped_nodes``); raises ValueError when no node is left.
-    On a node whose GPUs are time-sliced (``nvidia.com/gpu.replicas``), a pod bound with
-    ``nvidia.com/gpu: k`` counts ``k / replicas`` of one GPU. ``describe`` reads a pod (a caching
-    :func:`describe_pod` in the live scheduler). Returns (state, :class:`InventoryInfo`).
+    The same books as the live scheduler's and the dry run's: the objects go through a
+    :class:`~gpupool.k8s.state.ClusterModel` (one code path). Nodes gpupool cannot read are left out
+    (``skipped_nodes``); raises :class:`NoUsableNodeError` (a ValueError) when no node is left. On a node
+    whose GPUs are time-sliced (``nvidia.com/gpu.replicas``), a pod bound with ``nvidia.com/gpu: k`` counts
+    ``k / replicas`` of one GPU. ``describe`` reads a pod. Returns (state, :class:`InventoryInfo`).
     """
-    specs: list[NodeSpec] = []
-    replicas: dict[str, int] = {}
-    info: InventoryInfo = {"pods": {}, "assignments": {}, "mig_capacity": {}, "mig_used": {},
-                           "skipped_nodes": {}, "skipped_pods": {}, "nodes": {}}
-    for index, node in enumerate(nodes):
-        try:
-            spec = node_spec_from_node(node)
-            if spec.name in info["nodes"]:
-                raise NodeParseError(f"node {spec.name}: duplicate node name (the first one is used)")
-            node_replicas = _replicas(_labels(node))
-            cap = mig_capacity(node) if mig_strategy(node) == "mixed" else {}
-        except Exception as exc:  # noqa: BLE001 - one unreadable node never stops the others
-            reason = str(exc) if isinstance(exc, ValueError) else f"invalid object: {type(exc).__name__}: {exc}"
-            key = _skip_key(node, index, info["skipped_nodes"])
-            info["skipped_nodes"][key] = reason
-            _warn_once(key, reason, "node skipped", event="node_skipped", node=key, reason=reason)
-            continue
-        specs.append(spec)
-        info["nodes"][spec.name] = node
-        replicas[spec.name] = node_replicas
-        if cap:
-            info["mig_capacity"][spec.name] = cap
-    if not specs:
-        raise NoUsableNodeError("no usable node" + (f" ({len(info['skipped_nodes'])} unreadable)"
-                                                    if info["skipped_nodes"] else ""), info["skipped_nodes"])
-    state = ClusterState(specs)
-    bound = [p for p in pods if isinstance(p, Mapping) and node_name_of(p) and not is_terminal(p)]
-    for pod in sorted(bound, key=_bound_order):
-        key = pod_key(pod)
-        try:
-            _count_bound(state, info, pod, key, replicas, describe)
-        except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the others
-            info["skipped_pods"][key] = f"invalid object: {type(exc).__name__}: {exc}"
-            _warn_once(key, str(exc), "bound pod not counted", event="bound_pod_invalid", pod=key, error=str(exc))
+    from gpupool.k8s.state import ClusterModel  # state builds on this module
+
+    model = ClusterModel(scheduler_name="", describe=describe)
+    model.replace("nodes", list(nodes))
+    model.replace("pods", [p for p in pods if isinstance(p, Mapping)])
+    state = model.refresh()
+    info = model.inventory()
+    if state is None:
+        skipped = info["skipped_nodes"]
+        raise NoUsableNodeError("no usable node" + (f" ({len(skipped)} unreadable)" if skipped else ""), skipped)
     return state, info
-
-
-def _count_bound(state: ClusterState, info: InventoryInfo, pod: Mapping[str, Any], key: str,
-                 replicas: Mapping[str, int], describe: Callable[[Mapping[str, Any]], PodInfo]) -> None:
-    bound_to = node_name_of(pod)
-    node = state.node_index.get(bound_to)
-    if node is None:
-        info["skipped_pods"][key] = f"bound to node {bound_to}, which gpupool does not know"
-        return
-    lenient = ""
-    try:
-        pinfo = describe(pod)
-    except RequestParseError as exc:
-        pinfo = _lenient_info(pod, exc)
-        req = pinfo.request
-        lenient = (f"request unreadable ({exc}); counted conservatively: "
-                   f"{req.num_gpu} whole GPU(s), {req.cpu_milli}m CPU, {req.memory_mib} MiB")
-    if key in state.assignments:
-        # Two objects with one namespace/name: both hold resources, so count this one too, under its own name.
-        n = 2
-        while f"{key}#{n}" in state.assignments:
-            n += 1
-        alias = f"{key}#{n}"
-        pinfo = replace(pinfo, key=alias, request=replace(pinfo.request, name=alias))
-        lenient = "; ".join(x for x in (f"duplicate pod {key}: counted again as {alias}", lenient) if x)
-        key = alias
-    devices = annotated_devices(pod)
-    if devices is None:
-        pinfo = _time_sliced(pinfo, replicas.get(bound_to, 1))
-    assignment, note = count_bound_pod(state, pinfo, node, devices)
-    info["pods"][key] = pinfo
-    if assignment is not None:
-        info["assignments"][key] = assignment
-    note = "; ".join(x for x in (lenient, note) if x)
-    if note:
-        info["skipped_pods"][key] = note
-        log.debug("bound pod miscounted", extra={"event": "bound_pod_miscounted", "pod": key, "node": bound_to,
-                                                 "note": note})
-    for profile, count in pinfo.mig:
-        used = info["mig_used"].setdefault(bound_to, {})
-        used[profile] = used.get(profile, 0) + count
 
 
 # ------------------------------------------------------------------ node eligibility (per pod)

@@ -242,7 +242,7 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
     stop = stop if stop is not None else threading.Event()
     elector = None
     cfg = SchedulerConfig(scheduler_name=settings.scheduler_name, policy=settings.policy, seed=seed,
-                          identity=identity)
+                          identity=identity, gc_freeze=True)
     sched: Scheduler | None = None
 
     def wake() -> None:
