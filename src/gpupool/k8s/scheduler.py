@@ -24,6 +24,7 @@ reflector lists again so the state is rebuilt from the API before the first bind
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import logging
 import random
@@ -91,6 +92,8 @@ class SchedulerConfig:
     bind_workers: int = 8  # threads that POST bindings (nothing else); the client's pool is sized to fit
     bind_timeout_s: float = 30.0  # read timeout of a binding, a status patch, a read-back (seconds)
     list_page: int = 500
+    gc_freeze: bool = False  # after the first cycle, move the listed objects out of the GC's scans (gc.freeze);
+    # process-wide, so `gpupool scheduler` turns it on and library users decide for themselves
 
 
 class Backoff:
@@ -453,6 +456,7 @@ class Scheduler:
                                   describe=self._parse, assume_ttl_s=self.config.assume_ttl_s)
         self._model_ops: collections.deque[tuple[str, str, str]] = collections.deque()  # from binder threads
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=10000)  # recent cycle times
+        self._frozen = False
         self._skipped: dict[str, str] = {}
         self.heartbeat = time.monotonic()
         self.bindings: list[tuple[str, str]] = []  # (pod, node) bound by this replica, in order
@@ -578,6 +582,12 @@ class Scheduler:
                 continue
             try:
                 self.run_cycle()
+                if self.config.gc_freeze and not self._frozen:
+                    # Tens of thousands of listed objects live as long as the process: a full GC pass over them
+                    # costs tens of ms per collection; frozen, collections scan only what is new.
+                    self._frozen = True
+                    gc.collect()
+                    gc.freeze()
             except Exception:  # a bug must not stop the scheduler: log it and go on with the next cycle
                 _log(logging.ERROR, "cycle_failed", exc_info=True)
                 time.sleep(self.config.backoff_initial_s)
