@@ -270,3 +270,60 @@ def test_queue_charge_of_memory_shares():
     a = m.state.assignments["default/x"]
     assert queue_charge(info, a, m.state) == int(np.ceil(70000 * 1000 / 81559))
     assert queue_charge(info, None, None) == 1  # declared share: the lower bound used before placing
+
+
+def _queue(name: str, limit) -> dict:
+    return {"apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": name},
+            "spec": {"quota": limit, "limit": limit}}
+
+
+def test_time_sliced_pods_are_charged_their_slice():
+    sliced = node("ts", gpus=8, product="NVIDIA-L4-SHARED")  # 2 physical L4 x 4 replicas
+    sliced["metadata"]["labels"].update({"nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.count": "2",
+                                         "nvidia.com/gpu.sharing-strategy": "time-slicing"})
+    m = ClusterModel()
+    m.replace("nodes", [sliced])
+    m.replace("queues", [_queue("team", 1)])
+    m.replace("pods", [pod(f"s{i}", queue="team", creationTimestamp=f"2025-01-01T00:00:0{i}Z") for i in range(5)])
+    result = {p.pod: p for p in m.cycle().placements}
+    placed = sorted(k for k, p in result.items() if p.node)
+    assert placed == [f"default/s{i}" for i in range(4)]  # 4 x 250 milli = the 1-GPU limit
+    assert all(result[k].gpu_milli == 250 for k in placed)
+    assert "queue team would exceed its limit: 1 of 1 GPU in use" in result["default/s4"].reason
+
+
+def test_exact_charge_releases_a_pod_that_breaks_the_limit():
+    m = ClusterModel()
+    m.replace("nodes", [node("a")])
+    m.replace("queues", [_queue("team", 1)])
+    m.replace("pods", [pod("m0", gpumem=50000, queue="team", creationTimestamp="2025-01-01T00:00:01Z"),
+                       pod("m1", gpumem=50000, queue="team", creationTimestamp="2025-01-01T00:00:02Z")])
+    result = {p.pod: p for p in m.cycle().placements}
+    assert result["default/m0"].node == "a" and result["default/m1"].node is None
+    assert "queue team would exceed its limit: 0.614 of 1 GPU in use, 0.614 more asked" in result["default/m1"].reason
+    assert list(m.state.assignments) == ["default/m0"]  # the trial placement of m1 was released
+
+
+def test_gang_minimum_within_the_limit_and_the_rest_one_by_one():
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=8)])
+    m.replace("queues", [_queue("team", 3)])
+    m.replace("podgroups", [{"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                             "metadata": {"name": "g", "namespace": "default"}, "spec": {"minMember": 2}}])
+    members = [pod(f"w{i}", queue="team", labels=None) for i in range(5)]
+    for p in members:
+        p["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team", "scheduling.x-k8s.io/pod-group": "g"}
+    m.replace("pods", members)
+    result = m.cycle().placements
+    assert sum(1 for p in result if p.node) == 3
+    waiting = [p for p in result if not p.node]
+    assert all("gang default/g has its minMember without this pod" in p.reason for p in waiting)
+    assert all("2 of 3 GPU in use" not in p.reason for p in waiting)  # charged as kept: 3 of 3
+    m2 = ClusterModel()
+    m2.replace("nodes", [node("a", gpus=8)])
+    m2.replace("queues", [_queue("team", 1)])
+    m2.replace("podgroups", [{"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                              "metadata": {"name": "g", "namespace": "default"}, "spec": {"minMember": 2}}])
+    m2.replace("pods", [copy.deepcopy(p) for p in members])
+    result = m2.cycle().placements
+    assert not any(p.node for p in result) and not m2.state.assignments  # the minimum breaks the limit

@@ -341,7 +341,7 @@ def _identity_problem(pod: Mapping[str, Any], key: str, pending_count: Mapping[s
 
 def _charges(members: Sequence[tuple[Any, PodInfo]], state: ClusterState | None = None,
              assignments: Mapping[str, Assignment] | None = None) -> dict[str, int]:
-    """{queue: milli-GPU} the members are charged: exact where placed (``assignments``), else as declared."""
+    """{queue: milli-GPU} the members are charged: exact where placed (``assignments``), else a lower bound."""
     from gpupool.k8s.state import queue_charge
 
     out: dict[str, int] = {}
@@ -363,7 +363,7 @@ def _place_unit(unit: _Unit, engine: Engine, pol: Any, book: QueueBook, policy: 
     """
     state = engine.state if state is None else state
     minimum = unit.members[: max(1, unit.need)] if unit.gang is not None else unit.members
-    refused = book.admit(_charges(minimum))  # declared shares: a lower bound of the exact charge
+    refused = book.admit(_charges(minimum, state))  # a lower bound of the exact charge
     if refused:
         return [Placement(i.key, None, reason=refused, gang=unit.gang) for _, i in unit.members]
     feasible_of: dict[str, int] = {}
@@ -384,16 +384,24 @@ def _place_unit(unit: _Unit, engine: Engine, pol: Any, book: QueueBook, policy: 
     info_of = {i.key: (p, i) for p, i in unit.members}
     kept: list[tuple[Any, PodInfo]] = []
     over: dict[str, str] = {}
-    for a in assignments:
-        trial = kept + [info_of[a.pod]]
-        why = book.admit(_charges(trial, state, by_key))
-        if not why:
-            kept.append(info_of[a.pod])
-            continue
-        if unit.gang is not None and len(kept) < unit.need:  # the minimum breaks a limit: nothing starts
+    if unit.gang is not None and unit.need > 0:  # the minimum all at once, or nothing starts
+        need = [info_of[a.pod] for a in assignments[: unit.need]]
+        why = book.admit(_charges(need, state, by_key))
+        if why:
             for b in reversed(assignments):
                 engine.release(b.pod)
             return [Placement(i.key, None, reason=why, gang=unit.gang) for _, i in unit.members]
+        kept = need
+        for queue, milli in _charges(need, state, by_key).items():
+            book.charge(queue, milli)
+    for a in assignments[len(kept):]:  # then one by one, each charged as it is kept
+        charge = _charges([info_of[a.pod]], state, by_key)
+        why = book.admit(charge)
+        if not why:
+            kept.append(info_of[a.pod])
+            for queue, milli in charge.items():
+                book.charge(queue, milli)
+            continue
         engine.release(a.pod)
         over[a.pod] = why
     placed = {k: by_key[k] for _, i in kept for k in (i.key,)}
@@ -410,7 +418,6 @@ def _place_unit(unit: _Unit, engine: Engine, pol: Any, book: QueueBook, policy: 
                                  f"this pod waits: {why}", gang=unit.gang))
             continue
         a = placed[info.key]
-        book.charge(info.queue, _charges([(None, info)], state, placed).get(info.queue or "", 0))
         out.append(Placement(
             info.key, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
             _success_reason(policy, a, feasible_of[info.key], unit.gang, info.mig), a.gpu_memory_mib, info.mig,

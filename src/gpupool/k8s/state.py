@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpupool.cluster import ClusterState
+from gpupool.cluster import ClusterState, slice_ask
 from gpupool.engine.core import Engine
 from gpupool.k8s import DEFAULT_SCHEDULER_NAME, inventory
 from gpupool.k8s.inventory import (
@@ -49,7 +49,6 @@ from gpupool.k8s.inventory import (
     _bound_order,
     _labels,
     _lenient_info,
-    _replicas,
     _time_sliced,
     annotated_devices,
     constraints_of,
@@ -162,22 +161,28 @@ def _uid(obj: Mapping[str, Any]) -> str:
 def queue_charge(info: PodInfo, assignment: Assignment | None, state: ClusterState | None) -> int:
     """milli-GPU a pod is charged to its queue: the GPU fraction it occupies on the devices it holds.
 
-    A share is charged per GPU as ``max(share, memory / the GPU's memory)``: a pod asking 70,000 MiB of
+    A share is charged per GPU as ``max(share taken, memory / the GPU's memory)``: a pod asking 70,000 MiB of
     an 81,559 MiB card (HAMi ``nvidia.com/gpumem``, KAI ``gpu-memory``) is charged 859 milli, not the 1 milli
     share it declares. Where the GPU's memory is unknown, a memory-sized share is charged a whole GPU.
-    Without an assignment (not placed yet) the declared share is charged. A MIG device counts its compute
-    slices (``3g.40gb`` = 3/7 GPU).
+    Without an assignment (not placed yet) the declared share is charged, a lower bound: a whole-GPU ask
+    that may land on a time-sliced node (``state`` given) is charged the smallest replica in the cluster.
+    A MIG device counts its compute slices (``3g.40gb`` = 3/7 GPU).
     """
     req = info.request
     mig = info.gpu_milli_total - req.total_gpu_milli
     if not req.num_gpu:
         return mig
-    if assignment is None or state is None or not assignment.gpus:
+    if assignment is None or not assignment.gpus:
+        if state is not None and slice_ask(req.gpu_milli, req.gpu_milli, req.gpu_memory_mib):
+            # a whole-GPU ask takes one replica of a time-sliced GPU: the smallest slice is the lower bound
+            return req.num_gpu * int(state.slice_milli.min()) + mig
         return req.total_gpu_milli + mig
+    if state is None:
+        return len(assignment.gpus) * assignment.gpu_milli + mig
     total = 0
     caps = state.gpu_mem_cap[assignment.node]
     for g in assignment.gpus:
-        share = max(assignment.gpu_milli, req.gpu_milli)
+        share = assignment.gpu_milli  # what the device gave (one replica of a time-sliced GPU: its slice)
         if req.gpu_memory_mib:
             cap = int(caps[g])
             share = max(share, min(MILLI, math.ceil(req.gpu_memory_mib * MILLI / cap)) if cap else MILLI)
@@ -335,7 +340,7 @@ class ClusterModel:
         self.stats["parsed_nodes"] += 1
         try:
             spec = inventory.node_spec_from_node(obj)  # looked up here: tests replace it
-            replicas = _replicas(_labels(obj))
+            replicas = max(1, getattr(spec, "gpu_replicas", 1))
             cap = mig_capacity(obj) if mig_strategy(obj) == "mixed" else {}
             rec = NodeRecord(name, obj, rv, spec, "", replicas, cap, _eligibility_key(obj))
         except Exception as exc:  # noqa: BLE001 - one unreadable node never stops the others
