@@ -464,3 +464,32 @@ def test_pod_bound_by_hami_for_another_node_is_counted_conservatively():
                              "hami.io/vgpu-devices-allocated": "GPU-bbbb,NVIDIA,60000,0:;"})
     state, info = build_state([n], [bound])
     assert info["assignments"]["ml/h"].gpus == (0,)  # lowest free, the pod still counted
+
+
+def test_dry_run_cli_reads_dcgm_files(tmp_path):
+    """``gpupool scheduler --dry-run --dcgm-file``: health from a saved dcgm-exporter page, by GPU identity."""
+    from typer.testing import CliRunner
+
+    from gpupool.cli import app
+
+    snapshot = CASES / "k8s-92592" / "snapshot_b.yaml"
+    if not snapshot.exists():
+        pytest.skip(f"{CASES} not found")
+    dcgm = (CASES / "k8s-92592" / "dcgm_b.txt").read_text()
+    out = tmp_path / "plan.json"
+    runner = CliRunner()
+    ok = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(snapshot), "--json", str(out),
+                             "--dcgm-file", str(CASES / "k8s-92592" / "dcgm_b.txt")])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(out.read_text())["placements"][0]["node"] == "gpu-node"  # the healthy GPU
+    both = tmp_path / "both.txt"  # the advertised GPU has failed too: nothing left
+    both.write_text(dcgm.replace('UUID="GPU-0000bbbb",Hostname="gpu-node",modelName="NVIDIA H100 80GB HBM3"} 0',
+                                 'UUID="GPU-0000bbbb",Hostname="gpu-node",modelName="NVIDIA H100 80GB HBM3"} 48'))
+    bad = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(snapshot), "--json", str(out),
+                              "--dcgm-file", str(both)])
+    assert bad.exit_code == 0 and json.loads(out.read_text())["placements"][0]["node"] is None
+    missing = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(snapshot),
+                                  "--dcgm-file", str(tmp_path / "absent.txt")])
+    assert missing.exit_code == 2 and "cannot read" in missing.output
+    alone = runner.invoke(app, ["scheduler", "--dcgm-file", str(both)])
+    assert alone.exit_code == 2 and "go with --dry-run" in alone.output

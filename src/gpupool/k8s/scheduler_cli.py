@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -184,9 +185,23 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings, seed: int,
-            kubeconfig: Path | None, context: str | None) -> None:
+            kubeconfig: Path | None, context: str | None, dcgm_files: Sequence[Path] = ()) -> None:
     from gpupool.k8s.snapshot import SnapshotError, format_plan, load_snapshot, plan
 
+    telemetry = None
+    if dcgm_files:
+        from gpupool.k8s.telemetry import GpuTelemetry
+
+        telemetry = GpuTelemetry(max_age=float("inf"))
+        for path in dcgm_files:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                _fail(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}")
+            try:
+                telemetry.ingest_text(text)
+            except ValueError as exc:
+                _fail(f"{path}: not a Prometheus text page: {exc}")
     if snapshot_path is not None:
         try:
             snap = load_snapshot(snapshot_path)
@@ -199,7 +214,8 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
             snap = read_cluster(load_api_client(kubeconfig, context))
         except Exception as exc:
             _fail(f"cannot read the cluster: {exc}")
-    result = plan(snap, settings.scheduler_name, settings.policy, seed)
+    result = plan(snap, settings.scheduler_name, settings.policy, seed,
+                  prepare_state=telemetry.apply_health if telemetry is not None else None)
     payload = json.dumps(result.to_json(), indent=2)
     if json_out == "-":
         typer.echo(payload)
@@ -301,6 +317,10 @@ def register(app: typer.Typer) -> None:
         json_out: Annotated[str | None, typer.Option(
             "--json", metavar="OUT", show_default=False,
             help='With --dry-run: write {"placements": [...]} to OUT ("-" for stdout).')] = None,
+        dcgm_file: Annotated[list[Path] | None, typer.Option(
+            "--dcgm-file", metavar="FILE", dir_okay=False, show_default=False,
+            help="With --dry-run: a dcgm-exporter /metrics page saved to a file (repeatable); GPUs with an "
+                 "XID error are avoided, matched by UUID / index as the live scheduler does.")] = None,
         config: Annotated[Path | None, typer.Option(
             "--config", metavar="FILE", dir_okay=False, show_default=False,
             help="GpupoolSchedulerConfiguration YAML (deploy/configmap.yaml); flags override it.")] = None,
@@ -362,10 +382,10 @@ def register(app: typer.Typer) -> None:
             _fail(f"unknown policy {settings.policy!r}; known: {', '.join(REGISTRY)}")
         if settings.log_format not in ("json", "kv", "logfmt"):
             _fail(f"log format {settings.log_format!r}: expected json or kv")
-        if (snapshot is not None or json_out is not None) and not dry_run_flag:
-            _fail("--snapshot and --json go with --dry-run")
+        if (snapshot is not None or json_out is not None or dcgm_file) and not dry_run_flag:
+            _fail("--snapshot, --json and --dcgm-file go with --dry-run")
         if dry_run_flag:
-            dry_run(snapshot, json_out, settings, seed, kubeconfig, context)
+            dry_run(snapshot, json_out, settings, seed, kubeconfig, context, dcgm_file or [])
             return
         who = identity or os.environ.get("POD_NAME") or socket.gethostname()
         try:
