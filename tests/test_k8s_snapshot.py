@@ -173,7 +173,7 @@ def test_cli_dry_run_json_to_stdout_and_policy():
 
 @pytest.mark.parametrize("args, message", [
     (["--dry-run", "--snapshot", "/nonexistent.yaml"], "cannot read"),
-    (["--snapshot", str(CLUSTER)], "--snapshot and --json go with --dry-run"),
+    (["--snapshot", str(CLUSTER)], "--snapshot, --json and --dcgm-file go with --dry-run"),
     (["--dry-run", "--snapshot", str(CLUSTER), "--policy", "nope"], "unknown policy 'nope'"),
 ])
 def test_cli_errors_exit_2(args, message):

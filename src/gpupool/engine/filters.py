@@ -308,6 +308,13 @@ def unschedulable_reason(state: ClusterState, req: EffectiveRequest,
     for f in filters:
         fails = remaining & ~f.mask(state, req, nodes)
         count = int(fails.sum())
+        if count and isinstance(f, GpuFit):
+            # nodes whose GPUs would be enough if the unhealthy ones were not: said apart (they wait for repair)
+            healthy = (state.gpu_healthy & state.gpu_exists).sum(axis=1)
+            sick = fails & (healthy < req.num_gpu) & (state.gpu_count >= req.num_gpu)
+            if sick.any():
+                parts.append(f"{int(sick.sum())} node(s) had unhealthy GPUs")
+                count -= int(sick.sum())
         if count:
             parts.append(f"{count} {f.reason}")
         remaining &= ~fails
