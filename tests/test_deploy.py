@@ -160,9 +160,14 @@ def test_rbac_is_least_privilege():
         ("", "nodes", "get", ()), ("", "nodes", "list", ()), ("", "nodes", "watch", ()),
         ("scheduling.x-k8s.io", "podgroups", "get", ()), ("scheduling.x-k8s.io", "podgroups", "list", ()),
         ("scheduling.x-k8s.io", "podgroups", "watch", ()),
+        ("scheduling.volcano.sh", "podgroups", "get", ()), ("scheduling.volcano.sh", "podgroups", "list", ()),
+        ("scheduling.volcano.sh", "podgroups", "watch", ()),
         ("gpupool.io", "queues", "get", ()), ("gpupool.io", "queues", "list", ()),
         ("gpupool.io", "queues", "watch", ()),
+        ("gpupool.io", "queues/status", "get", ()), ("gpupool.io", "queues/status", "patch", ()),
+        ("gpupool.io", "queues/status", "update", ()),
     }
+    assert_grants_what_the_scheduler_reads(cluster)
     local = grants(_one(objs, "Role"))
     assert local == {
         ("coordination.k8s.io", "leases", "create", ()),
@@ -179,6 +184,49 @@ def test_rbac_is_least_privilege():
     # The Lease the elector uses by default is the one the Role names.
     defaults = inspect.signature(LeaderElector).parameters
     assert defaults["name"].default == "gpupool-scheduler" and defaults["namespace"].default == "gpupool-system"
+
+
+def assert_grants_what_the_scheduler_reads(cluster: set[tuple[str, str, str, tuple]]) -> None:
+    """Every API the scheduler lists and watches, writes or posts is granted: derived from gpupool.k8s's constants
+    and the scheduler's reflectors, so a new kind (or API group) without its RBAC rule fails here."""
+    from gpupool.k8s import POD_GROUP_API, QUEUE_API, VOLCANO_POD_GROUP_API
+    from gpupool.k8s.scheduler import Scheduler
+
+    def granted(group: str, resource: str, *verbs: str) -> None:
+        for verb in verbs:
+            assert (group, resource, verb, ()) in cluster, f"ClusterRole lacks {verb} on {resource}.{group or 'core'}"
+
+    for group, _, plural in (POD_GROUP_API, VOLCANO_POD_GROUP_API, QUEUE_API):
+        granted(group, plural, "get", "list", "watch")
+    granted("gpupool.io", "queues/status", "get", "patch", "update")
+    for resource in ("pods", "nodes"):
+        granted("", resource, "get", "list", "watch")
+    granted("", "pods/binding", "create")
+    granted("", "pods/status", "patch")
+    for group in ("", "events.k8s.io"):
+        granted(group, "events", "create", "patch")
+    # The kinds the scheduler lists and watches are these: a reflector added for another kind trips this.
+    from kubernetes import client
+
+    kinds = {r.kind for r in Scheduler(client.ApiClient(client.Configuration())).reflectors}
+    assert kinds == {"nodes", "pods", "podgroups", "volcanopodgroups", "queues"}, \
+        f"new reflector kinds {kinds}: add their RBAC rules to deploy/rbac.yaml and their checks here"
+
+
+def test_rbac_fails_when_a_group_is_missing():
+    """The check above is not vacuous: a ClusterRole without Volcano's PodGroups (or queues/status) fails."""
+    full = {(g, r, v, ()) for g, r in [("", "pods"), ("", "nodes")] for v in ("get", "list", "watch")}
+    full |= {("", "pods/binding", "create", ()), ("", "pods/status", "patch", ())}
+    full |= {(g, "events", v, ()) for g in ("", "events.k8s.io") for v in ("create", "patch")}
+    full |= {(g, "podgroups", v, ()) for g in ("scheduling.x-k8s.io", "scheduling.volcano.sh")
+             for v in ("get", "list", "watch")}
+    full |= {("gpupool.io", "queues", v, ()) for v in ("get", "list", "watch")}
+    full |= {("gpupool.io", "queues/status", v, ()) for v in ("get", "patch", "update")}
+    assert_grants_what_the_scheduler_reads(full)
+    for missing in [("scheduling.volcano.sh", "podgroups", "watch", ()), ("gpupool.io", "queues/status", "patch", ()),
+                    ("events.k8s.io", "events", "create", ())]:
+        with pytest.raises(AssertionError):
+            assert_grants_what_the_scheduler_reads(full - {missing})
 
 
 def test_deployment_flags_exist_on_the_cli():

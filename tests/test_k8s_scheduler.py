@@ -89,6 +89,7 @@ class ApiServer(kmock.KubernetesEmulator):
     epoch: int = 0
     cond: asyncio.Condition = attrs.field(factory=asyncio.Condition)
     before_bind: dict[str, Callable[..., Any]] = attrs.field(factory=dict)
+    on_every_bind: Callable[..., Any] | None = None  # awaited before every binding is served
     binds: list[tuple[str, str, str]] = attrs.field(factory=list)
     # every binding request: (ns, name, target, annotations, HTTP status)
     bind_attempts: list[tuple[str, str, str, dict[str, str], int]] = attrs.field(factory=list)
@@ -180,6 +181,8 @@ class ApiServer(kmock.KubernetesEmulator):
         meta = body.get("metadata") or {}
         annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
         target = (body.get("target") or {}).get("name")
+        if self.on_every_bind is not None:
+            await self.on_every_bind(self, ns, name, body)
         hook = self.before_bind.pop(name, None)
         if hook is not None:
             await hook(self, ns, name, body)
@@ -778,3 +781,168 @@ def test_backoff_grows_and_resets():
     assert all(d <= 4.0 for d in delays)
     b.reset()
     assert b.next() <= 0.5
+
+
+# ------------------------------------------------------------------ the wire: one write per binding, reused connections
+def test_two_schedulers_racing_for_the_same_pods_leave_the_winners_annotations(h):
+    """Two binders race for every pod (as around a leader hand-over) with different plans for it: whoever wins,
+    the pod carries exactly the winner's Binding annotations, and no GPU is booked past its capacity."""
+    h.create_node(gpu_node("n1", gpus=2))
+    pack = h.scheduler(identity="pack", policy="gpupool")
+    spread = h.scheduler(identity="spread", policy="spread")
+    wait_for(lambda: pack.synced and spread.synced, what="synced")
+    first: dict[str, asyncio.Future] = {}
+
+    async def meet(server, ns, name, binding):
+        """Hold a pod's first binding until the other scheduler's arrives (or 0.5 s), then serve both."""
+        fut = first.get(name)
+        if fut is None:
+            fut = first[name] = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), 0.5)
+            except TimeoutError:
+                pass
+        elif not fut.done():
+            fut.set_result(None)
+            await asyncio.sleep(0.01)  # the first one is served first
+
+    h.call(lambda: setattr(h.server, "on_every_bind", meet))
+    for i in range(8):  # 8 quarter-GPU pods fill the node's 2 GPUs exactly
+        h.create_pod(gpu_pod(f"p{i}", annotations={"gpu-fraction": "0.25"}))
+        key = f"default/p{i}"
+        wait_for(lambda i=i: bound_node(h, f"p{i}") == "n1", what=f"p{i} bound")
+        wait_for(lambda key=key: all((s.cache.get("pods", key) or {}).get("spec", {}).get("nodeName")
+                                     for s in (pack, spread)), what="both schedulers saw it bound")
+    attempts = h.call(lambda: list(h.server.bind_attempts))
+    raced = 0
+    for i in range(8):
+        mine = [(ann, status) for ns, name, _, ann, status in attempts if name == f"p{i}"]
+        (won,) = [ann for ann, status in mine if status == 201]
+        lost = [ann for ann, status in mine if status == 409]
+        raced += any(ann != won for ann in lost)
+        ann = h.pod(f"p{i}")["metadata"]["annotations"]
+        assert {k: v for k, v in ann.items() if k.startswith("gpupool.io/")} == won, f"p{i}"
+        assert won[ANN_NODE] == "n1"
+    assert raced >= 1  # the plans differed for some pod, and the loser's annotations were not written
+    use = gpu_use(h)
+    assert sum(use.values()) == 8 * 250 and all(v <= 1000 for v in use.values()), use
+    h.create_pod(gpu_pod("late", annotations={"gpu-fraction": "0.25"}))
+    wait_for(lambda: h.events_for("late"), what="late reported")
+    assert bound_node(h, "late") is None
+
+
+def test_connections_are_reused_for_bindings_events_and_conditions(h):
+    """Every response is read and its connection goes back to the pool: a few connections, not 3 per binding."""
+    for n in range(4):
+        h.create_node(gpu_node(f"n{n}", gpus=4))
+    pods = 120  # eighth-GPU pods of 1 CPU: 16 GPUs and 128 CPUs hold 128
+    for i in range(pods):
+        h.create_pod(gpu_pod(f"p{i}", annotations={"gpu-fraction": "0.125"}))
+    for i in range(6):
+        h.create_pod(gpu_pod(f"big{i}", gpus=9))  # unschedulable: a FailedScheduling Event and a condition each
+    before = h.connections
+    s = h.scheduler()
+    wait_for(lambda: len(h.server.binds) == pods, timeout=30, what="all bound")
+    wait_for(lambda: all(any(c.get("type") == "PodScheduled" for c in h.pod(f"big{i}")["status"].get("conditions", []))
+                         for i in range(6)), what="conditions")
+    assert s.recorder.flush(10)
+    wait_for(lambda: len([e for e in h.objects(EVENTS) if e["reason"] == "Scheduled"]) == pods, what="events")
+    used = h.connections - before
+    # binders + event writers + condition writers + one per watch + lists/read-backs: far below one per request
+    limit = s.config.bind_workers + s.recorder.workers + 2 + len(s.reflectors) + 4
+    assert used <= limit, f"{used} connections for {pods} bindings (limit {limit})"
+    made = sum(p.num_connections for p in h.api.rest_client.pool_manager.pools._container.values())
+    assert made <= limit
+
+
+def test_forbidden_after_sync_keeps_the_queue_cache_and_its_limits(h, caplog):
+    """A 403/404 from a kind already listed is the API server's trouble (a restarting kube-apiserver answers 403
+    for a while), not "CRD not installed": the Queues stay known and their limits hold."""
+    import logging
+
+    h.declare(QUEUES)
+    wire.drain(client.CustomObjectsApi(h.api).create_cluster_custom_object("gpupool.io", "v1alpha1", "queues", {
+        "apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": "team-a"},
+        "spec": {"quota": 1, "limit": 2, "weight": 1}}, _preload_content=False))
+    h.create_node(gpu_node("n1", gpus=4))
+    s = h.scheduler()
+    queues = next(r for r in s.reflectors if r.kind == "queues")
+    wait_for(lambda: queues.lists and s.cache.objects["queues"], what="queues listed")
+    denied = {"on": True, "calls": 0}
+
+    def deny(request):
+        if not denied["on"]:
+            raise kmock.ReactionMismatchError()
+        denied["calls"] += 1
+        raise kmock.KubernetesError(status=403, reason="Forbidden", message='queues.gpupool.io is forbidden: User '
+                                    '"system:serviceaccount:gpupool-system:gpupool-scheduler" cannot list resource')
+
+    with caplog.at_level(logging.DEBUG, logger="gpupool.k8s.scheduler"):
+        h.call(lambda: h.server[kmock.action.LIST, QUEUES] << deny)
+        h.call(lambda: h.server[kmock.action.WATCH, QUEUES] << deny)
+        h.call(h.server.drop_watches)  # the open watch ends; every reconnect and relist is refused
+        wait_for(lambda: denied["calls"] >= 3, what="403s")
+        for i in range(3):
+            h.create_pod(gpu_pod(f"q{i}", gpus=1, labels={"kueue.x-k8s.io/queue-name": "team-a"}))
+        ev = wait_for(lambda: [e for i in range(3) for e in h.events_for(f"q{i}") if e["reason"] == "FailedScheduling"],
+                      what="one refused")
+        assert ev[0]["message"] == "queue team-a would exceed its limit: 2 of 2 GPU in use, 1 more asked"
+        time.sleep(0.2)
+        assert sum(bool(bound_node(h, f"q{i}")) for i in range(3)) == 2  # the limit held during the 403s
+        assert s.cache.objects["queues"] and queues.lists >= 1
+        lists = queues.lists
+        denied["on"] = False
+        wait_for(lambda: queues.lists > lists, what="listed again after the 403s")
+        wait_for(lambda: any(r.getMessage() == "api_recovered" and getattr(r, "kind", "") == "queues"
+                             for r in caplog.records), what="recovery logged")
+    mine = [r for r in caplog.records if getattr(r, "kind", "") == "queues" and r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in mine] == ["api_failing", "api_recovered"]  # once per outage, not per attempt
+    assert mine[1].attempts >= 3
+    assert not any(r.getMessage() in ("resource_absent", "resource_forbidden") for r in caplog.records)
+
+
+def test_forbidden_on_first_list_is_reported_as_not_granted(h, caplog):
+    """403 before any list: the kind is run without, with a warning that names the missing permission."""
+    import logging
+
+    h.declare(QUEUES)
+    h.call(lambda: h.server[kmock.action.LIST, QUEUES] << kmock.KubernetesError(status=403, reason="Forbidden",
+                                                                               message="forbidden"))
+    h.create_node(gpu_node("n1", gpus=1))
+    with caplog.at_level(logging.INFO, logger="gpupool.k8s.scheduler"):
+        s = h.scheduler()
+        wait_for(lambda: s.synced, what="synced without the Queues")
+        h.create_pod(gpu_pod("p", gpus=1))
+        wait_for(lambda: bound_node(h, "p") == "n1", what="bound")
+    assert s.cache.objects["queues"] is None
+    (warning,) = [r for r in caplog.records if r.getMessage() == "resource_forbidden"]
+    assert warning.kind == "queues" and "rbac" in warning.note
+
+
+def test_urllib3_retry_warnings_are_not_logged_per_attempt(caplog):
+    import logging
+
+    from kubernetes import client as k8s_client
+
+    cfg = wire.configure(k8s_client.Configuration(), writers=8)
+    assert cfg.connection_pool_maxsize >= 16 and cfg.retries.total == 3
+    pool_log = logging.getLogger("urllib3.connectionpool")
+    with caplog.at_level(logging.DEBUG, logger="urllib3.connectionpool"):
+        pool_log.warning("Retrying (%r) after connection broken by '%r': %s", "Retry(total=2)", "refused", "/api")
+        pool_log.warning("Connection pool is full, discarding connection: %s", "127.0.0.1")
+    assert [r.getMessage()[:26] for r in caplog.records] == ["Connection pool is full, d"]
+
+
+def test_outage_logs_once_at_start_and_once_at_recovery():
+    lines: list[tuple[int, str, dict]] = []
+    outage = wire.Outage(lambda level, event, **f: lines.append((level, event, f)), "api", kind="pods")
+    outage.success()
+    for _ in range(5):
+        outage.failure(status=503)
+    outage.success()
+    outage.success()
+    import logging
+
+    assert [(lv, ev) for lv, ev, _ in lines if lv >= logging.WARNING] == [(logging.WARNING, "api_failing"),
+                                                                          (logging.WARNING, "api_recovered")]
+    assert lines[-1][2]["attempts"] == 5 and outage.outages == 1

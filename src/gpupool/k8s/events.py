@@ -140,7 +140,8 @@ class EventRecorder:
             q.put_nowait(pending)
         except queue.Full:
             return self._drop()
-        self._full.success(dropped_total=self.dropped)
+        if self._full.failing and q.qsize() <= q.maxsize // 2:  # drained well below full: the burst is over
+            self._full.success(dropped_total=self.dropped)
         return True
 
     def _drop(self) -> bool:
