@@ -946,3 +946,66 @@ def test_outage_logs_once_at_start_and_once_at_recovery():
     assert [(lv, ev) for lv, ev, _ in lines if lv >= logging.WARNING] == [(logging.WARNING, "api_failing"),
                                                                           (logging.WARNING, "api_recovered")]
     assert lines[-1][2]["attempts"] == 5 and outage.outages == 1
+
+
+def test_relist_cuts_an_idle_watch_at_once():
+    """A relist (on becoming leader) must not wait for the next event of an idle kind: Watch.stop() alone is
+    seen only then (a real kube-apiserver kept an idle nodes watch silent for 30 s and the new leader bound
+    nothing meanwhile), so the open watch response is shut down, which ends the blocked read at once."""
+    import urllib3
+
+    from gpupool.k8s.scheduler import ClusterCache, Reflector
+
+    class Silent:  # a watch response on which nothing ever arrives, until it is shut down
+        status = 200
+
+        def __init__(self) -> None:
+            self.cut = threading.Event()
+
+        def stream(self, amt=None, decode_content=False):
+            self.cut.wait(30)
+            raise urllib3.exceptions.ProtocolError("connection shut down")
+            yield b""  # pragma: no cover - a generator
+
+        def shutdown(self) -> None:
+            self.cut.set()
+
+        def close(self) -> None:
+            pass
+
+        def release_conn(self) -> None:
+            pass
+
+    class Listed:
+        data = b'{"items": [], "metadata": {"resourceVersion": "7"}}'
+
+        def release_conn(self) -> None:
+            pass
+
+    watches: list[Silent] = []
+
+    def list_nodes(**kwargs):
+        """list nodes
+
+        :param bool watch: Watch for changes.
+        :return: V1NodeList
+        """
+        if kwargs.get("watch"):
+            watches.append(Silent())
+            return watches[-1]
+        return Listed()
+
+    r = Reflector("nodes", list_nodes, ClusterCache(), SchedulerConfig(backoff_initial_s=0.01))
+    r.start()
+    try:
+        wait_for(lambda: watches and r._resp is not None, what="watch open")
+        before = r.lists
+        t0 = time.monotonic()
+        r.relist()
+        wait_for(lambda: r.lists > before, timeout=5, what="relisted")
+        assert time.monotonic() - t0 < 2.0 and watches[0].cut.is_set()
+        wait_for(lambda: len(watches) == 2, what="watching again")
+    finally:
+        r.stop()
+        r.join(5)
+    assert not r.is_alive()

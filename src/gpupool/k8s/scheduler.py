@@ -221,6 +221,7 @@ class Reflector(threading.Thread):
         self._halt = threading.Event()
         self._relist = threading.Event()
         self._watch: _RawWatch | None = None
+        self._resp: Any = None  # the open watch response (urllib3), for _interrupt
         self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
         self._outage = Outage(_log, "api", kind=kind)
         self.absent_reported = False  # the "not installed / not granted" line was logged
@@ -237,9 +238,18 @@ class Reflector(threading.Thread):
         self._interrupt()
 
     def _interrupt(self) -> None:
+        """Cut the open watch now. ``Watch.stop()`` alone is seen only when the next event arrives, which on an
+        idle kind (nodes) may be minutes away; shutting the response's socket ends the blocked read at once."""
         w = self._watch
         if w is not None:
             w.stop()
+        resp = self._resp
+        if resp is not None:
+            try:
+                shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3: unblocks a read in another thread
+                (shutdown or resp.close)()
+            except Exception:  # noqa: BLE001 - the watch is being abandoned anyway
+                pass
 
     def _sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less if asked to relist or stop."""
@@ -277,8 +287,15 @@ class Reflector(threading.Thread):
                                   "_request_timeout": (self.config.connect_timeout_s, read)}
         if self.resource_version:
             kwargs["resource_version"] = self.resource_version
+        def call(*args: Any, **kw: Any) -> Any:  # the watch request, kept so that _interrupt can cut it
+            self._resp = resp = self.list_fn(*args, **kw)
+            if self._relist.is_set() or self._halt.is_set():
+                self._interrupt()
+            return resp
+
+        call.__doc__ = self.list_fn.__doc__  # Watch.stream reads the return type from the docstring
         try:
-            for event in w.stream(self.list_fn, **kwargs):
+            for event in w.stream(call, **kwargs):
                 if self._halt.is_set() or self._relist.is_set():
                     break
                 etype = event.get("type")
@@ -292,6 +309,12 @@ class Reflector(threading.Thread):
                 self._outage.success(action="watched")
         finally:
             self._watch = None
+            resp, self._resp = self._resp, None
+            if resp is not None:
+                try:
+                    resp.release_conn()
+                except Exception:  # noqa: BLE001 - a connection cut by _interrupt is simply dropped
+                    pass
 
     def run(self) -> None:
         need_list = True
