@@ -145,3 +145,19 @@ def test_structured_logs(fmt):
     with pytest.raises(ValueError):
         logging_setup(fmt="xml", stream=io.StringIO())
     assert handler is not None
+
+
+def test_cycle_events_and_state_series(served):
+    metrics, url, _ = served
+    metrics.observe_cycle(0.004)
+    metrics.inc_events_dropped()
+    metrics.set_model_stats({"rebuilds": 1, "drift": 0, "parsed_pods": 30, "parsed_nodes": 5})
+    metrics.set_model_stats({"rebuilds": 2, "drift": 0, "parsed_pods": 31, "parsed_nodes": 5})
+    _, _, text = _get(url + "/metrics")
+    s = _samples(text)
+    assert s[("gpupool_scheduling_cycle_duration_seconds_count", ())] == 1
+    assert s[("gpupool_scheduling_cycle_duration_seconds_bucket", (("le", "0.005"),))] == 1
+    assert s[("gpupool_events_dropped_total", ())] == 1
+    assert s[("gpupool_state_operations_total", (("op", "rebuilds"),))] == 2
+    assert s[("gpupool_state_operations_total", (("op", "parsed_pods"),))] == 31
+    assert s[("gpupool_state_operations_total", (("op", "drift"),))] == 0

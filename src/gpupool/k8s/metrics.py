@@ -67,6 +67,22 @@ class SchedulerMetrics:
         )
         self.leader = Gauge("gpupool_leader", "1 while this replica holds the leader Lease.",
                             registry=self.registry)
+        self.events_dropped = Counter(
+            "gpupool_events_dropped", "Kubernetes Events not posted because the recorder's queue was full.",
+            registry=self.registry,
+        )
+        self.cycle = Histogram(
+            "gpupool_scheduling_cycle_duration_seconds",
+            "One scheduling cycle: apply the watch changes to the incremental state and plan every pending pod.",
+            buckets=DURATION_BUCKETS, registry=self.registry,
+        )
+        self.model = Counter(
+            "gpupool_state_operations", "Incremental cluster state: rebuilds (node set or capacity changed, relist), "
+            "drift (a relist found the incremental books wrong), parsed objects.", ["op"], registry=self.registry,
+        )
+        for op in ("rebuilds", "drift", "parsed_pods", "parsed_nodes"):
+            self.model.labels(op=op)
+        self._model_seen: dict[str, int] = {}
         self._ready = threading.Event()
         self._alloc_labels: set[tuple[str, str]] = set()
         self._queues: set[str] = set()
@@ -137,6 +153,23 @@ class SchedulerMetrics:
 
     def set_leader(self, leading: bool) -> None:
         self.leader.set(1 if leading else 0)
+
+    def inc_events_dropped(self) -> None:
+        self.events_dropped.inc()
+
+    def observe_cycle(self, seconds: float) -> None:
+        """One scheduling cycle's duration (seconds)."""
+        self.cycle.observe(seconds)
+
+    def set_model_stats(self, stats: Mapping[str, int]) -> None:
+        """The incremental state's running totals (``ClusterModel.stats``): counted as increments since last."""
+        with self._lock:
+            for op in ("rebuilds", "drift", "parsed_pods", "parsed_nodes"):
+                value = int(stats.get(op, 0))
+                delta = value - self._model_seen.get(op, 0)
+                if delta > 0:
+                    self.model.labels(op=op).inc(delta)
+                self._model_seen[op] = value
 
     # ------------------------------------------------------------------ readiness
     def set_ready(self, ready: bool = True) -> None:

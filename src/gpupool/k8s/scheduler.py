@@ -651,6 +651,8 @@ class Scheduler:
         elapsed = time.perf_counter() - t0
         if result.placements:
             self.cycle_seconds.append(elapsed)
+            self._metric("observe_cycle", elapsed)
+        self._metric("set_model_stats", self.model.stats)
         per_pod = elapsed / max(1, len(result.placements))
         for p in result.placements:
             pod = self.cache.get("pods", p.pod)
