@@ -917,6 +917,11 @@ def test_forbidden_on_first_list_is_reported_as_not_granted(h, caplog):
     assert s.cache.objects["queues"] is None
     (warning,) = [r for r in caplog.records if r.getMessage() == "resource_forbidden"]
     assert warning.kind == "queues" and "rbac" in warning.note
+    # a pod of a queue waits while Queues cannot be read: its limit is never skipped
+    h.create_pod(gpu_pod("queued", gpus=1, labels={"kueue.x-k8s.io/queue-name": "team-a"}))
+    ev = wait_for(lambda: h.events_for("queued"), what="queued pod reported")
+    assert "Queue objects cannot be read (403 Forbidden" in ev[0]["message"]
+    assert bound_node(h, "queued") is None
 
 
 def test_urllib3_retry_warnings_are_not_logged_per_attempt(caplog):

@@ -327,3 +327,16 @@ def test_gang_minimum_within_the_limit_and_the_rest_one_by_one():
     m2.replace("pods", [copy.deepcopy(p) for p in members])
     result = m2.cycle().placements
     assert not any(p.node for p in result) and not m2.state.assignments  # the minimum breaks the limit
+
+
+def test_forbidden_queues_make_queued_pods_wait_until_listed():
+    m = ClusterModel()
+    m.replace("nodes", [node("a")])
+    m.forbid("queues", "403 Forbidden")
+    m.replace("pods", [pod("q", queue="team"), pod("free")])
+    result = {p.pod: p for p in m.cycle().placements}
+    assert result["default/free"].node == "a"  # pods of no queue are not held up
+    assert result["default/q"].node is None and "Queue objects cannot be read (403 Forbidden)" in result[
+        "default/q"].reason
+    m.replace("queues", [_queue("team", 2)])
+    assert m.cycle().placements[0].node == "a"

@@ -173,9 +173,18 @@ class ClusterCache:
                 continue
             if etype == "RELIST":
                 model.replace(kind, obj)
+            elif etype == "FORBIDDEN":
+                model.forbid(kind, obj)
             else:
                 model.apply(kind, etype, obj)
         return len(batch)
+
+    def forbidden(self, kind: str, reason: str) -> None:
+        """``kind`` may not be read (403 before any list): nothing cached; the model is told why."""
+        with self.lock:
+            self.objects[kind] = None
+            self.changes.append((kind, "FORBIDDEN", reason))
+        self.changed.set()
 
     def get(self, kind: str, key: str) -> dict[str, Any] | None:
         with self.lock:
@@ -374,7 +383,11 @@ class Reflector(threading.Thread):
                 _log(logging.WARNING, "resource_forbidden", kind=self.kind, status=status,
                      note="list/watch not granted to this service account (see deploy/rbac.yaml): running without "
                           "it, so what it would enforce is not enforced", retry_s=self.config.backoff_max_s)
-        self.cache.replace(self.kind, None)
+        if status == 404:
+            self.cache.replace(self.kind, None)
+        else:
+            self.cache.forbidden(self.kind, f"{status} Forbidden: list/watch {self.kind} not granted, or the API "
+                                            "server is starting up")
         self.synced.set()
         # Not granted may be a moment's trouble (an API server starting up): look again soon, then less often.
         self._sleep(self.config.optional_retry_s if status == 404 else self._backoff.next())

@@ -144,10 +144,11 @@ class QueueBook:
     """
 
     def __init__(self, specs: Mapping[str, QueueSpec], errors: Mapping[str, str] | None = None,
-                 known: bool = True) -> None:
+                 known: bool = True, blocked: str = "") -> None:
         self.specs = dict(specs)
         self.errors = dict(errors or {})
         self.known = known  # False: no Queue CRD; queue names are not checked and nothing is limited
+        self.blocked = blocked  # why Queues cannot be read (403): pods of a queue wait, no limit is skipped
         self.used: dict[str, int] = {}
 
     def chain(self, queue: str) -> list[str]:
@@ -166,6 +167,9 @@ class QueueBook:
 
     def admit(self, demands: Mapping[str, int]) -> str:
         """Why ``demands`` ({queue: milli}) would break a queue's (or a parent's) limit; "" if they fit."""
+        if self.blocked and demands:
+            return (f"queue {next(iter(demands))}: Queue objects cannot be read ({self.blocked}); pods of a queue "
+                    "wait until they can, so that no limit is skipped")
         if not self.known:
             return ""
         extra: dict[str, int] = {}

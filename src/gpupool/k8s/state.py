@@ -217,6 +217,7 @@ class ClusterModel:
         self.skipped_pods: dict[str, str] = {}
         self.pod_groups: dict[str, dict[str, Mapping[str, Any]]] = {PODGROUPS: {}, VOLCANO_PODGROUPS: {}}
         self.queues: dict[str, Mapping[str, Any]] | None = None
+        self.queues_blocked = ""  # why Queues cannot be read (403 before any list), else ""
         self.queue_used: dict[str, int] = {}  # queue -> milli-GPU of its own counted pods (children not added)
         self.group_counted: dict[str, int] = {}  # PodGroup key -> counted pods
         self.mig_used: dict[str, dict[str, int]] = {}
@@ -313,6 +314,7 @@ class ClusterModel:
             self._groups_cache = None
         elif kind == QUEUES:
             self.queues = None if items is None else {str(object_key(o).split("/", 1)[1]): o for o in items}
+            self.queues_blocked = ""
             self._queue_cache = None
         else:
             raise ValueError(f"unknown kind {kind!r}")
@@ -683,12 +685,22 @@ class ClusterModel:
             self._queue_cache = (book.specs, book.errors, book.known)
         return self._queue_cache
 
+    def forbid(self, kind: str, reason: str) -> None:
+        """``kind`` cannot be read (403 before any list): for Queues, pods of a queue wait (limits never lapse)."""
+        if kind == QUEUES:
+            self.queues = None
+            self.queues_blocked = reason
+            self._queue_cache = None
+        elif kind in (PODGROUPS, VOLCANO_PODGROUPS):
+            self.pod_groups[kind] = {}  # gang pods wait: their PodGroup is not known
+            self._groups_cache = None
+
     def queue_book(self) -> Any:
         """A :class:`~gpupool.k8s.snapshot.QueueBook` with every counted and assumed pod charged."""
         from gpupool.k8s.snapshot import QueueBook
 
         specs, errors, known = self.queue_specs()
-        book = QueueBook(specs, errors, known)
+        book = QueueBook(specs, errors, known, blocked=self.queues_blocked)
         for queue, milli in self.queue_used.items():
             if milli:
                 book.charge(queue, milli)
