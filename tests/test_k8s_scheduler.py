@@ -41,6 +41,7 @@ from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MILLI, ANN_NODE, wire
 from gpupool.k8s.scheduler import Scheduler, SchedulerConfig, _Assumed, assignment_annotations
 from gpupool.k8s.snapshot import Placement
 
+NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
 PODS = kmock.resource("", "v1", "pods")
 NODES = kmock.resource("", "v1", "nodes")
 EVENTS = kmock.resource("", "v1", "events")
@@ -108,6 +109,13 @@ class ApiServer(kmock.KubernetesEmulator):
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             meta.setdefault("uid", str(uuid.uuid4()))
+            if request.resource == NODES:
+                # kube-apiserver's TaintNodesByCondition admission plugin: every new Node starts not-ready
+                # (seen on a real v1.36 server, tests/e2e/README.md); the node lifecycle controller lifts it
+                spec = request.data.setdefault("spec", {}) or {}
+                request.data["spec"] = spec
+                taints = [t for t in (spec.get("taints") or []) if t.get("key") != NOT_READY_TAINT["key"]]
+                spec["taints"] = taints + [dict(NOT_READY_TAINT)]
         return await super()._handle(request)
 
     def _current(self, resource, namespace: str | None) -> list[dict[str, Any]]:
@@ -335,8 +343,14 @@ class Harness:
     def events_for(self, name: str) -> list[dict[str, Any]]:
         return [e for e in self.objects(EVENTS) if e.get("involvedObject", {}).get("name") == name]
 
-    def create_node(self, node: dict[str, Any]) -> None:
+    def create_node(self, node: dict[str, Any], ready: bool = True) -> None:
+        """Create a Node; ``ready``: then lift the not-ready taint the API server adds, as the node lifecycle
+        controller does once the node reports Ready (no controller runs here, nor on the e2e control plane)."""
         wire.drain(self.v1.create_node(node, _preload_content=False))
+        if ready:
+            taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != NOT_READY_TAINT["key"]]
+            wire.drain(self.v1.patch_node(node["metadata"]["name"], {"spec": {"taints": taints or None}},
+                                          _content_type="application/merge-patch+json", _preload_content=False))
 
     def create_pod(self, pod: dict[str, Any]) -> None:
         wire.drain(self.v1.create_namespaced_pod(pod["metadata"].get("namespace", "default"), pod,
@@ -1014,3 +1028,19 @@ def test_relist_cuts_an_idle_watch_at_once():
         r.stop()
         r.join(5)
     assert not r.is_alive()
+
+
+def test_a_new_node_is_not_ready_until_its_taint_is_lifted(h):
+    """As on a real kube-apiserver: a Node created by hand carries node.kubernetes.io/not-ready:NoSchedule, and
+    gpupool does not place pods there until the taint is lifted."""
+    h.create_node(gpu_node("fresh", gpus=1), ready=False)
+    node = next(n for n in h.objects(NODES) if n["metadata"]["name"] == "fresh")
+    assert NOT_READY_TAINT in node["spec"]["taints"]
+    h.scheduler()
+    h.create_pod(gpu_pod("p", gpus=1))
+    ev = wait_for(lambda: h.events_for("p"), what="unschedulable")
+    assert "1 node(s) had untolerated taint" in ev[0]["message"]
+    wire.drain(h.v1.patch_node("fresh", {"spec": {"taints": None}}, _content_type="application/merge-patch+json",
+                               _preload_content=False))
+    wait_for(lambda: bound_node(h, "p") == "fresh", what="bound once Ready")
+

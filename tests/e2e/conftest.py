@@ -18,6 +18,8 @@ import livecluster as lc
 import pytest
 from kubernetes import client
 
+from gpupool.k8s.wire import drain
+
 
 def _missing() -> str | None:
     problems = []
@@ -134,11 +136,11 @@ def _cleanup(ctx: lc.E2E) -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            core.delete_collection_namespaced_pod(ctx.ns, grace_period_seconds=0, _preload_content=False)
+            drain(core.delete_collection_namespaced_pod(ctx.ns, grace_period_seconds=0, _preload_content=False))
             custom.delete_collection_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", ctx.ns, "podgroups")
             custom.delete_collection_cluster_custom_object("gpupool.io", "v1alpha1", "queues",
                                                            label_selector=f"{lc.E2E_LABEL}=1")
-            core.delete_collection_node(label_selector=f"{lc.E2E_LABEL}=1", _preload_content=False)
+            drain(core.delete_collection_node(label_selector=f"{lc.E2E_LABEL}=1", _preload_content=False))
             try:
                 client.CoordinationV1Api(ctx.admin).delete_namespaced_lease(lc.LEASE_NAME, lc.SA_NAMESPACE)
             except client.exceptions.ApiException as exc:

@@ -17,6 +17,8 @@ import pytest
 from kubernetes import client
 from livecluster import E2E, RESULTS
 
+from gpupool.k8s.wire import drain
+
 pytestmark = pytest.mark.real_apiserver
 
 WHOLE, FRACTION = "1000", "500"
@@ -315,7 +317,7 @@ def test_watch_expired_relists(e2e: E2E) -> None:
         cp.start_apiserver()
         cp.wait_ready()
         for i in range(4):
-            core.delete_namespaced_pod(f"old-{i}", ns, grace_period_seconds=0, _preload_content=False)
+            drain(core.delete_namespaced_pod(f"old-{i}", ns, grace_period_seconds=0, _preload_content=False))
         lc.create_pods(api, [lc.pod_body(f"new-{i}", ns) for i in range(4)])
         rev = cp.compact_etcd()
         cp.kill_apiserver()
@@ -342,7 +344,7 @@ def test_watch_expired_relists(e2e: E2E) -> None:
           f"410 wire: {RESULTS['watch_410_wire']}")
     print("[e2e] scheduler's log about it:\n  " + "\n  ".join(json.dumps(r)[:240] for r in reaction[-12:]))
     # and it keeps scheduling afterwards
-    core.delete_namespaced_pod("old-4", ns, grace_period_seconds=0, _preload_content=False)
+    drain(core.delete_namespaced_pod("old-4", ns, grace_period_seconds=0, _preload_content=False))
     lc.create_pod(api, lc.pod_body("after-0", ns))
     lc.wait_bound(api, ns, ["after-0"], 30, e2e.diagnostics)
     _assert_no_overallocation(e2e)
