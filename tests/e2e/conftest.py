@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import livecluster as lc
 import pytest
 from kubernetes import client
 
 from gpupool.k8s.wire import drain
+
+from . import livecluster as lc
 
 
 def _missing() -> str | None:

@@ -12,12 +12,13 @@ import signal
 import textwrap
 import time
 
-import livecluster as lc
 import pytest
 from kubernetes import client
-from livecluster import E2E, RESULTS
 
 from gpupool.k8s.wire import drain
+
+from . import livecluster as lc
+from .livecluster import E2E, RESULTS
 
 pytestmark = pytest.mark.real_apiserver
 

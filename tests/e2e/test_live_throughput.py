@@ -15,9 +15,10 @@ import threading
 import time
 from importlib import metadata
 
-import livecluster as lc
 import pytest
-from livecluster import E2E, RESULTS
+
+from . import livecluster as lc
+from .livecluster import E2E, RESULTS
 
 pytestmark = pytest.mark.real_apiserver
 
