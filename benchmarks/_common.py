@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
+import platform
+from pathlib import Path
 
 
 def json_safe(obj):
@@ -24,3 +27,20 @@ def pin_one_cpu() -> None:
         os.sched_setaffinity(0, {cpus[-1]})
     except (AttributeError, OSError):
         pass
+
+
+def machine_info() -> dict:
+    """CPU model, cores, Python and NumPy versions, platform, load average and date, for a results file."""
+    import numpy as np
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "platform": platform.platform(), "load_average": [round(x, 2) for x in os.getloadavg()],
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}

@@ -41,19 +41,15 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECL
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import datetime as dt  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
-
-from _common import json_safe, pin_one_cpu  # noqa: E402
+from _common import json_safe, machine_info, pin_one_cpu  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES_DIR = Path(os.environ.get("GPUPOOL_TRACES", REPO.parent / "shared" / "traces"))
@@ -109,20 +105,6 @@ def measure_one(trace: str, policy: str, seed: int, max_jobs: int | None) -> dic
     row["scheduler_stats"] = res.metrics["scheduler_stats"]
     row["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     return row
-
-
-def machine_info() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "platform": platform.platform(), "load_average": [round(x, 2) for x in os.getloadavg()],
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
 
 
 def _fmt(x, digits: int = 1) -> str:

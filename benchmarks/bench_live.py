@@ -51,15 +51,12 @@ import argparse
 import copy
 import gc
 import json
-import os
-import platform
 import random
 import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +64,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import json_safe  # noqa: E402
+from _common import json_safe, machine_info  # noqa: E402
 from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_NODE  # noqa: E402
 from gpupool.k8s.scheduler import ClusterCache  # noqa: E402
 from gpupool.k8s.snapshot import ClusterSnapshot, plan  # noqa: E402
@@ -355,24 +352,11 @@ def part_real(n_nodes: int, n_pods: int, timeout_s: float) -> dict:
     return out
 
 
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "load_avg": os.getloadavg()[0], "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
-
-
 def markdown(report: dict) -> str:
     m = report["machine"]
     lines = [f"# Live scheduler benchmark ({m['date']})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, NumPy {m['numpy']}, "
-             f"load average {m['load_avg']:.2f} at start. Written by `benchmarks/bench_live.py`.", ""]
+             f"load average {m['load_average'][0]:.2f} at start. Written by `benchmarks/bench_live.py`.", ""]
     if report.get("cycle"):
         lines += ["## Cycle time on the incremental model (drain changes + plan the pending pods)", "",
                   "| nodes | bound pods | pending/cycle | cycle p50 ms | p99 ms | max ms | pods parsed/cycle "
@@ -419,7 +403,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "live.json"
     report = json.loads(path.read_text()) if path.exists() else {}
-    report["machine"] = machine()
+    report["machine"] = machine_info()
     if args.part in ("cycle", "all"):
         report["cycle"] = []
         for size in args.sizes.split(","):
