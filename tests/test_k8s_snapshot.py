@@ -87,13 +87,16 @@ def test_no_gpu_is_handed_out_twice(cluster_plan):
 def test_json_snapshot_time_slicing_not_ready_and_memory_requests():
     result = {p.pod: p for p in plan(load_snapshot(SMALL)).placements}
     assert result["team-x/resnet-0"].to_json() == {
-        "pod": "team-x/resnet-0", "node": "node-a", "gpus": [0], "gpu_milli": 600,
-        "reason": "policy gpupool chose node-a among 1 feasible node(s); GPU 0 at 600 milli, 9216 MiB each"}
+        "pod": "team-x/resnet-0", "node": "node-a", "gpus": [0], "gpu_milli": 600, "gpu_memory_mib": 9216,
+        "reason": "policy gpupool chose node-a among 1 feasible node(s); GPU 0 at 600 milli, 9216 MiB each",
+        "annotations": {"gpupool.io/node": "node-a", "gpupool.io/gpu-index": "0", "gpupool.io/gpu-milli": "600",
+                        "gpupool.io/gpu-memory": "9216"}}
     # 8000 MiB do not fit in the 40% of GPU 0's 15360 MiB that is left: GPU 1.
     assert result["team-x/bert-serve"].gpus == (1,)
     assert result["team-x/too-big"].to_json() == {
-        "pod": "team-x/too-big", "node": None, "gpus": [], "gpu_milli": 0,
-        "reason": "0/2 nodes are available: 1 node(s) were unschedulable or not ready, 1 Insufficient GPU share."}
+        "pod": "team-x/too-big", "node": None, "gpus": [], "gpu_milli": 0, "gpu_memory_mib": 0,
+        "reason": "0/2 nodes are available: 1 node(s) were unschedulable or not ready, 1 node(s) had fewer than 3 "
+                  "distinct GPUs with a free time-slice (each replica asked goes to its own GPU)."}
     assert result["team-x/bad-quantity"].reason == (
         'pod team-x/bad-quantity: spec.containers[0].resources.requests["cpu"]: "two" is not a Kubernetes quantity')
 
@@ -156,11 +159,17 @@ def test_cli_dry_run_prints_and_writes_json(tmp_path):
     assert "ml/notebook-quarter-gpu" in result.output and "dry run, nothing bound" in result.output
     data = json.loads(out.read_text())
     by_pod = {p["pod"]: p for p in data["placements"]}
-    assert by_pod["ml/notebook-quarter-gpu"] == {"pod": "ml/notebook-quarter-gpu", "node": "gpu-h100-a",
-                                                 "gpus": [4], "gpu_milli": 250,
-                                                 "reason": by_pod["ml/notebook-quarter-gpu"]["reason"]}
+    assert by_pod["ml/notebook-quarter-gpu"] == {
+        "pod": "ml/notebook-quarter-gpu", "node": "gpu-h100-a", "gpus": [4], "gpu_milli": 250, "gpu_memory_mib": 20389,
+        "reason": by_pod["ml/notebook-quarter-gpu"]["reason"],
+        "annotations": {"gpupool.io/node": "gpu-h100-a", "gpupool.io/gpu-index": "4", "gpupool.io/gpu-milli": "250",
+                        "gpupool.io/gpu-memory": "20389"}}
     assert by_pod["ml/broken-fraction"]["node"] is None and "gpu-fraction" in by_pod["ml/broken-fraction"]["reason"]
-    assert set(by_pod["ml/ddp-0"]) == {"pod", "node", "gpus", "gpu_milli", "reason"}
+    assert by_pod["ml/broken-fraction"]["invalid"] is True
+    assert set(by_pod["ml/ddp-0"]) >= {"pod", "node", "gpus", "gpu_milli", "gpu_memory_mib", "reason"}
+    assert data["summary"] == {"policy": "gpupool", "pending": len(by_pod), "placed": sum(
+        1 for p in by_pod.values() if p["node"])}
+    assert data["queues"]["team-b"]["limit_gpus"] == 1.0
 
 
 def test_cli_dry_run_json_to_stdout_and_policy():
@@ -185,7 +194,7 @@ def test_cli_errors_exit_2(args, message):
 def test_cli_other_scheduler_name(tmp_path):
     result = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(CLUSTER), "--scheduler-name",
                                  "nobody", "--json", "-"])
-    assert result.exit_code == 0 and json.loads(result.output) == {"placements": []}
+    assert result.exit_code == 0 and json.loads(result.output)["placements"] == []
 
 
 def test_config_file_of_deploy(tmp_path):

@@ -299,6 +299,30 @@ def feasible(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
     return ok
 
 
+def _gpu_fit_parts(state: ClusterState, req: EffectiveRequest, fails: np.ndarray, parts: list[str]) -> int:
+    """Say apart why nodes failed :class:`GpuFit`: unhealthy GPUs (they wait for repair), GPU memory (the share
+    fits but the memory does not), too few distinct GPUs with a free time-slice; returns how many nodes are
+    left for the plain "Insufficient GPU share"."""
+    idx = np.flatnonzero(fails)
+    if not len(idx):
+        return 0
+    healthy = (state.gpu_healthy[idx] & state.gpu_exists[idx]).sum(axis=1)
+    sick = (healthy < req.num_gpu) & (state.gpu_count[idx] >= req.num_gpu)
+    share = node_share(state, req, idx)
+    by_share = (state.usable_gpu_free(idx) >= share[:, None]).sum(axis=1)  # GPUs with the share free
+    memory = ~sick & (by_share >= req.num_gpu)  # the share fits on enough GPUs: memory is what lacks
+    sliced = ~sick & ~memory & (state.gpu_replicas[idx] > 1) & (req.num_gpu > 1) if req.is_slice_ask else \
+        np.zeros(len(idx), dtype=bool)
+    if sick.any():
+        parts.append(f"{int(sick.sum())} node(s) had unhealthy GPUs")
+    if memory.any():
+        parts.append(f"{int(memory.sum())} Insufficient GPU memory")
+    if sliced.any():
+        parts.append(f"{int(sliced.sum())} node(s) had fewer than {req.num_gpu} distinct GPUs with a free "
+                     "time-slice (each replica asked goes to its own GPU)")
+    return int((~sick & ~memory & ~sliced).sum())
+
+
 def unschedulable_reason(state: ClusterState, req: EffectiveRequest,
                          filters: tuple[FilterPlugin, ...] = DEFAULT_FILTERS) -> str:
     """kube-scheduler style message: how many nodes each filter rejected (first failing filter per node)."""
@@ -309,12 +333,7 @@ def unschedulable_reason(state: ClusterState, req: EffectiveRequest,
         fails = remaining & ~f.mask(state, req, nodes)
         count = int(fails.sum())
         if count and isinstance(f, GpuFit):
-            # nodes whose GPUs would be enough if the unhealthy ones were not: said apart (they wait for repair)
-            healthy = (state.gpu_healthy & state.gpu_exists).sum(axis=1)
-            sick = fails & (healthy < req.num_gpu) & (state.gpu_count >= req.num_gpu)
-            if sick.any():
-                parts.append(f"{int(sick.sum())} node(s) had unhealthy GPUs")
-                count -= int(sick.sum())
+            count = _gpu_fit_parts(state, req, fails, parts)
         if count:
             parts.append(f"{count} {f.reason}")
         remaining &= ~fails

@@ -214,8 +214,25 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
             snap = read_cluster(load_api_client(kubeconfig, context))
         except Exception as exc:
             _fail(f"cannot read the cluster: {exc}")
+    health: list[tuple[str, int, bool]] = []
+
+    def apply_health(state: Any) -> None:
+        assert telemetry is not None
+        health.extend(telemetry.apply_health(state))
+        known = set(state.node_names)
+        unknown = sorted({node for node, _ in telemetry.fresh() if node not in known})
+        if unknown:
+            typer.echo(f"warning: DCGM data for node(s) not in the snapshot, ignored: {', '.join(unknown[:10])}"
+                       + (" ..." if len(unknown) > 10 else ""), err=True)
+
     result = plan(snap, settings.scheduler_name, settings.policy, seed,
-                  prepare_state=telemetry.apply_health if telemetry is not None else None)
+                  prepare_state=apply_health if telemetry is not None else None)
+    if telemetry is not None and json_out != "-":
+        sick = [f"{node} GPU {gpu}" for node, gpu, ok in health if not ok]
+        typer.echo(f"GPU health from {len(dcgm_files)} DCGM file(s): "
+                   + (f"{len(sick)} GPU(s) marked unhealthy ({', '.join(sick[:10])})" if sick else
+                      "no GPU marked unhealthy") + " (GPU numbers are gpupool's device indices on the node)",
+                   err=True)
     payload = json.dumps(result.to_json(), indent=2)
     if json_out == "-":
         typer.echo(payload)
@@ -382,6 +399,8 @@ def register(app: typer.Typer) -> None:
             _fail(f"unknown policy {settings.policy!r}; known: {', '.join(REGISTRY)}")
         if settings.log_format not in ("json", "kv", "logfmt"):
             _fail(f"log format {settings.log_format!r}: expected json or kv")
+        if str(settings.log_level).lower() not in ("debug", "info", "warning", "warn", "error", "critical"):
+            _fail(f"log level {settings.log_level!r}: expected debug, info, warning or error")
         if (snapshot is not None or json_out is not None or dcgm_file) and not dry_run_flag:
             _fail("--snapshot, --json and --dcgm-file go with --dry-run")
         if dry_run_flag:

@@ -224,8 +224,22 @@ class Placement:
     invalid: bool = False  # the pod's request could not be read (not a matter of capacity)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pod": self.pod, "node": self.node, "gpus": list(self.gpus), "gpu_milli": self.gpu_milli,
-                "reason": self.reason}
+        """``gpu_milli`` and ``gpu_memory_mib`` are per listed GPU (MiB; 0 = in proportion to the share);
+        ``annotations``: what the live scheduler writes on the pod when it binds it."""
+        out: dict[str, Any] = {"pod": self.pod, "node": self.node, "gpus": list(self.gpus),
+                               "gpu_milli": self.gpu_milli, "gpu_memory_mib": self.gpu_memory_mib,
+                               "reason": self.reason}
+        if self.mig:
+            out["mig"] = {p: c for p, c in self.mig}
+        if self.gang:
+            out["gang"] = self.gang
+        if self.invalid:
+            out["invalid"] = True
+        if self.node is not None:
+            from gpupool.k8s.scheduler import assignment_annotations  # the one spelling of what is written
+
+            out["annotations"] = assignment_annotations(self)
+        return out
 
 
 @dataclass
@@ -259,7 +273,14 @@ class Plan:
                 + [{"pod": k, "reason": r} for k, r in pods.items()])
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"placements": [p.to_json() for p in self.placements]}
+        out: dict[str, Any] = {"placements": [p.to_json() for p in self.placements],
+                               "summary": {"policy": self.policy, "pending": len(self.placements),
+                                           "placed": len(self.placed)}}
+        if self.queues is not None and self.queues.known:
+            out["queues"] = {name: {"used_gpus": self.queues.used.get(name, 0) / MILLI,
+                                    "quota_gpus": q.quota_milli / MILLI,
+                                    "limit_gpus": None if q.limit_milli is None else q.limit_milli / MILLI}
+                             for name, q in sorted(self.queues.specs.items())}
         skipped = self.skipped
         if skipped:
             out["skipped"] = skipped
@@ -432,12 +453,14 @@ def _place_unit(unit: _Unit, engine: Engine, pol: Any, book: QueueBook, policy: 
 
 def format_plan(result: Plan) -> str:
     """A plain-text table of a plan (one line per pod)."""
-    rows = [("POD", "NODE", "GPUS", "MILLI", "REASON")]
+    rows = [("POD", "NODE", "GPUS", "MILLI", "MIB", "REASON")]
     for p in result.placements:
-        rows.append((p.pod, p.node or "-", ",".join(map(str, p.gpus)) or "-", str(p.gpu_milli) if p.node else "-",
-                     p.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+        placed = p.node is not None and bool(p.gpus)
+        rows.append((p.pod, p.node or "-", ",".join(map(str, p.gpus)) or "-", str(p.gpu_milli) if placed else "-",
+                     str(p.gpu_memory_mib) if placed and p.gpu_memory_mib else "-", p.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5] for r in rows]
+    lines.append("(MILLI and MIB: share and GPU memory taken on each listed GPU)")
     for item in result.skipped:
         what = f"node {item['node']}" if "node" in item else f"bound pod {item['pod']}"
         lines.append(f"skipped {what}: {item['reason']}")
