@@ -493,3 +493,17 @@ def test_dry_run_cli_reads_dcgm_files(tmp_path):
     assert missing.exit_code == 2 and "cannot read" in missing.output
     alone = runner.invoke(app, ["scheduler", "--dcgm-file", str(both)])
     assert alone.exit_code == 2 and "go with --dry-run" in alone.output
+
+
+def test_hami_registration_with_an_unreadable_number_falls_back():
+    """``"devmem": 1e400`` (infinity once parsed): the registration is unreadable, the node is still used."""
+    from gpupool.k8s.state import ClusterModel
+
+    n = {"apiVersion": "v1", "kind": "Node",
+         "metadata": {"name": "a", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                      "annotations": {"hami.io/node-nvidia-register": '[{"id": "G1", "devmem": 1e400}]'}},
+         "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "2"}}}
+    m = ClusterModel()
+    m.replace("nodes", [n])
+    state = m.refresh()
+    assert state is not None and int(state.gpu_count[0]) == 2 and not m.skipped_nodes()

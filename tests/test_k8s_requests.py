@@ -229,3 +229,13 @@ def test_parse_queue():
         parse_queue({"metadata": {"name": "d"}, "spec": {"limit": -3}})
     with pytest.raises(RequestParseError, match=r"Queue e: spec.weight='x': not a number"):
         parse_queue({"metadata": {"name": "e"}, "spec": {"weight": "x"}})
+
+
+def test_volcano_vgpu_with_nvidia_gpu_is_a_conflict():
+    from gpupool.k8s.requests import RequestParseError, describe_pod
+
+    p = {"metadata": {"name": "v", "namespace": "default"},
+         "spec": {"containers": [{"name": "c", "resources": {"limits": {"volcano.sh/vgpu-number": "1",
+                                                                         "nvidia.com/gpu": "3"}}}]}}
+    with pytest.raises(RequestParseError, match="conflicting GPU requests: volcano.sh/vgpu"):
+        describe_pod(p)

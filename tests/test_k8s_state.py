@@ -340,3 +340,87 @@ def test_forbidden_queues_make_queued_pods_wait_until_listed():
         "default/q"].reason
     m.replace("queues", [_queue("team", 2)])
     assert m.cycle().placements[0].node == "a"
+
+
+# ------------------------------------------------------------------ found by trying to break it
+def _other_scheduler(p: dict) -> dict:
+    p["spec"]["schedulerName"] = "kai-scheduler"
+    return p
+
+
+def test_named_devices_are_counted_before_guessed_ones_whatever_the_event_order():
+    """A pod another scheduler bound without naming devices (guessed onto GPU 0), then gpupool's own pod whose
+    annotation names GPU 0: the named pod gets GPU 0 and the guessed one moves, as a rebuild counts them."""
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=2)])
+    m.replace("pods", [])
+    m.refresh()
+    m.apply("pods", "ADDED", _other_scheduler(pod("other", fraction=0.5, node_name="a")))
+    m.apply("pods", "ADDED", pod("mine", node_name="a", devices=(0,)))
+    assert m.state.assignments["default/mine"].gpus == (0,)
+    assert m.state.assignments["default/other"].gpus == (1,)
+    assert books(m) == books(fresh(m))
+    m.apply("pods", "ADDED", pod("new", fraction=0.5))
+    assert m.cycle().placements[0].gpus == (1,)  # never onto the GPU gpupool's annotation says is fully held
+
+
+def test_relist_with_another_gpu_count_rebuilds_without_a_false_drift():
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=4)])
+    m.replace("pods", [])
+    m.cycle()
+    m.replace("nodes", [node("a", gpus=8)])
+    m.apply("pods", "ADDED", pod("y", gpu=6))
+    assert m.cycle().placements[0].node == "a"
+    smaller = node("a", gpus=8)
+    smaller["status"]["allocatable"]["cpu"] = "16"
+    m.replace("nodes", [smaller])
+    m.refresh()
+    assert m.stats["drift"] == 0
+
+
+def test_an_annotation_below_the_request_never_undercounts():
+    held = pod("held", node_name="a")
+    held["metadata"]["annotations"] = {ANN_NODE: "a", ANN_GPU_INDEX: "0", ANN_GPU_MILLI: ""}
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=1)])
+    m.replace("pods", [_other_scheduler(held), pod("newcomer", fraction=0.9)])
+    assert m.cycle().placements[0].node is None
+    assert m.state.gpu_free[0, 0] == 0
+
+
+def test_a_late_deleted_of_an_older_uid_keeps_the_recreated_pod():
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=2)])
+    m.replace("pods", [])
+    m.refresh()
+    first = pod("y", node_name="a", devices=(1,), uid="U1")
+    m.apply("pods", "ADDED", first)
+    m.apply("pods", "ADDED", pod("y", node_name="a", devices=(1,), uid="U2"))
+    m.apply("pods", "DELETED", first)
+    assert "default/y" in m.state.assignments and m.pods["default/y"].uid == "U2"
+
+
+def test_bookmarks_and_nameless_nodes_change_nothing():
+    m = ClusterModel()
+    m.replace("nodes", [node("a")])
+    m.replace("pods", [])
+    m.refresh()
+    m.apply("pods", "BOOKMARK", {"metadata": {"resourceVersion": "9"}})
+    m.apply("nodes", "ADDED", {"kind": "Node", "metadata": {}})
+    assert not m._dirty and list(m.nodes) == ["a"] and m.skipped_nodes()
+
+
+def test_an_empty_queue_list_in_a_snapshot_means_the_crd_is_installed():
+    from gpupool.k8s.snapshot import plan, snapshot_from_objects
+
+    objs = [node("a"), pod("p", queue="team-a")]
+    assert plan(snapshot_from_objects(objs)).placements[0].node == "a"  # no Queue CRD: no limits
+    empty = {"apiVersion": "gpupool.io/v1alpha1", "kind": "QueueList", "items": []}
+    result = plan(snapshot_from_objects([*objs, empty])).placements[0]
+    assert result.node is None and result.reason.startswith("queue team-a not found")
+    m = ClusterModel()
+    m.replace("nodes", [node("a")])
+    m.replace("queues", [])
+    m.replace("pods", [pod("p", queue="team-a")])
+    assert m.cycle().placements[0].reason == result.reason  # the live model says the same

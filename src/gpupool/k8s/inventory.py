@@ -223,7 +223,7 @@ def hami_registered_gpus(node: Mapping[str, Any]) -> list[RegisteredGpu] | None:
                     return None
                 out.append((i, RegisteredGpu(f[0], int(f[1] or 1), int(f[2] or 0), f[4],
                                              len(f) < 7 or f[6].lower() != "false")))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         return None
     out.sort(key=lambda x: x[0])
     return [g for _, g in out]
@@ -524,9 +524,9 @@ def count_bound_pod(state: ClusterState, info: PodInfo, node: int,
     note = ""
     if annotated is not None and req.num_gpu and len(annotated[0]) == req.num_gpu:
         gpus, milli = annotated
-        counted = req if milli >= req.gpu_milli else replace(req, gpu_milli=max(milli, 1))
+        milli = max(milli, req.gpu_milli)  # never less than the pod asks (a stale or hand-written annotation)
         try:
-            return state.allocate(counted, node, gpus, max(milli, 1)), ""
+            return state.allocate(req, node, gpus, milli), ""
         except AllocationError as exc:
             note = f"annotated devices unusable ({exc}); "
     elif req.num_gpu and info.named_devices:

@@ -529,6 +529,11 @@ def gpu_ask(pod: Mapping[str, Any], res: Mapping[str, Decimal] | None = None) ->
     if kind == "hami":
         return _hami_like(pod, RES_GPU, RES_HAMI_GPUMEM, RES_HAMI_GPUMEM_PERCENT, RES_HAMI_GPUCORES, "hami")
     if kind == "volcano":
+        if RES_GPU in res and _whole(res[RES_GPU], f'resources["{RES_GPU}"]'):
+            raise RequestParseError(
+                f'conflicting GPU requests: volcano.sh/vgpu-* resources (Volcano) and resources["{RES_GPU}"]; '
+                "use one spelling"
+            )
         return _hami_like(pod, RES_VOLCANO_VGPU_NUMBER, RES_VOLCANO_VGPU_MEMORY, None, RES_VOLCANO_VGPU_CORES,
                           "volcano")
     if kind == "alibaba":

@@ -87,6 +87,11 @@ def snapshot_from_objects(objects: Iterable[Any]) -> ClusterSnapshot:
     """Sort API objects (or ``v1/List`` documents holding them) into a :class:`ClusterSnapshot`."""
     snap = ClusterSnapshot()
     queues: list[dict[str, Any]] = []
+    objects = list(objects)
+    # `kubectl get queues.gpupool.io -o yaml` on a cluster with the CRD and no Queue writes an empty QueueList:
+    # the CRD is installed (pods naming a queue wait), which a file without it cannot say
+    queue_crd = any(isinstance(d, Mapping) and d.get("kind") == "QueueList"
+                    and str(d.get("apiVersion", "")).startswith(QUEUE_API[0] + "/") for d in objects)
     for obj in _flatten(objects):
         kind, group = obj.get("kind"), _group(obj)
         if kind == "Node" and group == "":
@@ -99,7 +104,7 @@ def snapshot_from_objects(objects: Iterable[Any]) -> ClusterSnapshot:
             queues.append(dict(obj))
         else:
             snap.ignored += 1
-    snap.queues = queues or None
+    snap.queues = queues or ([] if queue_crd else None)
     return snap
 
 

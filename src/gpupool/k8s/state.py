@@ -221,6 +221,7 @@ class ClusterModel:
         self.queue_used: dict[str, int] = {}  # queue -> milli-GPU of its own counted pods (children not added)
         self.group_counted: dict[str, int] = {}  # PodGroup key -> counted pods
         self.mig_used: dict[str, dict[str, int]] = {}
+        self.on_node: dict[str, set[str]] = {}  # node -> keys of the pods counted there
         self.state: ClusterState | None = None
         self.engine: Engine | None = None
         self.elig: Eligibility | None = None
@@ -228,6 +229,7 @@ class ClusterModel:
         self._groups_cache: tuple[dict[str, int], dict[str, str]] | None = None
         self._queue_cache: Any = None
         self._dirty = True  # the node set or a node's capacity changed: rebuild before the next cycle
+        self._reshaped = True  # ... and the incremental books cannot be compared with the rebuilt ones
         self._check = False  # compare the rebuilt books with the incremental ones (after a relist)
         self.stats = {"events": 0, "parsed_pods": 0, "parsed_nodes": 0, "rebuilds": 0, "drift": 0,
                       "incremental": 0}
@@ -246,8 +248,13 @@ class ClusterModel:
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (``ADDED``/``MODIFIED``/``DELETED``) of ``kind`` (one of :data:`KINDS`)."""
         self.stats["events"] += 1
+        if event_type not in ("ADDED", "MODIFIED", "DELETED"):
+            return  # BOOKMARK and the like carry no object change
         if kind == NODES:
             name = node_name(obj)
+            if not name:
+                self._bad_node(obj, len(self.bad_nodes), name)
+                return
             if event_type == "DELETED":
                 self._delete_node(name)
             else:
@@ -255,6 +262,10 @@ class ClusterModel:
         elif kind == PODS:
             key = pod_key(obj) if isinstance(obj, Mapping) else ""
             if event_type == "DELETED":
+                rec = self.pods.get(key)
+                uid = _uid(obj)
+                if rec is not None and uid and rec.uid and uid != rec.uid:
+                    return  # a late DELETED of an older pod of this name: the recreated one stays
                 self._delete_pod(key)
             else:
                 self._upsert_pod(key, key, obj)
@@ -351,7 +362,7 @@ class ClusterModel:
             log.warning("node skipped", extra={"event": "node_skipped", "node": name, "reason": reason})
         self.nodes[rec.name] = rec
         if old is None or old.capacity_key != rec.capacity_key or self.state is None:
-            self._dirty = True
+            self._dirty = self._reshaped = True
             return
         if old.eligibility != rec.eligibility and rec.spec is not None:
             i = self.state.node_index.get(name)
@@ -365,7 +376,7 @@ class ClusterModel:
 
     def _delete_node(self, name: str) -> None:
         if self.nodes.pop(name, None) is not None:
-            self._dirty = True
+            self._dirty = self._reshaped = True
 
     # ------------------------------------------------------------------ pods
     def _parse(self, obj: Mapping[str, Any]) -> tuple[PodInfo | None, RequestParseError | None]:
@@ -431,11 +442,23 @@ class ClusterModel:
 
     # ------------------------------------------------------------------ books
     def _count(self, rec: PodRecord) -> None:
-        """Count a bound pod in the state (incrementally; a later rebuild counts it anyway when dirty)."""
+        """Count a bound pod in the state (incrementally; a later rebuild counts it anyway when dirty).
+
+        Counted as a rebuild would: pods whose devices are named (gpupool's or HAMi's annotations) before pods
+        whose devices are only guessed. So when a named pod arrives on a node where guessed pods are counted,
+        those are released, the named pod takes its devices, and they are counted again after it."""
         self.skipped_pods.pop(rec.key, None)
         if self._dirty or self.state is None:
             return
+        guessed = []
+        if _bound_order(rec.obj)[0] is False:  # its devices are named
+            guessed = sorted((r for k in self.on_node.get(rec.node, ()) if (r := self.pods.get(k)) is not None
+                              and r.counted and _bound_order(r.obj)[0]), key=lambda r: (_bound_order(r.obj), r.key))
+        for other in guessed:
+            self._uncount(other)
         self._count_in(self.state, rec)
+        for other in guessed:
+            self._count_in(self.state, other)
 
     def _count_in(self, state: ClusterState, rec: PodRecord) -> None:
         node = state.node_index.get(rec.node)
@@ -454,8 +477,7 @@ class ClusterModel:
             lenient = "; ".join(x for x in (note, lenient) if x)
             info = replace(info, key=rec.key, request=replace(info.request, name=rec.key))
         devices = annotated_devices(rec.obj)
-        if devices is None:
-            info = _time_sliced(info, self.nodes[rec.node].replicas if rec.node in self.nodes else 1)
+        info = _time_sliced(info, self.nodes[rec.node].replicas if rec.node in self.nodes else 1)
         try:
             assignment, note = count_bound_pod(state, info, node, devices)
         except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the others
@@ -469,6 +491,7 @@ class ClusterModel:
         rec.counted = True
         rec.charge = queue_charge(info, assignment, state)
         rec.note = note
+        self.on_node.setdefault(rec.node, set()).add(rec.key)
         self._book(rec, info, +1)
 
     def _book(self, rec: PodRecord, info: PodInfo, sign: int) -> None:
@@ -494,6 +517,7 @@ class ClusterModel:
         if not rec.counted:
             return
         rec.counted = False
+        self.on_node.get(rec.node, set()).discard(rec.key)
         self.skipped_pods.pop(rec.key, None)
         info = self._record_info(rec)
         self._book(rec, info, -1)
@@ -520,6 +544,7 @@ class ClusterModel:
             return
         rec.counted = True
         rec.charge = queue_charge(rec.info, held, state)
+        self.on_node.setdefault(rec.node, set()).add(rec.key)
         self._book(rec, rec.info, +1)
 
     def _drop_assumption(self, key: str) -> None:
@@ -565,7 +590,8 @@ class ClusterModel:
         """Build the state from the records (no parsing): node order as listed, bound pods counted, assumed pods
         placed again; after a relist, compare with the books kept incrementally."""
         t0 = time.perf_counter()
-        old_state, check = self.state, self._check
+        old_state, check = self.state, self._check and not self._reshaped
+        self._reshaped = False
         old_books = (dict(self.queue_used), dict(self.group_counted)) if old_state is not None else None
         old_assignments = dict(old_state.assignments) if old_state is not None else {}
         self._dirty = self._check = False
@@ -575,6 +601,7 @@ class ClusterModel:
         self.queue_used.clear()
         self.group_counted.clear()
         self.mig_used.clear()
+        self.on_node.clear()
         for rec in self.pods.values():
             rec.counted = False
         if not specs:
@@ -626,12 +653,13 @@ class ClusterModel:
 
     def _compare(self, old: ClusterState, old_assignments: Mapping[str, Assignment],
                  old_books: tuple[dict[str, int], dict[str, int]] | None) -> None:
-        """Drift check after a relist: the incremental books must equal the ones rebuilt from scratch."""
+        """Drift check after a relist (of an unchanged node set and capacity: the relist's changes were applied
+        incrementally first): the incremental books must equal the ones rebuilt from scratch."""
         new = self.state
         assert new is not None
         self.state.check_invariants()
         problems = []
-        if old.node_names == new.node_names:
+        if old.node_names == new.node_names and old.gpu_free.shape == new.gpu_free.shape:
             for name in ("cpu_free", "mem_free", "gpu_free", "gpu_mem_free"):
                 if not (getattr(old, name) == getattr(new, name)).all():
                     problems.append(name)
