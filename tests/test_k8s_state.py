@@ -424,3 +424,18 @@ def test_an_empty_queue_list_in_a_snapshot_means_the_crd_is_installed():
     m.replace("queues", [])
     m.replace("pods", [pod("p", queue="team-a")])
     assert m.cycle().placements[0].reason == result.reason  # the live model says the same
+
+
+def test_a_pod_that_failed_is_not_planned_again_while_nothing_changed():
+    m = ClusterModel()
+    m.replace("nodes", [node("a", gpus=1)])
+    m.replace("queues", [_queue("team", 8)])
+    m.replace("pods", [pod("big", gpu=2), pod("q", gpu=2, queue="team")])
+    first = {p.pod: p.reason for p in m.cycle().placements}
+    again = {p.pod: p.reason for p in m.cycle().placements}
+    assert again == first and m.stats["skipped_unchanged"] == 2
+    m.apply("queues", "MODIFIED", _queue("team", 9))  # a Queue change: both are planned again
+    m.cycle()
+    assert m.stats["skipped_unchanged"] == 2
+    m.apply("nodes", "ADDED", node("b", gpus=4))  # room at last
+    assert {p.pod: p.node for p in m.cycle().placements} == {"default/big": "b", "default/q": "b"}

@@ -60,6 +60,8 @@ class ClusterState:
     * ``gpu_healthy``: (n_nodes, max_gpus) bool; an unhealthy GPU is never chosen
     * ``version``: (n_nodes,) int64, bumped on every change of the node
     * ``changes``: int, bumped on every change of any node (a cache that saw the same count is current)
+    * ``loosened``: int, bumped only by changes that may let more in (a release, a GPU repaired, a node
+      touched); a pod that did not fit cannot fit while it stays the same
     """
 
     def __init__(self, nodes: Sequence[NodeSpec]) -> None:
@@ -104,6 +106,7 @@ class ClusterState:
         self.gpu_healthy = self.gpu_exists.copy()
         self.version = np.zeros(n, dtype=np.int64)
         self.changes = 0
+        self.loosened = 0  # bumped when something is freed or may admit more (release, repair, touch)
         # free milli-GPU on healthy GPUs (0 on unhealthy or absent ones), kept in step with gpu_free and
         # gpu_healthy by allocate / release / set_gpu_health; read through usable_gpu_free()
         self._usable = self.gpu_free.copy()
@@ -241,6 +244,7 @@ class ClusterState:
                 self.gpu_mem_free[node, gpu] += assignment.gpu_memory_mib
         self.version[node] += 1
         self.changes += 1
+        self.loosened += 1
         return assignment
 
     def touch(self, node: int) -> None:
@@ -250,6 +254,7 @@ class ClusterState:
             raise AllocationError(f"node index {node} out of range 0..{self.n_nodes - 1}")
         self.version[node] += 1
         self.changes += 1
+        self.loosened += 1
 
     def set_gpu_health(self, node: int, gpu: int, healthy: bool) -> None:
         """Mark one GPU healthy or not; pods already on it stay until a driver moves them.
@@ -264,6 +269,8 @@ class ClusterState:
         self._usable[node, gpu] = self.gpu_free[node, gpu] if self.gpu_healthy[node, gpu] else 0
         self.version[node] += 1
         self.changes += 1
+        if healthy:
+            self.loosened += 1
 
     def check_invariants(self) -> None:
         """Raise AssertionError if any resource is over-allocated or the books do not balance."""

@@ -807,7 +807,7 @@ class Eligibility:
             sched, taint_ok, aff = np.ones(n, dtype=bool), np.ones(n, dtype=bool), np.ones(n, dtype=bool)
             stale = np.arange(n)
             if len(self._masks) >= 4096:
-                self._masks.clear()
+                self._masks.pop(next(iter(self._masks)))  # the oldest entry (insertion order), not all
             self._masks[key] = (snap, sched, taint_ok, aff)
         tolerations = json.loads(c.tolerations)
         terms = json.loads(c.required_terms) if c.required_terms else None

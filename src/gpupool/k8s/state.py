@@ -226,13 +226,15 @@ class ClusterModel:
         self.engine: Engine | None = None
         self.elig: Eligibility | None = None
         self._constraints: dict[str, Constraints] = {}
+        self._last_fail: dict[str, tuple[tuple, Any]] = {}  # pod -> ((rv, state.loosened, epoch), its Placement)
+        self._epoch = 0  # bumped on a rebuild (state.changes starts again) and on any Queue or PodGroup change
         self._groups_cache: tuple[dict[str, int], dict[str, str]] | None = None
         self._queue_cache: Any = None
         self._dirty = True  # the node set or a node's capacity changed: rebuild before the next cycle
         self._reshaped = True  # ... and the incremental books cannot be compared with the rebuilt ones
         self._check = False  # compare the rebuilt books with the incremental ones (after a relist)
         self.stats = {"events": 0, "parsed_pods": 0, "parsed_nodes": 0, "rebuilds": 0, "drift": 0,
-                      "incremental": 0}
+                      "incremental": 0, "skipped_unchanged": 0}
 
     # ------------------------------------------------------------------ feeding
     @classmethod
@@ -276,6 +278,7 @@ class ClusterModel:
             else:
                 store[object_key(obj)] = obj
             self._groups_cache = None
+            self._epoch += 1
         elif kind == QUEUES:
             if self.queues is None:
                 self.queues = {}
@@ -285,6 +288,7 @@ class ClusterModel:
             else:
                 self.queues[name] = obj
             self._queue_cache = None
+            self._epoch += 1
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
@@ -323,10 +327,12 @@ class ClusterModel:
         elif kind in (PODGROUPS, VOLCANO_PODGROUPS):
             self.pod_groups[kind] = {object_key(o): o for o in items or []}
             self._groups_cache = None
+            self._epoch += 1
         elif kind == QUEUES:
             self.queues = None if items is None else {str(object_key(o).split("/", 1)[1]): o for o in items}
             self.queues_blocked = ""
             self._queue_cache = None
+            self._epoch += 1
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
@@ -595,6 +601,7 @@ class ClusterModel:
         old_books = (dict(self.queue_used), dict(self.group_counted)) if old_state is not None else None
         old_assignments = dict(old_state.assignments) if old_state is not None else {}
         self._dirty = self._check = False
+        self._epoch += 1
         self.stats["rebuilds"] += 1
         specs = [r.spec for r in self.nodes.values() if r.spec is not None]
         self.skipped_pods.clear()
@@ -719,9 +726,11 @@ class ClusterModel:
             self.queues = None
             self.queues_blocked = reason
             self._queue_cache = None
+            self._epoch += 1
         elif kind in (PODGROUPS, VOLCANO_PODGROUPS):
             self.pod_groups[kind] = {}  # gang pods wait: their PodGroup is not known
             self._groups_cache = None
+            self._epoch += 1
 
     def queue_book(self) -> Any:
         """A :class:`~gpupool.k8s.snapshot.QueueBook` with every counted and assumed pod charged."""
@@ -863,7 +872,20 @@ class ClusterModel:
                 if info.mig:
                     elig.pending_mig[info.key] = info.mig
         pol = engine.policy
+        epoch = self._epoch
         for unit in sorted(units, key=snap._Unit.order):
+            single = unit.members[0][1].key if unit.gang is None else None
+            if single is not None:
+                # kube-scheduler's unschedulable queue, in an exact form: a pod that failed cannot fit while
+                # nothing was freed or loosened since (no pod released, no GPU repaired, no node changed, no
+                # Queue or PodGroup changed, not the pod itself: other pods placed only take more), so it is not
+                # planned again; its last reason stands
+                last = self._last_fail.get(single)
+                seen = (self.pods[single].rv, state.loosened, epoch)
+                if last is not None and last[0] == seen:
+                    out.append(last[1])
+                    self.stats["skipped_unchanged"] += 1
+                    continue
             try:
                 placed = snap._place_unit(unit, engine, pol, book, self.policy_name, state)
             except Exception as exc:  # noqa: BLE001 - a unit that trips the engine fails alone
@@ -877,11 +899,16 @@ class ClusterModel:
                     rec = self.pods[p.pod]
                     self.assumed[p.pod] = Assumption(rec.uid, p.node, self.clock(), mig=tuple(p.mig))
                     self.pending.pop(p.pod, None)
+                    self._last_fail.pop(p.pod, None)
                 else:
                     elig.pending_mig.pop(p.pod, None)
+                    if single is not None and not p.invalid:
+                        self._last_fail[single] = (seen, p)
             out.extend(placed)
         for key in [k for k in self._constraints if k not in self.pending and k not in self.assumed]:
             del self._constraints[key]
+        for key in [k for k in self._last_fail if k not in self.pending]:
+            del self._last_fail[key]
         inventory = self.inventory() if full_inventory else None
         return snap.Plan(out, inventory, self.policy_name, state, book)
 
