@@ -110,8 +110,9 @@ class ApiServer(kmock.KubernetesEmulator):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             meta.setdefault("uid", str(uuid.uuid4()))
             if request.resource == NODES:
-                # kube-apiserver's TaintNodesByCondition admission plugin: every new Node starts not-ready
-                # (seen on a real v1.36 server, tests/e2e/README.md); the node lifecycle controller lifts it
+                # as a real v1.36 server does (tests/e2e/README.md): a create ignores status (only nodes/status
+                # sets it), and the TaintNodesByCondition admission plugin makes every new Node not-ready
+                request.data.pop("status", None)
                 spec = request.data.setdefault("spec", {}) or {}
                 request.data["spec"] = spec
                 taints = [t for t in (spec.get("taints") or []) if t.get("key") != NOT_READY_TAINT["key"]]
@@ -347,6 +348,10 @@ class Harness:
         """Create a Node; ``ready``: then lift the not-ready taint the API server adds, as the node lifecycle
         controller does once the node reports Ready (no controller runs here, nor on the e2e control plane)."""
         wire.drain(self.v1.create_node(node, _preload_content=False))
+        if node.get("status"):  # what the kubelet and the device plugin report, through the status subresource
+            wire.drain(self.v1.patch_node_status(node["metadata"]["name"], {"status": node["status"]},
+                                                 _content_type="application/merge-patch+json",
+                                                 _preload_content=False))
         if ready:
             taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != NOT_READY_TAINT["key"]]
             wire.drain(self.v1.patch_node(node["metadata"]["name"], {"spec": {"taints": taints or None}},
@@ -1032,7 +1037,11 @@ def test_relist_cuts_an_idle_watch_at_once():
 
 def test_a_new_node_is_not_ready_until_its_taint_is_lifted(h):
     """As on a real kube-apiserver: a Node created by hand carries node.kubernetes.io/not-ready:NoSchedule, and
-    gpupool does not place pods there until the taint is lifted."""
+    gpupool does not place pods there until the taint is lifted; a create ignores the status it carries."""
+    wire.drain(h.v1.create_node(gpu_node("bare", gpus=1), _preload_content=False))
+    bare = next(n for n in h.objects(NODES) if n["metadata"]["name"] == "bare")
+    assert not bare.get("status")
+    wire.drain(h.v1.delete_node("bare", _preload_content=False))
     h.create_node(gpu_node("fresh", gpus=1), ready=False)
     node = next(n for n in h.objects(NODES) if n["metadata"]["name"] == "fresh")
     assert NOT_READY_TAINT in node["spec"]["taints"]
