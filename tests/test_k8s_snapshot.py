@@ -15,9 +15,9 @@ from gpupool.k8s.scheduler_cli import ConfigError, load_config, parse_duration
 from gpupool.k8s.snapshot import QueueBook, SnapshotError, load_snapshot, plan, snapshot_from_objects
 
 DATA = Path(__file__).parent / "data" / "snapshots"
-CLUSTER = DATA / "cluster.yaml"
-SMALL = DATA / "small.json"
 ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "examples" / "k8s" / "snapshot.yaml"  # the README's example
+SMALL = DATA / "small.json"
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +224,41 @@ def test_help_lists_the_flags_deploy_uses():
     result = runner.invoke(app, ["scheduler", "--help"], terminal_width=200)
     for flag in ("--leader-elect", "--config", "--dry-run", "--snapshot", "--json", "--kubeconfig", "--policy"):
         assert flag in result.output
+
+
+def test_readme_dry_run_commands_run_as_written(tmp_path, monkeypatch):
+    """Every `gpupool scheduler --dry-run ...` line of the README runs, from the repository root, as written."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text()
+    lines, joined = [], ""
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].rstrip() if "#" in raw and not raw.lstrip().startswith("#") else raw.rstrip()
+        part = line.rstrip("\\").strip()
+        joined = f"{joined} {part}" if joined else part
+        if line.endswith("\\"):
+            continue
+        if joined.startswith("gpupool scheduler --dry-run"):
+            lines.append(joined)
+        joined = ""
+    assert len(lines) >= 3
+    monkeypatch.chdir(ROOT)
+    for line in lines:
+        args = shlex.split(line)[1:]
+        if any(a.startswith("../shared") for a in args) and not (ROOT.parent / "shared").exists():
+            continue
+        args = [str(tmp_path / "placements.json") if a == "placements.json" else a for a in args]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, f"{line}: {result.output}"
+        assert "pending pod(s) placed" in result.output or '"placements"' in result.output, line
+
+
+def test_cli_snapshot_without_a_usable_node_is_an_error(tmp_path):
+    lone = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(ROOT / "examples/k8s/pod-fractional.yaml")])
+    assert lone.exit_code == 2 and "no usable node in the snapshot (it holds no Node" in lone.output
+    nameless = tmp_path / "nameless.yaml"
+    nameless.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {}, "status": {"allocatable": {"nvidia.com/gpu": "1"}}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"schedulerName": "gpupool"}}]}))
+    bad = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(nameless)])
+    assert bad.exit_code == 2 and "no usable node in the snapshot (" in bad.output and "metadata.name" in bad.output

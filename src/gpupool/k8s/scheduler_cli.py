@@ -227,6 +227,11 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
 
     result = plan(snap, settings.scheduler_name, settings.policy, seed,
                   prepare_state=apply_health if telemetry is not None else None)
+    if snapshot_path is not None and result.placements and result.state is None:
+        skipped = "; ".join(f"{s.get('node')}: {s['reason']}" for s in result.skipped if "node" in s)
+        _fail(f"{snapshot_path}: no usable node in the snapshot"
+              + (f" ({skipped})" if skipped else " (it holds no Node: kubectl get nodes,pods,podgroups,queues "
+                                                 "-A -o yaml writes them)"))
     if telemetry is not None and json_out != "-":
         sick = [f"{node} GPU {gpu}" for node, gpu, ok in health if not ok]
         typer.echo(f"GPU health from {len(dcgm_files)} DCGM file(s): "
