@@ -16,7 +16,7 @@ from gpupool.k8s.snapshot import QueueBook, SnapshotError, load_snapshot, plan, 
 
 DATA = Path(__file__).parent / "data" / "snapshots"
 ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "examples" / "k8s" / "snapshot.yaml"  # the README's example
+CLUSTER = ROOT / "examples" / "snapshots" / "cluster.yaml"  # the README's example
 SMALL = DATA / "small.json"
 
 
