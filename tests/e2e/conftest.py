@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -102,7 +103,8 @@ def sa_client(sa_kubeconfig: Path) -> client.ApiClient:
 @pytest.fixture
 def e2e(control_plane: lc.ControlPlane, admin: client.ApiClient, sa_kubeconfig: Path, sa_client: client.ApiClient,
         log_dir: Path, request: pytest.FixtureRequest) -> Iterator[lc.E2E]:
-    ns = f"e2e-{request.node.name.removeprefix('test_').replace('_', '-')[:40]}-{uuid.uuid4().hex[:4]}"
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.removeprefix("test_").replace("_", "-").lower())[:40]
+    ns = f"e2e-{stem.strip('-')}-{uuid.uuid4().hex[:4]}"  # an RFC 1123 label, also for parametrized tests
     client.CoreV1Api(admin).create_namespace({"apiVersion": "v1", "kind": "Namespace",
                                               "metadata": {"name": ns, "labels": {lc.E2E_LABEL: "1"}}})
     ctx = lc.E2E(control_plane, admin, sa_kubeconfig, sa_client, ns, log_dir)
