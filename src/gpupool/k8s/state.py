@@ -423,7 +423,7 @@ class ClusterModel:
                 return
             self._uncount(old)
         self.pods[key] = rec
-        if key != base:
+        if key != base and key not in self.duplicates.get(base, ()):
             self.duplicates.setdefault(base, []).append(key)
         if assumed is not None and node == assumed.node:
             self._adopt(rec, assumed)
