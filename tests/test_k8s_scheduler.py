@@ -1053,3 +1053,28 @@ def test_a_new_node_is_not_ready_until_its_taint_is_lifted(h):
                                _preload_content=False))
     wait_for(lambda: bound_node(h, "p") == "fresh", what="bound once Ready")
 
+
+
+def test_queue_status_is_written(h):
+    """Each Queue's status (the CRD's fields; `kubectl get queues` shows usedGPUs) follows what its pods hold."""
+    h.declare(QUEUES)
+    custom = client.CustomObjectsApi(h.api)
+    for name, spec in (("team-a", {"quota": 1, "limit": 2}), ("broken", {"quota": "lots"})):
+        wire.drain(custom.create_cluster_custom_object("gpupool.io", "v1alpha1", "queues", {
+            "apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": name}, "spec": spec},
+            _preload_content=False))
+    h.create_node(gpu_node("n1", gpus=4))
+    for i in range(3):
+        h.create_pod(gpu_pod(f"q{i}", gpus=1, labels={"kueue.x-k8s.io/queue-name": "team-a"}))
+    h.scheduler(queue_status_s=0.05)
+
+    def status(name):
+        q = next((o for o in h.objects(QUEUES) if o["metadata"]["name"] == name), None)
+        return (q or {}).get("status") or {}
+
+    st = wait_for(lambda: status("team-a").get("usedGPUs") == 2 and status("team-a").get("pendingPods") == 1
+                  and status("team-a"), what="team-a status")
+    assert st["allocatedPods"] == 2
+    assert st["conditions"][0]["type"] == "Valid" and st["conditions"][0]["status"] == "True"
+    bad = wait_for(lambda: status("broken").get("conditions"), what="broken status")
+    assert bad[0]["status"] == "False" and bad[0]["reason"] == "InvalidSpec" and "quota" in bad[0]["message"]

@@ -164,6 +164,15 @@ def test_queue_limit(e2e: E2E) -> None:
                          "a FailedScheduling Event for each pending pod")
     assert all(e["type"] == "Warning" for e in failed)
     print(f"\n[e2e] queue limit message: {lc.condition(pending[0], 'PodScheduled')['message']!r}")
+    # the Queue's status subresource, as `kubectl get queues` shows it (written by the ServiceAccount)
+    custom = client.CustomObjectsApi(api)
+
+    def status():
+        st = custom.get_cluster_custom_object("gpupool.io", "v1alpha1", "queues", "e2e-team-a").get("status") or {}
+        return st if st.get("usedGPUs") == 4 and st.get("pendingPods") == 4 else None
+
+    st = lc.wait_for(status, 15, "Queue status usedGPUs 4, pendingPods 4", detail=e2e.diagnostics)
+    assert st["allocatedPods"] == 4 and st["conditions"][0]["type"] == "Valid", st
     _assert_no_overallocation(e2e)
 
 

@@ -55,7 +55,7 @@ from gpupool.k8s.events import EventRecorder
 from gpupool.k8s.requests import PodInfo, RequestParseError, annotations_of, describe_pod, node_name_of, pod_key
 from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan
 from gpupool.k8s.state import ClusterModel
-from gpupool.k8s.wire import STRATEGIC_PATCH, Outage, call, drain, ensure_pool
+from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
 from gpupool.policies import DEFAULT_POLICY
 
 log = logging.getLogger("gpupool.k8s.scheduler")
@@ -92,6 +92,7 @@ class SchedulerConfig:
     bind_workers: int = 8  # threads that POST bindings (nothing else); the client's pool is sized to fit
     bind_timeout_s: float = 30.0  # read timeout of a binding, a status patch, a read-back (seconds)
     list_page: int = 500
+    queue_status_s: float = 5.0  # write Queue status (usedGPUs, pods, Valid condition) at most this often; 0 = never
     gc_freeze: bool = False  # after the first cycle, move the listed objects out of the GC's scans (gc.freeze);
     # process-wide, so `gpupool scheduler` turns it on and library users decide for themselves
 
@@ -493,6 +494,8 @@ class Scheduler:
         self._model_ops: collections.deque[tuple[str, str, str]] = collections.deque()  # from binder threads
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=10000)  # recent cycle times
         self._frozen = False
+        self._queue_status_at = -1e9
+        self._queue_status_sent: dict[str, dict[str, Any]] = {}  # what each Queue's status says, as last written
         self._skipped: dict[str, str] = {}
         self.heartbeat = time.monotonic()
         self.bindings: list[tuple[str, str]] = []  # (pod, node) bound by this replica, in order
@@ -666,6 +669,7 @@ class Scheduler:
             self.cycle_seconds.append(elapsed)
             self._metric("observe_cycle", elapsed)
         self._metric("set_model_stats", self.model.stats)
+        self._write_queue_status()
         per_pod = elapsed / max(1, len(result.placements))
         for p in result.placements:
             pod = self.cache.get("pods", p.pod)
@@ -695,6 +699,43 @@ class Scheduler:
                        -1 if q.limit_milli is None else q.limit_milli / 1000)
                 for name, q in book.specs.items()})
         return result
+
+    # -- Queue status
+    def _write_queue_status(self, force: bool = False) -> None:
+        """PATCH the status subresource of the Queues whose status changed (leader only, at most every
+        ``queue_status_s``, off the scheduling thread): ``kubectl get queues`` shows who holds what."""
+        interval = self.config.queue_status_s
+        now = time.monotonic()
+        if interval <= 0 or (not force and now - self._queue_status_at < interval):
+            return
+        self._queue_status_at = now
+        statuses = self.model.queue_status()
+        changed = {q: st for q, st in statuses.items() if self._queue_status_sent.get(q) != st}
+        for q in [q for q in self._queue_status_sent if q not in statuses]:
+            del self._queue_status_sent[q]
+        if not changed:
+            return
+        stamp = _now()
+
+        def write() -> None:
+            for name, st in changed.items():
+                previous = (self._queue_status_sent.get(name) or {}).get("conditions") or [{}]
+                cond = dict(st["conditions"][0])
+                cond["lastTransitionTime"] = (previous[0].get("lastTransitionTime")
+                                              if previous[0].get("status") == cond["status"] else None) or stamp
+                body = {"status": {**st, "conditions": [cond]}}
+                try:
+                    call(self.api_client, "PATCH", "/apis/gpupool.io/v1alpha1/queues/{name}/status", body,
+                         content_type=MERGE_PATCH, timeout=self.config.bind_timeout_s, path_params={"name": name})
+                    self._queue_status_sent[name] = {**st, "conditions": [cond]}
+                except Exception as exc:  # status is best effort; the next change retries
+                    _log(logging.DEBUG, "queue_status_failed", queue=name, error=type(exc).__name__,
+                         detail=str(exc)[:200])
+
+        try:
+            self._report_pool.submit(write)
+        except RuntimeError:  # pool shut down (stopping)
+            pass
 
     # -- binding
     def _forget(self, key: str, a: _Assumed) -> None:

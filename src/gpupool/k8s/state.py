@@ -219,6 +219,7 @@ class ClusterModel:
         self.queues: dict[str, Mapping[str, Any]] | None = None
         self.queues_blocked = ""  # why Queues cannot be read (403 before any list), else ""
         self.queue_used: dict[str, int] = {}  # queue -> milli-GPU of its own counted pods (children not added)
+        self.queue_pods: dict[str, int] = {}  # queue -> its own counted pods
         self.group_counted: dict[str, int] = {}  # PodGroup key -> counted pods
         self.mig_used: dict[str, dict[str, int]] = {}
         self.on_node: dict[str, set[str]] = {}  # node -> keys of the pods counted there
@@ -503,6 +504,7 @@ class ClusterModel:
     def _book(self, rec: PodRecord, info: PodInfo, sign: int) -> None:
         if info.queue:
             self.queue_used[info.queue] = self.queue_used.get(info.queue, 0) + sign * rec.charge
+            self.queue_pods[info.queue] = self.queue_pods.get(info.queue, 0) + sign
         if info.pod_group:
             self.group_counted[info.pod_group] = self.group_counted.get(info.pod_group, 0) + sign
         if info.mig:
@@ -606,6 +608,7 @@ class ClusterModel:
         specs = [r.spec for r in self.nodes.values() if r.spec is not None]
         self.skipped_pods.clear()
         self.queue_used.clear()
+        self.queue_pods.clear()
         self.group_counted.clear()
         self.mig_used.clear()
         self.on_node.clear()
@@ -747,6 +750,42 @@ class ClusterModel:
             if rec is not None and rec.info is not None and rec.info.queue and state is not None:
                 book.charge(rec.info.queue, queue_charge(rec.info, state.assignments.get(key), state))
         return book
+
+    def queue_status(self) -> dict[str, dict[str, Any]]:
+        """What each Queue object's ``status`` should say now (the CRD's fields), by Queue name.
+
+        ``usedGPUs``: GPUs its pods and its children's hold (fractions summed; memory-sized shares as their
+        fraction of the card; pods being bound included); ``allocatedPods``: its and its children's pods holding
+        GPUs or counted; ``pendingPods``: its own pods waiting for gpupool; condition ``Valid`` (False with
+        reason ``InvalidSpec`` when the spec cannot be read). ``fairShare`` is not written yet.
+        """
+        if self.queues is None:
+            return {}
+        specs, errors, _ = self.queue_specs()
+        book = self.queue_book()
+        pods: dict[str, int] = {}
+        for queue, n in self.queue_pods.items():
+            if n:
+                for q in book.chain(queue) or [queue]:
+                    pods[q] = pods.get(q, 0) + n
+        for key in self.assumed:
+            rec = self.pods.get(key)
+            if rec is not None and rec.info is not None and rec.info.queue:
+                for q in book.chain(rec.info.queue) or [rec.info.queue]:
+                    pods[q] = pods.get(q, 0) + 1
+        pending: dict[str, int] = {}
+        for key in self.pending:
+            rec = self.pods.get(key)
+            if rec is not None and rec.info is not None and rec.info.queue:
+                pending[rec.info.queue] = pending.get(rec.info.queue, 0) + 1
+        out: dict[str, dict[str, Any]] = {}
+        for name in sorted(set(specs) | set(errors)):
+            valid = {"type": "Valid", "status": "True", "reason": "SpecRead", "message": "quota and limit in force"}
+            if name in errors:
+                valid = {"type": "Valid", "status": "False", "reason": "InvalidSpec", "message": errors[name][:1024]}
+            out[name] = {"usedGPUs": round(book.used.get(name, 0) / MILLI, 3), "allocatedPods": pods.get(name, 0),
+                         "pendingPods": pending.get(name, 0), "conditions": [valid]}
+        return out
 
     def inventory(self) -> InventoryInfo:
         """What :func:`~gpupool.k8s.inventory.build_state` reports, from the records (O(cluster): dry runs, tests)."""
