@@ -167,8 +167,8 @@ class ClusterState:
         gpu_list = tuple(int(x) for x in gpus)
         milli = req.gpu_milli if gpu_milli is None else int(gpu_milli)
         requested = req.gpu_milli
-        if req.num_gpu and self.gpu_replicas[node] > 1 and slice_ask(req.gpu_milli, milli, req.gpu_memory_mib):
-            milli = requested = int(self.slice_milli[node])  # a whole-GPU ask on a time-sliced node: replicas
+        if req.num_gpu and (shared := self.share_on(req, node, milli)) != milli:
+            milli = requested = shared  # a whole-GPU ask on a time-sliced node: replicas
         name = self.node_names[node]
         if len(gpu_list) != req.num_gpu:
             raise AllocationError(f"pod {req.name} asks for {req.num_gpu} GPU(s), got devices {gpu_list}")

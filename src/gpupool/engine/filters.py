@@ -84,13 +84,6 @@ def node_share(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) ->
     return milli
 
 
-def share_at(state: ClusterState, req: EffectiveRequest, node: int) -> int:
-    """:func:`node_share` of one node, as a Python int."""
-    if req.num_gpu and req.is_slice_ask and state.gpu_replicas[node] > 1:
-        return int(state.slice_milli[node])
-    return req.gpu_milli
-
-
 class FilterPlugin(Protocol):
     """``mask(state, req, nodes)`` -> (len(nodes),) bool: True where the node passes."""
 
@@ -247,7 +240,7 @@ def fitting_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> list[
 
     Same test, on the node's rows as Python ints (cheaper than the vectorized form for a single node).
     """
-    milli = share_at(state, req, node)
+    milli = state.share_on(req.requested, node, req.gpu_milli)  # node_share of one node
     spec = _restricts_models(req)
     need_mem = req.requested.gpu_memory_mib
     free = state.gpu_free[node].tolist()

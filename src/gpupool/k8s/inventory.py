@@ -751,6 +751,7 @@ class Eligibility:
         self.ready = np.ones(n, dtype=bool)
         self.cordoned = np.zeros(n, dtype=bool)
         self.taints: list[list[Mapping[str, Any]]] = [[] for _ in range(n)]
+        self.tainted = np.zeros(n, dtype=bool)
         self.labels: list[Mapping[str, str]] = [{} for _ in range(n)]
         for i in range(n):
             self._read(i)
@@ -766,6 +767,7 @@ class Eligibility:
         taints = spec.get("taints")
         self.taints[i] = [t for t in (taints if isinstance(taints, list) else [])
                           if isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute")]
+        self.tainted[i] = bool(self.taints[i])
         self.labels[i] = _labels(node)
 
     def update_node(self, i: int, node: Mapping[str, Any]) -> None:
@@ -778,8 +780,9 @@ class Eligibility:
               sched: np.ndarray, taint_ok: np.ndarray, aff: np.ndarray) -> None:
         tolerate_cordon = tolerates(tolerations, self.CORDON)
         sched[idx] = self.ready[idx] & (~self.cordoned[idx] | tolerate_cordon)
-        for i in idx.tolist():
-            taint_ok[i] = all(tolerates(tolerations, t) for t in self.taints[i]) if self.taints[i] else True
+        taint_ok[idx] = True  # untainted nodes; only the tainted ones are looked at one by one
+        for i in idx[self.tainted[idx]].tolist():
+            taint_ok[i] = all(tolerates(tolerations, t) for t in self.taints[i])
         if not c.node_selector and terms is None:
             aff[idx] = True
             return

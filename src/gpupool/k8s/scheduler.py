@@ -52,7 +52,7 @@ from gpupool.k8s import (
     VOLCANO_POD_GROUP_API,
 )
 from gpupool.k8s.events import EventRecorder
-from gpupool.k8s.requests import PodInfo, RequestParseError, annotations_of, describe_pod, node_name_of, pod_key
+from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
 from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan
 from gpupool.k8s.state import ClusterModel
 from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
@@ -191,18 +191,6 @@ class ClusterCache:
         with self.lock:
             store = self.objects[kind]
             return None if store is None else store.get(key)
-
-    def snapshot(self) -> ClusterSnapshot:
-        """The objects now (lists of references: objects are replaced on change, never edited in place)."""
-        with self.lock:
-            o = self.objects
-            groups = list((o["podgroups"] or {}).values()) + list((o["volcanopodgroups"] or {}).values())
-            return ClusterSnapshot(
-                nodes=list((o["nodes"] or {}).values()),
-                pods=list((o["pods"] or {}).values()),
-                pod_groups=groups,
-                queues=None if o["queues"] is None else list(o["queues"].values()),
-            )
 
 
 # ------------------------------------------------------------------ list + watch
@@ -395,39 +383,6 @@ class Reflector(threading.Thread):
 
 
 # ------------------------------------------------------------------ the scheduler
-class ParseCache:
-    """:func:`describe_pod` remembered per (UID, resourceVersion): a pod is read once per version, not per cycle.
-
-    Parse errors are remembered too. Pods without a resourceVersion are read every time.
-    """
-
-    def __init__(self) -> None:
-        self.entries: dict[tuple[str, str], PodInfo | RequestParseError] = {}
-        self._seen: set[tuple[str, str]] = set()
-
-    def __call__(self, pod: Mapping[str, Any]) -> PodInfo:
-        meta = pod.get("metadata") or {}
-        key = (str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
-        if not key[0] or not key[1]:
-            return describe_pod(pod)
-        self._seen.add(key)
-        hit = self.entries.get(key)
-        if hit is None:
-            try:
-                hit = describe_pod(pod)
-            except RequestParseError as exc:
-                hit = exc
-            self.entries[key] = hit
-        if isinstance(hit, RequestParseError):
-            raise hit
-        return hit
-
-    def prune(self) -> None:
-        """Forget the versions not asked for since the last prune (call once per cycle)."""
-        self.entries = {k: v for k, v in self.entries.items() if k in self._seen}
-        self._seen = set()
-
-
 @dataclass
 class _Assumed:
     """A pod gpupool is binding (or has bound, until the watch shows it): counted as bound meanwhile."""
@@ -488,9 +443,8 @@ class Scheduler:
         self._bind_outage = Outage(_log, "bind")
         self._thread: threading.Thread | None = None
         self.cycles = 0
-        self._parse = ParseCache()
         self.model = ClusterModel(self.config.scheduler_name, self.config.policy, self.config.seed,
-                                  describe=self._parse, assume_ttl_s=self.config.assume_ttl_s)
+                                  assume_ttl_s=self.config.assume_ttl_s)  # parses each pod once per version
         self._model_ops: collections.deque[tuple[str, str, str]] = collections.deque()  # from binder threads
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=10000)  # recent cycle times
         self._frozen = False

@@ -33,7 +33,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -45,7 +45,6 @@ from gpupool.k8s.inventory import (
     Constraints,
     Eligibility,
     InventoryInfo,
-    NodeParseError,
     _bound_order,
     _labels,
     _lenient_info,
@@ -952,10 +951,4 @@ class ClusterModel:
         return snap.Plan(out, inventory, self.policy_name, state, book)
 
 
-def model_objects(model: ClusterModel) -> Iterable[Mapping[str, Any]]:
-    """Every object the model holds (for debugging and tests)."""
-    yield from (r.obj for r in model.nodes.values())
-    yield from (r.obj for r in model.pods.values())
-
-
-__all__ = ["ClusterModel", "NodeRecord", "PodRecord", "Assumption", "queue_charge", "KINDS", "NodeParseError"]
+__all__ = ["ClusterModel", "NodeRecord", "PodRecord", "Assumption", "queue_charge", "KINDS"]
