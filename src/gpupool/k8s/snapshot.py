@@ -434,7 +434,7 @@ def _place_unit(unit: _Unit, engine: Engine, pol: Any, book: QueueBook, policy: 
             continue
         engine.release(a.pod)
         over[a.pod] = why
-    placed = {k: by_key[k] for _, i in kept for k in (i.key,)}
+    placed = {i.key: by_key[i.key] for _, i in kept}
     out: list[Placement] = []
     for _, info in unit.members:
         if info.key in over:

@@ -494,9 +494,13 @@ class ClusterModel:
             self.skipped_pods[rec.key] = note
         if assignment is not None and self.engine is not None and self.engine.state is state:
             self.engine.policy.on_allocate(state, assignment)
-        rec.counted = True
-        rec.charge = queue_charge(info, assignment, state)
         rec.note = note
+        self._counted(rec, info, assignment, state)
+
+    def _counted(self, rec: PodRecord, info: PodInfo, held: Assignment | None, state: ClusterState) -> None:
+        """``rec`` now holds ``held`` in ``state``: charge its queue, count it for its node, gang and MIG books."""
+        rec.counted = True
+        rec.charge = queue_charge(info, held, state)
         self.on_node.setdefault(rec.node, set()).add(rec.key)
         self._book(rec, info, +1)
 
@@ -549,10 +553,7 @@ class ClusterModel:
             state.release(rec.key)  # bound with other devices than assumed (another replica's binding)
             self._count(rec)
             return
-        rec.counted = True
-        rec.charge = queue_charge(rec.info, held, state)
-        self.on_node.setdefault(rec.node, set()).add(rec.key)
-        self._book(rec, rec.info, +1)
+        self._counted(rec, rec.info, held, state)
 
     def _drop_assumption(self, key: str) -> None:
         self.assumed.pop(key, None)
@@ -799,8 +800,7 @@ class ClusterModel:
                 pods[rec.key] = info
                 if state is not None and rec.key in state.assignments:
                     assignments[rec.key] = state.assignments[rec.key]
-        skipped_nodes = dict(self.bad_nodes)
-        skipped_nodes.update({n: r.error for n, r in self.nodes.items() if r.spec is None})
+        skipped_nodes = self.skipped_nodes()
         return {"pods": pods, "assignments": assignments,
                 "mig_capacity": {n: dict(r.mig_cap) for n, r in self.nodes.items() if r.mig_cap and r.spec},
                 "mig_used": {n: dict(u) for n, u in self.mig_used.items() if any(u.values())},
@@ -831,9 +831,10 @@ class ClusterModel:
             return snap.Plan([], None, self.policy_name)
         state, engine = self.state, self.engine
         if state is None or engine is None:
-            usable = "no usable node" + (f" ({len(self.skipped_nodes())} unreadable)" if self.skipped_nodes() else "")
+            skipped = self.skipped_nodes()
+            usable = "no usable node" + (f" ({len(skipped)} unreadable)" if skipped else "")
             return snap.Plan([snap.Placement(r.base, None, reason=f"0/0 nodes are available: {usable}")
-                              for r in pending], None, self.policy_name, skipped_nodes=self.skipped_nodes())
+                              for r in pending], None, self.policy_name, skipped_nodes=skipped)
         self.stats["incremental"] += 1
         if prepare_state is not None:
             prepare_state(state)
