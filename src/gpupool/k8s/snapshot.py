@@ -227,6 +227,8 @@ class Placement:
     mig: tuple[tuple[str, int], ...] = ()
     gang: str | None = None
     invalid: bool = False  # the pod's request could not be read (not a matter of capacity)
+    nominated: bool = False  # held on ``node`` while preemption victims terminate: set nominatedNodeName, no bind
+    waited_s: float | None = None  # seconds since the preemption that made room for it (None: no preemption)
 
     def to_json(self) -> dict[str, Any]:
         """``gpu_milli`` and ``gpu_memory_mib`` are per listed GPU (MiB; 0 = in proportion to the share);
@@ -240,11 +242,38 @@ class Placement:
             out["gang"] = self.gang
         if self.invalid:
             out["invalid"] = True
+        if self.nominated:
+            out["nominated"] = True
         if self.node is not None:
             from gpupool.k8s.scheduler import assignment_annotations  # the one spelling of what is written
 
             out["annotations"] = assignment_annotations(self)
         return out
+
+
+@dataclass
+class Preemption:
+    """Pods to evict so that a waiting job can start: all or nothing (the pool's victim solver chose them).
+
+    * ``id``: unique per model; outcomes are reported back by it
+      (:meth:`~gpupool.k8s.state.ClusterModel.preemption_refused`);
+    * ``action``: ``reclaim`` (a queue below its fair share takes GPUs back), ``preempt`` (a higher-order job
+      of the same queue), ``shrink`` (an elastic job gives extra workers back), ``consolidate`` (moved to
+      defragment);
+    * ``preemptor``: the job that waits for the room (PodGroup key or pod key; "" when none);
+    * ``reason``: the message for the victims' Event and ``DisruptionTarget`` condition;
+    * ``victims``: ``(pod key, uid)`` to evict through the Eviction API;
+    * ``nominated``: the preemptor's pods held on the victims' devices (``status.nominatedNodeName``);
+    * ``grace_s``: the longest ``terminationGracePeriodSeconds`` among the victims (s).
+    """
+
+    id: int
+    action: str
+    preemptor: str
+    reason: str
+    victims: list[tuple[str, str]]
+    nominated: list[Placement] = field(default_factory=list)
+    grace_s: float = 30.0
 
 
 @dataclass
@@ -261,10 +290,12 @@ class Plan:
     state: ClusterState | None = None
     queues: QueueBook | None = None
     skipped_nodes: dict[str, str] = field(default_factory=dict)
+    preemptions: list[Preemption] = field(default_factory=list)  # evictions to carry out (pool mode)
+    denominated: list[str] = field(default_factory=list)  # pods whose nomination lapsed: clear nominatedNodeName
 
     @property
     def placed(self) -> list[Placement]:
-        return [p for p in self.placements if p.node is not None]
+        return [p for p in self.placements if p.node is not None and not p.nominated]
 
     @property
     def skipped(self) -> list[dict[str, str]]:
@@ -475,5 +506,5 @@ def format_plan(result: Plan) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["ClusterSnapshot", "SnapshotError", "Placement", "Plan", "QueueBook", "load_snapshot",
+__all__ = ["ClusterSnapshot", "SnapshotError", "Placement", "Plan", "Preemption", "QueueBook", "load_snapshot",
            "snapshot_from_objects", "plan", "format_plan", "queue_book", "unsupported_constraint"]

@@ -233,6 +233,7 @@ class ClusterModel:
         self._dirty = True  # the node set or a node's capacity changed: rebuild before the next cycle
         self._reshaped = True  # ... and the incremental books cannot be compared with the rebuilt ones
         self._check = False  # compare the rebuilt books with the incremental ones (after a relist)
+        self.pool: Any = None  # a gpupool.k8s.pool.PoolDriver when the pool scheduler runs the cluster
         self.stats = {"events": 0, "parsed_pods": 0, "parsed_nodes": 0, "rebuilds": 0, "drift": 0,
                       "incremental": 0, "skipped_unchanged": 0}
 
@@ -950,6 +951,21 @@ class ClusterModel:
             del self._last_fail[key]
         inventory = self.inventory() if full_inventory else None
         return snap.Plan(out, inventory, self.policy_name, state, book)
+
+    # ------------------------------------------------------------------ preemption outcomes (pool mode)
+    def preemption_refused(self, pid: int, blocked: Mapping[str, str]) -> None:
+        """The API refused to evict some victims of :class:`~gpupool.k8s.snapshot.Preemption` ``pid`` in the dry
+        run (``blocked``: pod key -> why, e.g. a PodDisruptionBudget's 429): nothing was evicted. The victims
+        are counted again where they run, the preemptor's held placements are dropped (it waits again) and
+        the blocked victims are not chosen again for a while (the next cycle chooses other victims)."""
+        if self.pool is not None:
+            self.pool.preemption_refused(pid, dict(blocked))
+
+    def eviction_failed(self, key: str, why: str) -> None:
+        """A real eviction of victim ``key`` failed after its dry run passed (a race with a PDB, or the API):
+        the victim is counted again and its preemption's held placements are dropped."""
+        if self.pool is not None:
+            self.pool.eviction_failed(key, why)
 
 
 __all__ = ["ClusterModel", "NodeRecord", "PodRecord", "Assumption", "queue_charge", "KINDS"]
