@@ -161,3 +161,30 @@ def test_cycle_events_and_state_series(served):
     assert s[("gpupool_state_operations_total", (("op", "rebuilds"),))] == 2
     assert s[("gpupool_state_operations_total", (("op", "parsed_pods"),))] == 31
     assert s[("gpupool_state_operations_total", (("op", "drift"),))] == 0
+
+
+def test_preemption_series(served):
+    metrics, url, _ = served
+    s = _samples(_get(url + "/metrics")[2])
+    assert s[("gpupool_evictions_total", (("result", "refused"),))] == 0  # every result reported from the start
+    assert s[("gpupool_preemptions_total", (("action", "reclaim"),))] == 0
+    metrics.inc_preemption("reclaim")
+    metrics.inc_preemption("preempt")
+    metrics.inc_preemption("reclaim")
+    metrics.inc_eviction("evicted", 3)
+    metrics.inc_eviction("refused")
+    metrics.inc_eviction("gone", 0)
+    metrics.observe_preemption_latency(12.0)
+    metrics.observe_preemption_latency(0.2)
+    s = _samples(_get(url + "/metrics")[2])
+    assert s[("gpupool_preemptions_total", (("action", "reclaim"),))] == 2
+    assert s[("gpupool_preemptions_total", (("action", "preempt"),))] == 1
+    assert s[("gpupool_evictions_total", (("result", "evicted"),))] == 3
+    assert s[("gpupool_evictions_total", (("result", "refused"),))] == 1
+    assert s[("gpupool_evictions_total", (("result", "gone"),))] == 0
+    assert s[("gpupool_preemption_latency_seconds_count", ())] == 2
+    assert s[("gpupool_preemption_latency_seconds_sum", ())] == pytest.approx(12.2)
+    assert s[("gpupool_preemption_latency_seconds_bucket", (("le", "0.5"),))] == 1
+    assert s[("gpupool_preemption_latency_seconds_bucket", (("le", "15.0"),))] == 2
+    with pytest.raises(ValueError):
+        metrics.inc_eviction("maybe")

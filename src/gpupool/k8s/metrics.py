@@ -9,6 +9,11 @@
   - ``gpupool_gpu_allocation_ratio{node, model}`` (milli-GPU handed out / installed)
   - ``gpupool_queue_gpus{queue, kind="used|quota|limit"}`` (limit ``-1`` = unlimited)
   - ``gpupool_leader`` (1 while this replica holds the leader Lease)
+  - ``gpupool_preemptions_total{action}`` (preemptions carried out: their dry run passed; ``reclaim``,
+    ``preempt``, ``shrink``, ``consolidate``)
+  - ``gpupool_evictions_total{result="evicted|refused|failed|gone"}`` (victims, one per pod: evicted; refused in
+    the dry run, e.g. by a PodDisruptionBudget; failed after a passed dry run; already gone)
+  - ``gpupool_preemption_latency_seconds`` (histogram: from the preemption decision to the preemptor's binding)
 
 * :class:`MetricsServer` serves ``/metrics``, ``/healthz`` (the process answers and its liveness
   check, if any, passes) and ``/readyz`` (the scheduler said its cache is synced:
@@ -38,6 +43,9 @@ from gpupool.model import MILLI
 
 RESULTS = ("scheduled", "unschedulable", "error")
 QUEUE_KINDS = ("used", "quota", "limit")
+EVICTION_RESULTS = ("evicted", "refused", "failed", "gone")
+PREEMPTION_ACTIONS = ("reclaim", "preempt", "shrink", "consolidate")
+PREEMPTION_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 DURATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -82,6 +90,24 @@ class SchedulerMetrics:
         )
         for op in ("rebuilds", "drift", "parsed_pods", "parsed_nodes"):
             self.model.labels(op=op)
+        self.preemptions = Counter(
+            "gpupool_preemptions", "Preemptions carried out (their eviction dry run passed), by action.", ["action"],
+            registry=self.registry,
+        )
+        for action in PREEMPTION_ACTIONS:
+            self.preemptions.labels(action=action)
+        self.evictions = Counter(
+            "gpupool_evictions", "Preemption victims by outcome: evicted, refused (dry run, e.g. a "
+            "PodDisruptionBudget), failed (after a passed dry run), gone (deleted meanwhile).", ["result"],
+            registry=self.registry,
+        )
+        for result in EVICTION_RESULTS:
+            self.evictions.labels(result=result)
+        self.preemption_latency = Histogram(
+            "gpupool_preemption_latency_seconds",
+            "From the preemption decision to the binding of the pod it made room for (seconds).",
+            buckets=PREEMPTION_BUCKETS, registry=self.registry,
+        )
         self._model_seen: dict[str, int] = {}
         self._ready = threading.Event()
         self._alloc_labels: set[tuple[str, str]] = set()
@@ -170,6 +196,23 @@ class SchedulerMetrics:
                 if delta > 0:
                     self.model.labels(op=op).inc(delta)
                 self._model_seen[op] = value
+
+    # ------------------------------------------------------------------ preemption (pool mode)
+    def inc_preemption(self, action: str) -> None:
+        """One preemption carried out (its dry run passed); ``action``: reclaim, preempt, shrink, consolidate (any
+        other name is counted under its own label)."""
+        self.preemptions.labels(action=action or "unknown").inc()
+
+    def inc_eviction(self, result: str, n: int = 1) -> None:
+        """``n`` victims with outcome ``result`` (in :data:`EVICTION_RESULTS`); raises ValueError for another."""
+        if result not in EVICTION_RESULTS:
+            raise ValueError(f"result {result!r} not in {EVICTION_RESULTS}")
+        if n > 0:
+            self.evictions.labels(result=result).inc(n)
+
+    def observe_preemption_latency(self, seconds: float) -> None:
+        """Seconds from a preemption decision to the binding of the pod it made room for."""
+        self.preemption_latency.observe(max(0.0, seconds))
 
     # ------------------------------------------------------------------ readiness
     def set_ready(self, ready: bool = True) -> None:
@@ -331,6 +374,7 @@ def logging_setup(level: str | int = "INFO", fmt: str = "json", stream: IO[str] 
 
 
 __all__ = [
-    "DURATION_BUCKETS", "JsonFormatter", "KeyValueFormatter", "MetricsServer", "QUEUE_KINDS", "RESULTS",
+    "DURATION_BUCKETS", "EVICTION_RESULTS", "PREEMPTION_ACTIONS", "PREEMPTION_BUCKETS", "JsonFormatter",
+    "KeyValueFormatter", "MetricsServer", "QUEUE_KINDS", "RESULTS",
     "SchedulerMetrics", "logging_setup",
 ]
