@@ -234,6 +234,7 @@ class ClusterModel:
         self._reshaped = True  # ... and the incremental books cannot be compared with the rebuilt ones
         self._check = False  # compare the rebuilt books with the incremental ones (after a relist)
         self.pool: Any = None  # a gpupool.k8s.pool.PoolDriver when the pool scheduler runs the cluster
+        self.count_log: list[str] = []  # pods counted, uncounted or forgotten since the pool last looked
         self.stats = {"events": 0, "parsed_pods": 0, "parsed_nodes": 0, "rebuilds": 0, "drift": 0,
                       "incremental": 0, "skipped_unchanged": 0}
 
@@ -502,6 +503,8 @@ class ClusterModel:
         """``rec`` now holds ``held`` in ``state``: charge its queue, count it for its node, gang and MIG books."""
         rec.counted = True
         rec.charge = queue_charge(info, held, state)
+        if self.pool is not None:
+            self.count_log.append(rec.key)
         self.on_node.setdefault(rec.node, set()).add(rec.key)
         self._book(rec, info, +1)
 
@@ -529,6 +532,8 @@ class ClusterModel:
         if not rec.counted:
             return
         rec.counted = False
+        if self.pool is not None:
+            self.count_log.append(rec.key)
         self.on_node.get(rec.node, set()).discard(rec.key)
         self.skipped_pods.pop(rec.key, None)
         info = self._record_info(rec)
@@ -558,6 +563,8 @@ class ClusterModel:
 
     def _drop_assumption(self, key: str) -> None:
         self.assumed.pop(key, None)
+        if self.pool is not None:
+            self.count_log.append(key)
         if self.elig is not None:
             self.elig.pending_mig.pop(key, None)
         state = self.state
@@ -828,7 +835,7 @@ class ClusterModel:
         self.expire()
         self.refresh()
         pending = [self.pods[k] for k in self.pending]
-        if not pending:
+        if not pending and (self.pool is None or self.state is None):
             return snap.Plan([], None, self.policy_name)
         state, engine = self.state, self.engine
         if state is None or engine is None:
@@ -904,6 +911,12 @@ class ClusterModel:
                                                  m[1].key))
                 units.append(unit)
 
+        if self.pool is not None:  # the pool scheduler runs the cluster (gpupool.k8s.pool)
+            plan = self.pool.cycle(out, units)
+            self._after_cycle()
+            if full_inventory:
+                plan.inventory = self.inventory()
+            return plan
         book = self.queue_book()
         elig = self.elig
         assert elig is not None
@@ -945,12 +958,15 @@ class ClusterModel:
                     if single is not None and not p.invalid:
                         self._last_fail[single] = (seen, p)
             out.extend(placed)
+        self._after_cycle()
+        inventory = self.inventory() if full_inventory else None
+        return snap.Plan(out, inventory, self.policy_name, state, book)
+
+    def _after_cycle(self) -> None:
         for key in [k for k in self._constraints if k not in self.pending and k not in self.assumed]:
             del self._constraints[key]
         for key in [k for k in self._last_fail if k not in self.pending]:
             del self._last_fail[key]
-        inventory = self.inventory() if full_inventory else None
-        return snap.Plan(out, inventory, self.policy_name, state, book)
 
     # ------------------------------------------------------------------ preemption outcomes (pool mode)
     def preemption_refused(self, pid: int, blocked: Mapping[str, str]) -> None:

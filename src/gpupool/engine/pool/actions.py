@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpupool.engine.pool.job import PENDING, RUNNING, PoolJob
+from gpupool.engine.pool.placement import Vetoed
 from gpupool.engine.pool.victims import select_victims
 from gpupool.model import MILLI, AllocationError, Assignment
 
@@ -75,14 +76,18 @@ class EvictionActions:
             else:
                 evicted.append(i)
         shrunk: dict[int, tuple[PoolJob, list[Assignment]]] = {}
-        for i in reversed(evicted):
-            victim, pods, shrink = cands[i]
-            if shrink:
-                shrunk.setdefault(victim.seq, (victim, []))[1].extend(pods)
-            else:
-                self._evict(victim, now, res, f"{reason} by {job.name}")
-        for victim, pods in shrunk.values():
-            self._shrink(victim, pods, now, res)
+        self._preemptor = job
+        try:
+            for i in reversed(evicted):
+                victim, pods, shrink = cands[i]
+                if shrink:
+                    shrunk.setdefault(victim.seq, (victim, []))[1].extend(pods)
+                else:
+                    self._evict(victim, now, res, f"{reason} by {job.name}")
+            for victim, pods in shrunk.values():
+                self._shrink(victim, pods, now, res)
+        finally:
+            self._preemptor = None
         self._start(job, placed, now, res)
         return True
 
@@ -103,8 +108,10 @@ class EvictionActions:
         that also started in this very cycle (possible with a minimum runtime of 0) never ran: it leaves
         ``started`` instead, so that the driver, which carries out ``preempted`` before ``started``,
         sees one consistent change."""
+        pods = list(victim.placed)
         self._account_stop(victim, now)
         self._enqueue(victim, now)
+        res.evictions.append((victim, pods, reason.split(" ", 1)[0], self._preemptor))
         for k, j in enumerate(res.started):
             if j is victim:
                 del res.started[k]
@@ -116,8 +123,9 @@ class EvictionActions:
         """Put ``pods`` back on exactly their devices, all or none; True on success."""
         done: list[Assignment] = []
         try:
+            reqs = {r.name: r for r in job.pods}
             for a in pods:
-                req = job.pods[int(a.pod.rsplit("/", 1)[1])]
+                req = reqs[a.pod]
                 b = self.state.allocate(req, a.node, a.gpus, a.gpu_milli if a.gpus else None)
                 self.picker.on_allocate(self.state, b)
                 done.append(b)
@@ -143,6 +151,7 @@ class EvictionActions:
         self._np_add(job, len(job.placed) - old)
         self._fs_dirty = True
         res.resized.append((job, old, len(job.placed)))
+        res.evictions.append((job, list(pods), "shrunk", self._preemptor))
 
     def _fold_service(self, job: PoolJob, now: float) -> None:
         """Move the current run's service into ``attained`` (before the job's size changes)."""
@@ -154,11 +163,15 @@ class EvictionActions:
         """Elastic workers above their job's minimum, one candidate per worker (the newest first):
         opportunistic, the first to go (not those that grew or started in this very cycle)."""
         return [(j, [a], True) for j in self.elastic_running.values()
-                if len(j.placed) > j.min_pods and j.run_since < now for a in reversed(j.placed[j.min_pods:])]
+                if len(j.placed) > j.min_pods and j.run_since < now and j.protected_until <= now
+                for a in reversed(j.placed[j.min_pods:])]
 
     def _victim_ok(self, v: PoolJob, now: float, min_run_s: float) -> bool:
         """May ``v`` be evicted now? Preemptible and past ``min_run_s`` (else a wake-up is noted)."""
         if not v.preemptible:
+            return False
+        if v.protected_until > now + 1e-9:  # the driver could not evict it (a PodDisruptionBudget)
+            self._wake_at = min(self._wake_at, v.protected_until)
             return False
         ready = v.run_since + min_run_s
         if ready > now + 1e-9:
@@ -580,13 +593,20 @@ class EvictionActions:
                 if not self._admissible(job, 1):
                     continue
                 req = job.pods[len(job.placed)]
-                if self.cfg.topology_aware and job.placed:
+                if self.cfg.topology_aware and job.placed and job.topology != "none":
                     sw = self.switch[job.placed[0].node]
-                    self.picker.preferred = (self.switch == sw) if sw >= 0 else None
+                    scope = (self.switch == sw) if sw >= 0 else None
+                    if job.topology == "required" and scope is not None:
+                        self.picker.allowed = scope  # a required scope holds for the workers it grows too
+                    else:
+                        self.picker.preferred = scope
                 try:
                     d = self.engine.place(req)
+                except Vetoed:
+                    continue
                 finally:
                     self.picker.preferred = None
+                    self.picker.allowed = None
                 if d.assignment is None:
                     continue
                 self._fold_service(job, now)

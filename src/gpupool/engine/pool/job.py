@@ -85,6 +85,7 @@ class PoolJob:
     reason: str = ""
     preemptions: int = 0
     retry_at: float = -math.inf  # no victim search for this job before then (backoff after a failed one)
+    protected_until: float = -math.inf  # not a victim before then (a driver could not evict it)
     backoff: float = 0.0
 
     def __post_init__(self) -> None:

@@ -148,12 +148,16 @@ class CycleResult:
     * ``started``: jobs placed this cycle (``job.placed`` holds their pods' assignments);
     * ``preempted``: ``(job, reason)`` evicted back to their queue (reason names the action and preemptor);
     * ``resized``: ``(job, old_pods, new_pods)`` for elastic jobs that grew or shrank.
+    * ``evictions``: ``(victim, pods given up, action, preemptor)`` for every eviction and shrink, in order,
+      ``action`` one of ``reclaimed``, ``preempted``, ``consolidated``, ``shrunk``: what a driver that must
+      carry evictions out one preemptor at a time (Kubernetes) groups by preemptor.
     """
 
     now: float
     started: list[PoolJob] = field(default_factory=list)
     preempted: list[tuple[PoolJob, str]] = field(default_factory=list)
     resized: list[tuple[PoolJob, int, int]] = field(default_factory=list)
+    evictions: list[tuple[PoolJob, list[Assignment], str, PoolJob | None]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.started or self.preempted or self.resized)
@@ -200,12 +204,21 @@ class PoolScheduler(EvictionActions):
 
     def __init__(self, state: ClusterState, placement: str | Policy, queues: QueueTree,
                  config: PoolConfig | None = None, seed: int = 0,
-                 workload: Sequence[PodRequest] | None = None) -> None:
+                 workload: Sequence[PodRequest] | None = None, engine: Engine | None = None) -> None:
         self.state = state
         self.cfg = config or PoolConfig()
-        inner = make_policy(placement) if isinstance(placement, str) else placement
-        self.picker = ScopedPolicy(inner)
-        self.engine = Engine(state, self.picker, seed=seed, workload=workload)
+        if engine is not None:  # a driver's engine (its filters, caches and policy state are shared)
+            if engine.state is not state:
+                raise ValueError("engine must be built over the same ClusterState")
+            if not isinstance(engine.policy, ScopedPolicy):
+                engine.policy = ScopedPolicy(engine.policy)
+            self.picker = engine.policy
+            self.engine = engine
+        else:
+            inner = make_policy(placement) if isinstance(placement, str) else placement
+            self.picker = ScopedPolicy(inner)
+            self.engine = Engine(state, self.picker, seed=seed, workload=workload)
+        self._preemptor: PoolJob | None = None  # the job an eviction makes room for (CycleResult.evictions)
         self.tree = queues
         self.order = make_order(self.cfg.order, self.cfg.thresholds)
         self.preemptive_order = isinstance(self.order, TiresiasOrder) and self.cfg.preempt
@@ -459,6 +472,66 @@ class PoolScheduler(EvictionActions):
         self._account_stop(job, now)
         job.reason = reason
         self._enqueue(job, now)
+
+    def attach(self, job: PoolJob, placed: Sequence[Assignment], now: float, run_since: float | None = None) -> None:
+        """Count ``job`` as running on ``placed``, pods that already hold their devices in the state (a
+        driver adopts work it finds running: a restart, a leader change, pods bound before). A pending job
+        leaves its queue. ``run_since``: when the run began (default ``now``; minimum runtime counts from
+        it). KeyError for an unknown or non-leaf queue; ValueError if ``job`` is running already."""
+        if job.status == RUNNING:
+            raise ValueError(f"job {job.name} is running already")
+        if job.status == PENDING and job.seq >= 0 and job.q >= 0:
+            self._dequeue(job)
+        else:
+            job.q = self.tree.leaf_index(job.queue)
+            if job.seq < 0:
+                job.seq = self.seq
+                self.seq += 1
+            job.make_pods()
+        self.jobs_by_name[job.name] = job
+        job.placed = list(placed)
+        job.status = RUNNING
+        job.run_since = now if run_since is None else run_since
+        job.started_once = True
+        job.level = self.order.level(job.las_at(now) + 1e-6)
+        self._set_key(job)
+        self._add(self.alloc, job, len(job.placed), 1.0)
+        self._np_add(job, len(job.placed))
+        self._qnode_add(job, job.placed, 1)
+        self.running[job.q][job.seq] = job
+        self._lv_add(job, 1)
+        self.n_running += 1
+        if job.elastic:
+            self.elastic_running[job.seq] = job
+        if self.preemptive_order:
+            self._push_demotion(job, now)
+        self._fs_dirty = True
+
+    def detach(self, job: PoolJob, now: float, requeue: bool) -> None:
+        """A running ``job`` whose pods the driver already released from the state (they finished, were
+        deleted, or their binding failed): update the books only; back to its queue if ``requeue``, else
+        done. A pending job is taken out of its queue (``requeue`` False) or left there."""
+        if job.status == PENDING:
+            if not requeue:
+                self._dequeue(job)
+                job.status = REMOVED
+                self.jobs_by_name.pop(job.name, None)
+            return
+        if job.status != RUNNING:
+            return
+        self._account_stop(job, now)
+        if requeue:
+            self._enqueue(job, now)
+        else:
+            job.status = DONE
+            self.jobs_by_name.pop(job.name, None)
+
+    def resync_free(self) -> None:
+        """Recount the free whole healthy GPUs from the state (a driver that also places or counts pods
+        the scheduler does not know calls this before each cycle)."""
+        st = self.state
+        self.free_gpus = int(((st.gpu_free >= MILLI) & st.gpu_healthy).sum())
+        self._failed_place = None
 
     def set_gpu_health(self, node: int, gpu: int, healthy: bool, now: float) -> list[PoolJob]:
         """Mark a GPU (un)healthy; returns the running jobs that had a pod on it (killed and requeued).
@@ -952,6 +1025,11 @@ class PoolScheduler(EvictionActions):
         st = self.state
         free = int(((st.gpu_free[r.mask] >= MILLI) & st.gpu_healthy[r.mask]).sum())
         return r.job.q, min(free, r.job.min_pods * r.job.gpus_per_pod)
+
+    def fair_shares_by_name(self) -> dict[str, float]:
+        """Fair share in GPUs per queue name (the last computed; every queue, inner ones too)."""
+        fs = self._fs if self._fs is not None else self.fair_share()
+        return {name: float(fs[i, 0]) for i, name in enumerate(self.tree.names)}
 
     def queue_allocation(self) -> np.ndarray:
         """(n_queues, 3) resources held by running jobs (GPUs, milli-CPU, MiB)."""

@@ -1,0 +1,844 @@
+"""Pool mode of the live scheduler: the pool scheduler (:mod:`gpupool.engine.pool`) runs the cluster.
+
+The job simulator and the live scheduler run the very same :class:`~gpupool.engine.pool.PoolScheduler`
+cycle (queue order by fair share, job order, gangs all or nothing, reservation and backfill, reclaim,
+preemption, elastic grow and shrink); this module is the Kubernetes driver of it. It feeds the scheduler
+from the :class:`~gpupool.k8s.state.ClusterModel` (one :class:`~gpupool.cluster.ClusterState`, one
+:class:`~gpupool.engine.core.Engine`, shared) and turns each cycle's decisions into what the live
+scheduler carries out:
+
+* a pending pod belongs to a *job*: its PodGroup (scheduler-plugins, Volcano, KAI spellings), else itself;
+  a job to a leaf *queue* (``Queue`` CRs; the Kueue, KAI and Volcano queue labels), else the ``default``
+  queue. Only pods naming this scheduler join the pool; other pods only take capacity.
+* started / grown jobs -> :class:`~gpupool.k8s.snapshot.Placement` (bound by the scheduler);
+* evictions (reclaim, preemption, elastic shrink, consolidation) ->
+  :class:`~gpupool.k8s.snapshot.Preemption`, one per preemptor, carried out through the Eviction API;
+* a placement on a node where victims are still terminating is *nominated*
+  (``status.nominatedNodeName``) and bound only when they are gone; if they do not go within their grace
+  period (plus ``slack_s``), or the API refuses to evict one (a PodDisruptionBudget), the nomination lapses,
+  the victims are counted again, the blocked ones are protected for ``protect_s`` and the next cycle
+  chooses again.
+
+Truth is the model: each cycle the driver reconciles the scheduler's books with what the model holds
+(bound or assumed pods) for every job that changed, so a pod that finished, a binding that failed, or a
+pod bound by a previous leader is folded in. Shared-GPU pods (fractions, GPU memory, MIG) are not pool
+jobs: they keep the part-1 path (queue limits, no preemption) after the pool's cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupool.cluster import slice_ask
+from gpupool.engine.pool import PoolConfig, PoolJob, PoolScheduler, QueueConfigError, QueueTree
+from gpupool.engine.pool import QueueSpec as PoolQueueSpec
+from gpupool.engine.pool.job import PENDING, RUNNING
+from gpupool.k8s import (
+    LABEL_NVLINK_DOMAIN,
+)
+from gpupool.k8s.requests import PodInfo, annotations_of
+from gpupool.model import MILLI, Assignment, PodRequest
+
+log = logging.getLogger("gpupool.k8s.pool")
+
+DEFAULT_QUEUE = "default"
+"""The leaf queue of pods that name none (created implicitly when no Queue of that name exists)."""
+
+ANN_MAX_MEMBER = "gpupool.io/max-member"
+"""PodGroup (or pod) annotation: most pods of an elastic gang that may run (default: every pod it has)."""
+ANN_TOPOLOGY = "gpupool.io/topology"
+"""PodGroup (or pod) annotation: ``required``, ``preferred`` (default) or ``none``."""
+ANN_TOPOLOGY_TIER = "gpupool.io/topology-tier"
+"""PodGroup (or pod) annotation: the slowest tier the gang may cross: ``nvlink``, ``node`` or ``switch``."""
+ANN_KUEUE_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+ANN_KUEUE_PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
+
+_ACTIONS = {"reclaimed": "reclaim", "preempted": "preempt", "consolidated": "consolidate", "shrunk": "shrink"}
+_HOSTNAME = "kubernetes.io/hostname"
+
+
+def live_config(**overrides: Any) -> PoolConfig:
+    """The pool configuration for Kubernetes (``overrides``: any :class:`PoolConfig` field).
+
+    Priority then FIFO within a queue (KAI's default job order; ``order="tiresias"`` for 2D-LAS), weighted DRF
+    fair share, gang reservation after 600 s of waiting, reclaim and preemption on, elastic grow/shrink on,
+    consolidation off (a move restarts the user's pods), minimum runtime 60 s before a pod may be evicted.
+    """
+    base = dict(order="fifo", reserve_after_s=600.0, consolidate=False, min_run_s=60.0, reclaim_min_run_s=60.0,
+                fair_share_refresh_s=0.0)
+    base.update(overrides)
+    return PoolConfig(**base)
+
+
+def _tier_of_label(label: str) -> str:
+    """A node label (KAI / Kueue topology level) -> gpupool's topology tier."""
+    if label in (_HOSTNAME, "node"):
+        return "node"
+    if label in (LABEL_NVLINK_DOMAIN, "nvidia.com/gpu.clique"):
+        return "nvlink"
+    return "switch"  # rack, switch, block, zone: one leaf switch / rack is the scope gpupool knows
+
+
+def job_topology(group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -> tuple[str, str]:
+    """``(mode, tier)`` of a job from its PodGroup (else its first pod): gpupool's annotations
+    (:data:`ANN_TOPOLOGY`, :data:`ANN_TOPOLOGY_TIER`), KAI's ``spec.topologyConstraint``
+    (``requiredTopologyLevel`` / ``preferredTopologyLevel``, node labels), Volcano's ``spec.networkTopology``
+    (``mode: hard|soft``, ``highestTierAllowed``: 1 = NVLink, 2+ = switch), Kueue's pod annotations
+    (``podset-required-topology`` / ``podset-preferred-topology``). Default ``("preferred", "switch")``;
+    an unreadable value falls back to the default (the gang is still placed)."""
+    for obj in (group, pod):
+        if not isinstance(obj, Mapping):
+            continue
+        ann = annotations_of(obj)
+        mode = str(ann.get(ANN_TOPOLOGY, "")).strip().lower()
+        tier = str(ann.get(ANN_TOPOLOGY_TIER, "")).strip().lower()
+        if mode in ("required", "preferred", "none"):
+            return mode, tier if tier in ("nvlink", "node", "switch") else "switch"
+        spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+        tc = spec.get("topologyConstraint")
+        if isinstance(tc, Mapping):
+            if tc.get("requiredTopologyLevel"):
+                return "required", _tier_of_label(str(tc["requiredTopologyLevel"]))
+            if tc.get("preferredTopologyLevel"):
+                return "preferred", _tier_of_label(str(tc["preferredTopologyLevel"]))
+        nt = spec.get("networkTopology")
+        if isinstance(nt, Mapping):
+            m = str(nt.get("mode", "hard")).lower()
+            try:
+                highest = int(nt.get("highestTierAllowed", 2))
+            except (TypeError, ValueError):
+                highest = 2
+            return ("required" if m == "hard" else "preferred"), ("nvlink" if highest <= 1 else "switch")
+        if ann.get(ANN_KUEUE_REQUIRED):
+            return "required", _tier_of_label(str(ann[ANN_KUEUE_REQUIRED]))
+        if ann.get(ANN_KUEUE_PREFERRED):
+            return "preferred", _tier_of_label(str(ann[ANN_KUEUE_PREFERRED]))
+    return "preferred", "switch"
+
+
+def max_member(group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -> int | None:
+    """:data:`ANN_MAX_MEMBER` of the PodGroup (else the pod), or None (no cap, or unreadable)."""
+    for obj in (group, pod):
+        if isinstance(obj, Mapping):
+            raw = annotations_of(obj).get(ANN_MAX_MEMBER)
+            if raw is not None:
+                try:
+                    n = int(str(raw).strip())
+                except ValueError:
+                    return None
+                return n if n >= 1 else None
+    return None
+
+
+def is_whole_gpu(info: PodInfo) -> bool:
+    """Does the pod ask whole GPUs (device-plugin units) or none: a pool job? Shared asks (a fraction, GPU
+    memory, MIG devices) are not: they keep the part-1 placement path."""
+    r = info.request
+    if info.mig:
+        return False
+    return r.num_gpu == 0 or slice_ask(r.gpu_milli, r.gpu_milli, r.gpu_memory_mib)
+
+
+@dataclass
+class _Held:
+    """A placement gpupool holds (assumed in the model) but does not bind yet: victims still on its node."""
+
+    node: str
+    since: float
+    pid: int | None
+    reported: bool = False
+
+
+@dataclass
+class _Evicting:
+    uid: str
+    node: str
+    deadline: float
+    pid: int
+
+
+@dataclass
+class _JobInfo:
+    """What the driver keeps per job name across cycles and scheduler rebuilds."""
+
+    members: set[str] = field(default_factory=set)
+    first_pending: float = math.nan
+    attained: float = 0.0
+    protected_until: float = -math.inf
+    spec: tuple = ()
+
+
+class PoolDriver:
+    """Runs :class:`PoolScheduler` over a :class:`~gpupool.k8s.state.ClusterModel` (sets ``model.pool``).
+
+    ``config``: the pool's :class:`PoolConfig` (default :func:`live_config`); ``clock``: wall-clock seconds
+    (pod ages, reservations, minimum runtimes); ``slack_s``: how long past its grace period a victim may take
+    to go before its preemptor's nomination lapses; ``protect_s``: how long a victim the API refused to evict
+    is not chosen again.
+    """
+
+    def __init__(self, model: Any, config: PoolConfig | None = None, default_queue: str = DEFAULT_QUEUE,
+                 clock: Callable[[], float] = time.time, slack_s: float = 30.0, protect_s: float = 60.0) -> None:
+        self.model = model
+        self.config = config or live_config()
+        self.default_queue = default_queue
+        self.clock = clock
+        self.slack_s = slack_s
+        self.protect_s = protect_s
+        self.pool: PoolScheduler | None = None
+        self.tree: QueueTree | None = None
+        self.tree_error = ""
+        self._tree_key: tuple | None = None
+        self.jobs: dict[str, PoolJob] = {}
+        self.info: dict[str, _JobInfo] = {}
+        self.job_of: dict[str, str] = {}  # pod key -> job name
+        self.held: dict[str, _Held] = {}
+        self.evicting: dict[str, _Evicting] = {}
+        self._pid = 0
+        self._preemptions: dict[int, list[str]] = {}  # pid -> victim pod keys still evicting
+        self._pending_names: set[str] = set()
+        self.refused: dict[int, dict[str, str]] = {}  # outcomes queued by the scheduler thread's callbacks
+        self.failed: dict[str, str] = {}
+        self.stats = {"resets": 0, "preemptions": 0, "evictions": 0, "lapsed": 0, "refused": 0}
+        model.pool = self
+
+    # ------------------------------------------------------------------ the queue tree
+    def _queue_tree(self) -> QueueTree | None:
+        specs, errors, known = self.model.queue_specs()
+        key = (tuple(sorted((n, s) for n, s in specs.items())), self.default_queue)
+        if key == self._tree_key:
+            return self.tree
+        self._tree_key = key
+        good = dict(specs)
+        changed = True
+        while changed:  # drop queues whose parent is missing or invalid (their pods report why, part-1 path)
+            changed = False
+            for name, s in list(good.items()):
+                if s.parent and s.parent not in good:
+                    del good[name]
+                    changed = True
+        out = [PoolQueueSpec(name=s.name, parent=s.parent or None, quota=s.quota_milli / MILLI,
+                             limit=None if s.limit_milli is None else s.limit_milli / MILLI,
+                             weight=max(s.weight, 1e-9), priority=s.priority) for s in good.values()]
+        if self.default_queue not in good:
+            out.append(PoolQueueSpec(name=self.default_queue))
+        try:
+            self.tree, self.tree_error = QueueTree(out, "Queues"), ""
+        except (QueueConfigError, ValueError) as exc:
+            log.warning("queue tree unusable", extra={"event": "queue_tree_error", "reason": str(exc)})
+            self.tree, self.tree_error = QueueTree([PoolQueueSpec(name=self.default_queue)]), str(exc)
+        return self.tree
+
+    def _leaf(self, queue: str | None) -> str | None:
+        tree = self.tree
+        name = queue or self.default_queue
+        if tree is None or name not in tree.index or not tree.is_leaf[tree.index[name]]:
+            return None
+        return name
+
+    # ------------------------------------------------------------------ rebuild
+    def _reset(self, now: float) -> None:
+        """A new scheduler over the model's current state (first cycle, a rebuilt state, other Queues): every
+        pool pod the model holds is adopted; job memory (attained service, wait, protection) is kept."""
+        model = self.model
+        self.stats["resets"] += 1
+        self.pool = PoolScheduler(model.state, model.policy_name, self.tree, self.config, seed=model.seed,
+                                  engine=model.engine)
+        for job in self.jobs.values():
+            if job.status == RUNNING:
+                self.info.setdefault(job.name, _JobInfo()).attained = job.attained_at(now)
+        self.jobs.clear()
+        self.job_of.clear()
+        for info in self.info.values():
+            info.members.clear()
+            info.spec = ()
+        names: set[str] = set()
+        for key, rec in model.pods.items():
+            if (rec.counted or key in model.assumed) and rec.info is not None:
+                name = self._name_of(rec)
+                if name is not None:
+                    self.info.setdefault(name, _JobInfo()).members.add(key)
+                    self.job_of[key] = name
+                    names.add(name)
+        for name in names:
+            self._reconcile(name, None, now)
+        self._pending_names = set()
+
+    def _name_of(self, rec: Any) -> str | None:
+        """Job name of a pod record if it is a pool pod (ours, whole GPUs, in a leaf queue), else None."""
+        info = rec.info
+        if info is None or not is_whole_gpu(info):
+            return None
+        spec = rec.obj.get("spec") if isinstance(rec.obj.get("spec"), Mapping) else {}
+        if (spec.get("schedulerName") or "default-scheduler") != self.model.scheduler_name:
+            return None
+        if self._leaf(info.queue) is None:
+            return None
+        return info.pod_group or rec.key
+
+    # ------------------------------------------------------------------ the cycle
+    def cycle(self, out: list[Any], units: Sequence[Any], prepare: Callable[[], Any] | None = None) -> Any:
+        """Plan one cycle. ``out``: placements already decided (unreadable pods); ``units``: the pending
+        units the model grouped (single pods and gangs with their minMember complete). Returns a
+        :class:`~gpupool.k8s.snapshot.Plan` with placements, nominations and preemptions."""
+        from gpupool.k8s import snapshot as snap
+
+        model = self.model
+        state, engine = model.state, model.engine
+        now = self.clock()
+        tree = self._queue_tree()
+        if self.pool is None or self.pool.state is not state or self.pool.tree is not tree:
+            self._reset(now)
+        pool = self.pool
+        assert pool is not None
+        placements: list[Any] = list(out)
+        denominated: list[str] = []
+        self._outcomes(now, denominated)
+        self._lapse(now, denominated)
+        pool.resync_free()
+
+        # which units are pool jobs; the rest keep the part-1 path
+        book = model.queue_book()
+        pool_units: dict[str, Any] = {}
+        legacy: list[Any] = []
+        repair: list[Any] = []
+        for unit in units:
+            name = self._unit_job(unit, book)
+            if name is None:
+                legacy.append(unit)
+                continue
+            held = self._held_keys(name)
+            if unit.gang is not None and held and unit.need > 0:
+                repair.append(unit)  # a gang that lost members below its minimum gets them back first
+                continue
+            pool_units[name] = unit
+        touched = set(pool_units) | (self._pending_names - set(pool_units))
+        for key in model.count_log:
+            name = self.job_of.get(key)
+            if name is None:
+                rec = model.pods.get(key)
+                if rec is not None:
+                    name = self._name_of(rec)
+                    if name is not None:
+                        self.info.setdefault(name, _JobInfo()).members.add(key)
+                        self.job_of[key] = name
+            if name is not None:
+                touched.add(name)
+        model.count_log.clear()
+        for name in sorted(touched):
+            self._reconcile(name, pool_units.get(name), now)
+        self._pending_names = set(pool_units)
+
+        res = pool.cycle(now)
+        preemptions = self._carry_out(res, now, placements)
+        # the part-1 path for shared-GPU pods and gang repairs, after the pool
+        for unit in sorted(repair, key=snap._Unit.order) + sorted(legacy, key=snap._Unit.order):
+            try:
+                placed = snap._place_unit(unit, engine, engine.policy, book, model.policy_name, state)
+            except Exception as exc:  # noqa: BLE001 - a unit that trips the engine fails alone
+                log.error("placement failed", exc_info=True)
+                placed = [snap.Placement(i.key, None, gang=unit.gang,
+                                         reason=f"gpupool could not place this pod: {type(exc).__name__}: {exc}")
+                          for _, i in unit.members]
+            for p in placed:
+                if p.node is not None:
+                    self._assume(p.pod, p.node, now)
+                    model.count_log.append(p.pod)  # a repaired gang's pod joins its job's books
+                    if p.node in self._evicting_nodes():
+                        self.held[p.pod] = _Held(p.node, now, None)
+                        p = snap.Placement(p.pod, p.node, p.gpus, p.gpu_milli, self._held_reason(p.node),
+                                           p.gpu_memory_mib, p.mig, p.gang, nominated=True)
+                placements.append(p)
+        placements.extend(self._held_placements(now))
+        placements.extend(self._waiting(pool_units, now))
+        book = model.queue_book()
+        return snap.Plan(placements, None, model.policy_name, state, book, preemptions=preemptions,
+                         denominated=denominated)
+
+    def _unit_job(self, unit: Any, book: Any) -> str | None:
+        queues = {info.queue for _, info in unit.members}
+        if len(queues) != 1 or book.blocked:
+            return None
+        queue = next(iter(queues))
+        if queue is not None and (queue in book.errors or (book.known and queue not in book.specs)):
+            return None  # the part-1 path reports it
+        if self._leaf(queue) is None:
+            return None
+        for _pod, info in unit.members:
+            if not is_whole_gpu(info):
+                return None
+        return unit.gang or unit.members[0][1].key
+
+    # ------------------------------------------------------------------ books
+    def _held_keys(self, name: str) -> list[str]:
+        model = self.model
+        st = model.state
+        info = self.info.get(name)
+        if info is None or st is None:
+            return []
+        out = []
+        for k in info.members:
+            if k in st.assignments and k not in self.evicting:
+                rec = model.pods.get(k)
+                if rec is not None and (rec.counted or k in model.assumed):
+                    out.append(k)
+        return out
+
+    def _job(self, name: str, reqs: Sequence[PodRequest], queue: str, n: int, nmin: int, nmax: int,
+             group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -> PoolJob:
+        mode, tier = job_topology(group, pod)
+        g = max((r.num_gpu for r in reqs), default=0)
+        job = PoolJob(name=name, queue=queue, gpus_per_pod=g, n_pods=n, submit_time=0.0,
+                      priority=max((r.priority for r in reqs), default=0),
+                      cpu_per_pod=max((r.cpu_milli for r in reqs), default=0),
+                      mem_per_pod=max((r.memory_mib for r in reqs), default=0),
+                      min_pods=nmin, max_pods=nmax, topology=mode, topology_tier=tier)
+        job.pods = list(reqs)
+        return job
+
+    def _group_obj(self, gkey: str | None) -> Mapping[str, Any] | None:
+        if gkey is None:
+            return None
+        for store in self.model.pod_groups.values():
+            obj = store.get(gkey)
+            if obj is not None:
+                return obj
+        return None
+
+    def _reconcile(self, name: str, unit: Any, now: float) -> None:
+        """Make the scheduler's view of job ``name`` match the model: held pods running, pending pods waiting."""
+        pool = self.pool
+        model = self.model
+        assert pool is not None
+        st = model.state
+        info = self.info.setdefault(name, _JobInfo())
+        if unit is not None:
+            for _, pi in unit.members:
+                info.members.add(pi.key)
+                self.job_of[pi.key] = name
+        held_keys = self._held_keys(name)
+        job = self.jobs.get(name)
+        gkey = name if (unit is not None and unit.gang is not None) else None
+        if gkey is None:
+            for k in held_keys:
+                rec = model.pods.get(k)
+                if rec is not None and rec.info is not None and rec.info.pod_group:
+                    gkey = rec.info.pod_group
+                    break
+        group = self._group_obj(gkey)
+        groups, _ = model.group_sizes()
+        min_member = groups.get(gkey, 1) if gkey else 1
+        if gkey and gkey not in groups:
+            declared = [model.pods[k].info.min_member for k in held_keys if model.pods[k].info.min_member]
+            declared += [pi.min_member for _, pi in (unit.members if unit else []) if pi.min_member]
+            min_member = max(declared) if declared else 1
+        first_pod = unit.members[0][0] if unit is not None else None
+        cap = max_member(group, first_pod)
+        pending = [pi for _, pi in unit.members] if unit is not None else []
+        pending = [pi for pi in pending if pi.key not in held_keys]
+        # ---- the running part
+        if job is not None and job.status == RUNNING:
+            now_placed = {a.pod: a for a in job.placed}
+            same = set(now_placed) == set(held_keys) and all(st.assignments[k] is now_placed[k] for k in held_keys)
+            if not same:
+                run_since = job.run_since
+                pool.detach(job, now, requeue=False)
+                info.attained = job.attained
+                self.jobs.pop(name, None)
+                job = None
+                if held_keys:
+                    job = self._attach(name, held_keys, min_member, cap, pending, info, group, now, run_since)
+            elif pending:
+                self._set_growth(job, held_keys, pending, cap)
+        elif held_keys:
+            if job is not None:  # pending in the scheduler, running in the cluster (a lapsed eviction)
+                pool.detach(job, now, requeue=False)
+                self.jobs.pop(name, None)
+            job = self._attach(name, held_keys, min_member, cap, pending, info, group, now, None)
+        if job is not None and job.status == RUNNING:
+            return
+        # ---- the waiting part
+        if not pending:
+            if job is not None and job.status == PENDING:
+                pool.detach(job, now, requeue=False)
+            self.jobs.pop(name, None)
+            if not held_keys:
+                for k in info.members:
+                    if self.job_of.get(k) == name:
+                        del self.job_of[k]
+                info.members.clear()
+                if not self._alive(name):
+                    self.info.pop(name, None)
+            return
+        if math.isnan(info.first_pending):
+            created = [pi.request.creation_time for pi in pending if pi.request.creation_time]
+            info.first_pending = min(created) if created else now
+        n = len(pending) if cap is None else min(len(pending), cap)
+        nmin = min(max(1, min_member if gkey else 1), n)
+        queue = self._leaf(pending[0].queue) or self.default_queue
+        reqs = sorted((pi.request for pi in pending), key=lambda r: (-r.priority, r.creation_time or 0.0, r.name))
+        spec = (tuple(r.name for r in reqs), nmin, n, queue, tuple(r.priority for r in reqs), gkey and repr(group))
+        if job is not None and job.status == PENDING and info.spec == spec:
+            return
+        if job is not None and job.status == PENDING:
+            pool.detach(job, now, requeue=False)
+        job = self._job(name, reqs, queue, n, nmin, n, group, first_pod)
+        job.submit_time = info.first_pending  # job order: priority, then when it was first seen waiting
+        job.attained = info.attained
+        job.protected_until = info.protected_until
+        info.spec = spec
+        pool.submit(job, now)
+        self._backdate(job, info.first_pending)
+        self.jobs[name] = job
+
+    def _alive(self, name: str) -> bool:
+        return any(h for h in self.held if self.job_of.get(h) == name)
+
+    def _backdate(self, job: PoolJob, since: float) -> None:
+        """Count the job's wait from when it first waited (reservations), not from this submission."""
+        pool = self.pool
+        assert pool is not None
+        if not math.isfinite(since) or since >= job.pending_since:
+            return
+        job.pending_since = since
+        if pool.cfg.reserve_after_s is not None and job.min_pods * job.gpus_per_pod > 1:
+            import heapq
+
+            heapq.heappush(pool._gangs, (since, job.seq, job))
+
+    def _attach(self, name: str, held_keys: Sequence[str], min_member: int, cap: int | None,
+                pending: Sequence[PodInfo], info: _JobInfo, group: Mapping[str, Any] | None, now: float,
+                run_since: float | None) -> PoolJob:
+        pool = self.pool
+        model = self.model
+        assert pool is not None
+        st = model.state
+        placed = [st.assignments[k] for k in sorted(held_keys)]
+        reqs = [model.pods[k].info.request for k in sorted(held_keys)]
+        h = len(placed)
+        queue = self._leaf(model.pods[held_keys[0]].info.queue) or self.default_queue
+        extra = [pi.request for pi in pending]
+        nmax = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
+        job = self._job(name, reqs + extra, queue, h, min(min_member, h), nmax, group, None)
+        job.attained = info.attained
+        job.protected_until = info.protected_until
+        if run_since is None:
+            times = [model.pods[k].info.request.creation_time for k in held_keys]
+            run_since = now if any(t is None for t in times) else max(t for t in times if t is not None)
+            run_since = min(now, run_since)
+        pool.attach(job, placed, now, run_since=run_since)
+        self.jobs[name] = job
+        info.spec = ()
+        return job
+
+    def _set_growth(self, job: PoolJob, held_keys: Sequence[str], pending: Sequence[PodInfo], cap: int | None) -> None:
+        """A running elastic job's pending pods: what it may grow into (when nothing else waits)."""
+        reqs = {r.name: r for r in job.pods}
+        placed = [reqs[a.pod] if a.pod in reqs else self.model.pods[a.pod].info.request for a in job.placed]
+        extra = [pi.request for pi in pending]
+        job.pods = placed + extra
+        h = len(placed)
+        job.max_pods = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
+        if job.elastic:
+            self.pool.elastic_running[job.seq] = job  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ decisions -> Kubernetes
+    def _assume(self, key: str, node: str, now: float) -> None:
+        from gpupool.k8s.state import Assumption
+
+        model = self.model
+        rec = model.pods[key]
+        model.assumed[key] = Assumption(rec.uid, node, model.clock())
+        model.pending.pop(key, None)
+        model._last_fail.pop(key, None)
+
+    def _evicting_nodes(self) -> Counter:
+        return Counter(e.node for e in self.evicting.values())
+
+    def _held_reason(self, node: str) -> str:
+        n = sum(1 for e in self.evicting.values() if e.node == node)
+        return f"nominated to node {node}: waiting for {n} preempted pod(s) to terminate there"
+
+    def _carry_out(self, res: Any, now: float, placements: list[Any]) -> list[Any]:
+        from gpupool.k8s import snapshot as snap
+
+        pool = self.pool
+        model = self.model
+        assert pool is not None
+        st = model.state
+        # a victim the scheduler placed again in this very cycle (a consolidation move, or a restart) runs its
+        # pods under the names of the pods being evicted: on Kubernetes its controller makes new pods, which
+        # wait as usual; the new placement is dropped
+        victims = {id(v) for v, _, action, _ in res.evictions if action != "shrunk"}
+        moved = {id(j) for j in res.started if id(j) in victims}
+        for job in res.started:
+            if id(job) in moved:
+                for a in list(job.placed):
+                    if a.pod in st.assignments:
+                        model.engine.release(a.pod)
+                pool.detach(job, now, requeue=False)
+                self.jobs.pop(job.name, None)
+        # evictions first: victims leave the books (their devices are already free in the state)
+        groups: dict[int, Any] = {}
+        by_preemptor: dict[str, Any] = {}
+        for victim, pods, action, preemptor in res.evictions:
+            pname = preemptor.name if preemptor is not None else ""
+            act = _ACTIONS.get(action, action)
+            pre = by_preemptor.get(pname + "|" + act)
+            if pre is None:
+                self._pid += 1
+                pre = snap.Preemption(self._pid, act, pname, self._message(act, victim, preemptor), [],
+                                      grace_s=0.0)
+                by_preemptor[pname + "|" + act] = pre
+                groups[pre.id] = pre
+            for a in pods:
+                rec = model.pods.get(a.pod)
+                if rec is None:
+                    continue
+                grace = _grace_s(rec.obj)
+                pre.grace_s = max(pre.grace_s, grace)
+                pre.victims.append((a.pod, rec.uid))
+                self.evicting[a.pod] = _Evicting(rec.uid, a.node_name, now + grace + self.slack_s, pre.id)
+                self._preemptions.setdefault(pre.id, []).append(a.pod)
+                if a.pod in model.assumed:
+                    model.assumed.pop(a.pod, None)
+                model._uncount(rec)
+                model.count_log.append(a.pod)
+                self.stats["evictions"] += 1
+        evicting_nodes = self._evicting_nodes()
+        new: list[tuple[PoolJob, list[Assignment]]] = [(j, list(j.placed)) for j in res.started if id(j) not in moved]
+        new += [(j, list(j.placed[old:])) for j, old, n in res.resized if n > old]
+        for job, pods in new:
+            for a in pods:
+                self._assume(a.pod, a.node_name, now)
+                rec = model.pods[a.pod]
+                self.job_of[a.pod] = job.name
+                self.info.setdefault(job.name, _JobInfo()).members.add(a.pod)
+                if a.node_name in evicting_nodes:
+                    pid = next((e.pid for e in self.evicting.values() if e.node == a.node_name), None)
+                    self.held[a.pod] = _Held(a.node_name, now, pid)
+                    p = snap.Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
+                                       self._held_reason(a.node_name), a.gpu_memory_mib, (), _gang(rec),
+                                       nominated=True)
+                    if pid is not None and pid in groups:
+                        groups[pid].nominated.append(p)
+                    placements.append(p)
+                    continue
+                why = f"placed by the pool scheduler ({pool.tree.names[job.q]} queue)"
+                placements.append(snap.Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0, why,
+                                                 a.gpu_memory_mib, (), _gang(rec)))
+            info = self.info.get(job.name)
+            if info is not None:
+                info.first_pending = math.nan
+                info.spec = ()
+        # the preemptor of each group: nominated placements of its pods already attached above
+        for pre in groups.values():
+            self.stats["preemptions"] += 1
+            if pre.preemptor:
+                pj = self.jobs.get(pre.preemptor)
+                if pj is not None:
+                    for a in pj.placed:
+                        h = self.held.get(a.pod)
+                        if h is not None and h.pid is None:
+                            h.pid = pre.id
+        return list(groups.values())
+
+    def _message(self, action: str, victim: PoolJob, preemptor: PoolJob | None) -> str:
+        pool = self.pool
+        assert pool is not None
+        tree = pool.tree
+        q = tree.names[victim.q]
+        if preemptor is None:
+            return f"gpupool {action}: job {victim.name} (queue {q}) gives pods back"
+        pq = tree.names[preemptor.q]
+        fs = pool._fs_g
+        if action == "reclaim":
+            return (f"reclaimed by {preemptor.name} of queue {pq} (holds {pool.alloc[preemptor.q][0]:g} GPUs, fair "
+                    f"share {fs[preemptor.q]:.3g}) from queue {q} (holds {pool.alloc[victim.q][0]:g}, fair share "
+                    f"{fs[victim.q]:.3g})")
+        if action == "shrink":
+            return f"elastic job {victim.name} (queue {q}) gives extra workers back to {preemptor.name}"
+        if action == "consolidate":
+            return f"moved to make room for {preemptor.name} (queue {pq}): consolidation"
+        return (f"preempted by {preemptor.name} (priority {preemptor.priority}) in queue {pq}; victim priority "
+                f"{victim.priority}")
+
+    # ------------------------------------------------------------------ nominations
+    def _held_placements(self, now: float) -> list[Any]:
+        """Held placements whose node has no terminating victim any more: bind now."""
+        from gpupool.k8s import snapshot as snap
+
+        model = self.model
+        st = model.state
+        busy = self._evicting_nodes()
+        out = []
+        for key, h in list(self.held.items()):
+            if h.node in busy:
+                continue
+            a = st.assignments.get(key) if st is not None else None
+            if a is None or key not in model.assumed:
+                del self.held[key]
+                continue
+            del self.held[key]
+            rec = model.pods.get(key)
+            out.append(snap.Placement(key, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
+                                      f"victims gone from node {a.node_name}: binding", a.gpu_memory_mib, (),
+                                      _gang(rec) if rec is not None else None, waited_s=max(0.0, now - h.since)))
+        return out
+
+    def _victim_gone(self, key: str, e: _Evicting) -> bool:
+        rec = self.model.pods.get(key)
+        return rec is None or rec.uid != e.uid or rec.terminal
+
+    def _lapse(self, now: float, denominated: list[str]) -> None:
+        """Victims that went are forgotten; victims past their deadline are counted again and the placements
+        waiting for their node lapse."""
+        late: list[str] = []
+        for key, e in list(self.evicting.items()):
+            if self._victim_gone(key, e):
+                del self.evicting[key]
+            elif now > e.deadline:
+                late.append(key)
+        if late:
+            self.stats["lapsed"] += 1
+            log.warning("preempted pods did not terminate in time; nomination lapses",
+                        extra={"event": "nomination_lapsed", "pods": late})
+            self._restore(late, denominated, protect=True, now=now)
+
+    def _restore(self, victims: Sequence[str], denominated: list[str], protect: bool, now: float) -> None:
+        model = self.model
+        nodes = {self.evicting[k].node for k in victims if k in self.evicting}
+        for key, h in list(self.held.items()):
+            if h.node in nodes:
+                del self.held[key]
+                model.forget(key)
+                model.count_log.append(key)
+                denominated.append(key)
+        for key in victims:
+            e = self.evicting.pop(key, None)
+            if e is None:
+                continue
+            rec = model.pods.get(key)
+            if rec is not None and rec.uid == e.uid and rec.node and not rec.terminal and not rec.counted:
+                model._count(rec)
+                model.count_log.append(key)
+            name = self.job_of.get(key)
+            if protect and name is not None:
+                info = self.info.setdefault(name, _JobInfo())
+                info.protected_until = now + self.protect_s
+                job = self.jobs.get(name)
+                if job is not None:
+                    job.protected_until = info.protected_until
+
+    def preemption_refused(self, pid: int, blocked: dict[str, str]) -> None:
+        """The dry run of preemption ``pid`` was refused (see :meth:`ClusterModel.preemption_refused`)."""
+        self.refused[pid] = dict(blocked)
+
+    def eviction_failed(self, key: str, why: str) -> None:
+        self.failed[key] = why
+
+    def _outcomes(self, now: float, denominated: list[str]) -> None:
+        for pid, blocked in list(self.refused.items()):
+            self.stats["refused"] += 1
+            victims = [k for k, e in self.evicting.items() if e.pid == pid]
+            log.info("preemption refused; choosing again", extra={"event": "preemption_refused", "id": pid,
+                                                                  "blocked": blocked})
+            self._restore(victims, denominated, protect=False, now=now)
+            for key in blocked:
+                name = self.job_of.get(key)
+                if name is not None:
+                    info = self.info.setdefault(name, _JobInfo())
+                    info.protected_until = now + self.protect_s
+                    job = self.jobs.get(name)
+                    if job is not None:
+                        job.protected_until = info.protected_until
+        self.refused.clear()
+        for key, _why in list(self.failed.items()):
+            e = self.evicting.get(key)
+            if e is not None:
+                self._restore([key], denominated, protect=True, now=now)
+        self.failed.clear()
+
+    # ------------------------------------------------------------------ reasons
+    def _waiting(self, pool_units: Mapping[str, Any], now: float) -> list[Any]:
+        """A placement (node None, with the reason) for every pending pod of a pool job that did not start."""
+        from gpupool.k8s import snapshot as snap
+
+        pool = self.pool
+        model = self.model
+        assert pool is not None
+        out = []
+        for name, unit in pool_units.items():
+            job = self.jobs.get(name)
+            keys = [pi.key for _, pi in unit.members]
+            waiting = [k for k in keys if k in model.pending]
+            if not waiting:
+                continue
+            why = self._why(job, unit, now)
+            out.extend(snap.Placement(k, None, reason=why, gang=unit.gang) for k in waiting)
+        return out
+
+    def _why(self, job: PoolJob | None, unit: Any, now: float) -> str:
+        pool = self.pool
+        assert pool is not None
+        model = self.model
+        if job is None:
+            return "waiting for the pool scheduler"
+        tree = pool.tree
+        q = tree.names[job.q]
+        if job.status == RUNNING:
+            if len(job.placed) >= job.max_pods:
+                return f"elastic job {job.name} is at its max-member {job.max_pods}"
+            return (f"elastic job {job.name} runs {len(job.placed)} of up to {job.max_pods} pods; it grows into idle "
+                    "GPUs when no other job waits")
+        why = pool.infeasible_reason(job)
+        if why:
+            return f"job {job.name}: {why}"
+        if not pool._admissible(job, job.min_pods):
+            for a in pool.paths[job.q]:
+                need = job.min_pods * job.gpus_per_pod
+                if pool.alloc[a][0] + need > pool.limit_g[a] + 1e-6:
+                    return (f"queue {tree.names[a]} would exceed its limit: {pool.alloc[a][0]:g} of "
+                            f"{pool.limit_g[a]:g} GPUs in use, {need:g} more asked")
+            return (f"non-preemptible job (priority {job.priority}) waits for room within the quota of queue {q}")
+        r = pool.reservation
+        if r is not None and r.job is job:
+            return (f"gang {job.name}: nodes reserved for it after {now - job.pending_since:.0f}s of waiting; it "
+                    "starts when the pods running there end")
+        d = model.engine.schedule(job.pods[0])
+        if d.assignment is None:
+            return d.reason
+        parts = [f"waiting in queue {q} (holds {pool.alloc[job.q][0]:g} GPUs, fair share {pool._fs_g[job.q]:.3g})"]
+        if unit.gang is not None:
+            parts.append(f"gang of {job.min_pods} pod(s) x {job.gpus_per_pod} GPU(s) needs room for all at once")
+        if r is not None and r.job is not job:
+            parts.append(f"nodes are reserved for gang {r.job.name}")
+        return "; ".join(parts)
+
+    # ------------------------------------------------------------------ views
+    def fair_shares(self) -> dict[str, float]:
+        """GPUs of fair share per queue name (empty before the first cycle)."""
+        return {} if self.pool is None else self.pool.fair_shares_by_name()
+
+
+def _grace_s(pod: Mapping[str, Any]) -> float:
+    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+    raw = spec.get("terminationGracePeriodSeconds", 30)
+    try:
+        return max(0.0, float(raw))
+    except (TypeError, ValueError):
+        return 30.0
+
+
+def _gang(rec: Any) -> str | None:
+    return rec.info.pod_group if rec is not None and rec.info is not None else None
+
+
+__all__ = ["ANN_MAX_MEMBER", "ANN_TOPOLOGY", "ANN_TOPOLOGY_TIER", "DEFAULT_QUEUE", "PoolDriver", "is_whole_gpu",
+           "job_topology", "live_config", "max_member"]
