@@ -203,8 +203,7 @@ class PoolDriver:
         self._pid = 0
         self._preemptions: dict[int, list[str]] = {}  # pid -> victim pod keys still evicting
         self._pending_names: set[str] = set()
-        self.refused: dict[int, dict[str, str]] = {}  # outcomes queued by the scheduler thread's callbacks
-        self.failed: dict[str, str] = {}
+        self._denominated: list[str] = []  # nominations that lapsed between cycles (reported with the next plan)
         self.stats = {"resets": 0, "preemptions": 0, "evictions": 0, "lapsed": 0, "refused": 0}
         model.pool = self
 
@@ -298,8 +297,7 @@ class PoolDriver:
         pool = self.pool
         assert pool is not None
         placements: list[Any] = list(out)
-        denominated: list[str] = []
-        self._outcomes(now, denominated)
+        denominated, self._denominated = self._denominated, []
         self._lapse(now, denominated)
         pool.resync_free()
 
@@ -728,42 +726,36 @@ class PoolDriver:
             if rec is not None and rec.uid == e.uid and rec.node and not rec.terminal and not rec.counted:
                 model._count(rec)
                 model.count_log.append(key)
-            name = self.job_of.get(key)
-            if protect and name is not None:
-                info = self.info.setdefault(name, _JobInfo())
-                info.protected_until = now + self.protect_s
-                job = self.jobs.get(name)
-                if job is not None:
-                    job.protected_until = info.protected_until
+            if protect:
+                self._protect(self.job_of.get(key), now)
 
     def preemption_refused(self, pid: int, blocked: dict[str, str]) -> None:
-        """The dry run of preemption ``pid`` was refused (see :meth:`ClusterModel.preemption_refused`)."""
-        self.refused[pid] = dict(blocked)
+        """The dry run of preemption ``pid`` was refused (see :meth:`ClusterModel.preemption_refused`): its
+        victims are counted again at once, the placements waiting for them lapse, the blocked victims are
+        protected for ``protect_s``."""
+        now = self.clock()
+        self.stats["refused"] += 1
+        victims = [k for k, e in self.evicting.items() if e.pid == pid]
+        log.info("preemption refused; choosing again", extra={"event": "preemption_refused", "id": pid,
+                                                              "blocked": sorted(blocked)})
+        self._restore(victims, self._denominated, protect=False, now=now)
+        for key in blocked:
+            self._protect(self.job_of.get(key), now)
 
     def eviction_failed(self, key: str, why: str) -> None:
-        self.failed[key] = why
+        """A victim's real eviction failed: it is counted again and the placements waiting for its node lapse."""
+        if key in self.evicting:
+            log.info("eviction failed", extra={"event": "eviction_failed", "pod": key, "reason": why})
+            self._restore([key], self._denominated, protect=True, now=self.clock())
 
-    def _outcomes(self, now: float, denominated: list[str]) -> None:
-        for pid, blocked in list(self.refused.items()):
-            self.stats["refused"] += 1
-            victims = [k for k, e in self.evicting.items() if e.pid == pid]
-            log.info("preemption refused; choosing again", extra={"event": "preemption_refused", "id": pid,
-                                                                  "blocked": blocked})
-            self._restore(victims, denominated, protect=False, now=now)
-            for key in blocked:
-                name = self.job_of.get(key)
-                if name is not None:
-                    info = self.info.setdefault(name, _JobInfo())
-                    info.protected_until = now + self.protect_s
-                    job = self.jobs.get(name)
-                    if job is not None:
-                        job.protected_until = info.protected_until
-        self.refused.clear()
-        for key, _why in list(self.failed.items()):
-            e = self.evicting.get(key)
-            if e is not None:
-                self._restore([key], denominated, protect=True, now=now)
-        self.failed.clear()
+    def _protect(self, name: str | None, now: float) -> None:
+        if name is None:
+            return
+        info = self.info.setdefault(name, _JobInfo())
+        info.protected_until = now + self.protect_s
+        job = self.jobs.get(name)
+        if job is not None:
+            job.protected_until = info.protected_until
 
     # ------------------------------------------------------------------ reasons
     def _waiting(self, pool_units: Mapping[str, Any], now: float) -> list[Any]:
@@ -813,6 +805,8 @@ class PoolDriver:
                     "starts when the pods running there end")
         d = model.engine.schedule(job.pods[0])
         if d.assignment is None:
+            if unit.gang is not None:
+                return f"gang {job.name} ({job.min_pods} pod(s) x {job.gpus_per_pod} GPU(s)): {d.reason}"
             return d.reason
         parts = [f"waiting in queue {q} (holds {pool.alloc[job.q][0]:g} GPUs, fair share {pool._fs_g[job.q]:.3g})"]
         if unit.gang is not None:

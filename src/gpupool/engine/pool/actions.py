@@ -234,6 +234,7 @@ class EvictionActions:
         acted = False
         leaves = self.tree.leaves.tolist()
         order = sorted((self._qkey(q), q) for q in leaves if len(self.pending[q]))
+        extras_all = self._extras(now) if self.elastic_running else []
         for _, q in order:
             if self.alloc[q][0] >= fs[q] - _EPS and self.alloc[q][0] >= self.quota_g[q] - _EPS:
                 continue
@@ -288,10 +289,15 @@ class EvictionActions:
                 ranks: list[tuple] = []
                 for r, guard in eligible:
                     ratio = self.alloc[r][0] / fs[r] if fs[r] > _EPS else math.inf
+                    for v, pods, _ in extras_all:  # elastic extra workers first: the job keeps running
+                        if v.q == r and v.status == RUNNING and pods[0] in v.placed:
+                            cands.append((v, pods, True))
+                            costs.append([(b, float(len(pods) * v.gpus_per_pod)) for b in guard])
+                            ranks.append((0, -ratio) + self._victim_rank(v))
                     for v in self._queue_victims(r, now, reclaim=True):
                         cands.append((v, v.placed, False))
                         costs.append([(b, float(v.running_gpus)) for b in guard])
-                        ranks.append((-ratio,) + self._victim_rank(v))
+                        ranks.append((1, -ratio) + self._victim_rank(v))
                 if not cands:
                     continue
                 idx = sorted(range(len(cands)), key=ranks.__getitem__)

@@ -1,0 +1,220 @@
+"""Pool mode on the live path (:mod:`gpupool.k8s.pool`): the shared-pool scenarios of the simulator's tests
+(gang deadlock, large-gang starvation, reclaim to fair share, priority starvation, preemption loops) hold on
+the live model, with evictions, nominations, PodDisruptionBudget refusals and elastic gangs."""
+
+from __future__ import annotations
+
+from gpupool.k8s.pool import job_topology, live_config, max_member
+from k8s_pool_harness import Cluster, node, pod, pod_group, queue
+
+
+def evicted(c: Cluster, action: str = "") -> list[str]:
+    return [k for _, what, k in c.log if what.startswith("evicted") and (not action or what == f"evicted:{action}")]
+
+
+def test_reclaim_to_fair_share_evicts_the_borrower():
+    c = Cluster([node("n1"), node("n2")], [queue("a", quota=8), queue("b", quota=8)], reclaim_min_run_s=0)
+    c.add(*[pod(f"b{i}", queue="b") for i in range(16)])
+    c.run(2)
+    assert len(c.running("default/b")) == 16  # b borrows a's idle quota
+    c.add(*[pod(f"a{i}", queue="a", created=10) for i in range(8)])
+    c.run(3)
+    assert len(c.running("default/a")) == 8
+    assert len(c.running("default/b")) == 8
+    assert len(evicted(c, "reclaim")) == 8
+    assert c.driver.fair_shares()["a"] == 8.0
+
+
+def test_borrower_not_evicted_before_its_minimum_runtime():
+    c = Cluster([node("n1")], [queue("a", quota=4), queue("b", quota=4)], reclaim_min_run_s=30)
+    c.add(*[pod(f"b{i}", queue="b") for i in range(8)])
+    c.run(2)
+    c.add(pod("a0", queue="a", created=5))
+    c.run(5)
+    assert not evicted(c) and c.pending("default/a") == ["default/a0"]
+    c.run(40)
+    assert c.running("default/a") == ["default/a0"] and len(evicted(c)) == 1
+
+
+def test_gang_deadlock_never_happens():
+    # scheduler-plugins #114: two gangs of 2 x 8 GPUs on two 8-GPU nodes: one runs whole, the other waits whole
+    c = Cluster([node("n1"), node("n2")], [queue("a", quota=16)],
+                groups=[pod_group("g1", 2), pod_group("g2", 2)])
+    c.add(pod("g1-0", 8, queue="a", group="g1"), pod("g2-0", 8, queue="a", group="g2", created=1),
+          pod("g1-1", 8, queue="a", group="g1"), pod("g2-1", 8, queue="a", group="g2", created=1))
+    c.run(3)
+    assert c.running() == ["default/g1-0", "default/g1-1"]
+    assert c.pending() == ["default/g2-0", "default/g2-1"]
+    assert "gang" in c.reason("default/g2-0")
+    c.finish("default/g1-0")
+    c.finish("default/g1-1")
+    c.run(2)
+    assert c.running() == ["default/g2-0", "default/g2-1"]
+
+
+def test_large_gang_gets_a_reservation_under_a_stream_of_small_pods():
+    c = Cluster([node(f"n{i}") for i in range(4)], [queue("a")], groups=[pod_group("big", 4)],
+                reserve_after_s=60)
+    n = 0
+    for _i in range(32):  # the cluster is full of 1-GPU pods
+        c.add(pod(f"s{n}", queue="a", created=n * 0.01))
+        n += 1
+    c.run(1)
+    c.add(*[pod(f"big-{i}", 8, queue="a", group="big", created=2) for i in range(4)])
+    started = None
+    for t in range(400):  # each second a small pod ends and a new one arrives
+        running = c.running("default/s")
+        if running:
+            c.finish(running[0])
+        c.add(pod(f"s{n}", queue="a", created=3 + t))
+        n += 1
+        c.run(1)
+        if c.running("default/big"):
+            started = t
+            break
+    assert started is not None, "the large gang starved"
+    assert len(c.running("default/big")) == 4
+    assert started >= 60  # it waited for the reservation, then the reserved nodes drained
+
+
+def test_high_priority_gang_preempts_lower_priority_pods():
+    c = Cluster([node("n1"), node("n2")], [queue("a", quota=16)], groups=[pod_group("hp", 2)], min_run_s=0)
+    c.add(*[pod(f"lo{i}", 2, queue="a", priority=10) for i in range(8)])
+    c.run(2)
+    assert len(c.running("default/lo")) == 8
+    c.add(pod("hp-0", 8, queue="a", group="hp", priority=50, created=5),
+          pod("hp-1", 8, queue="a", group="hp", priority=50, created=5))
+    c.run(3)
+    assert c.running("default/hp") == ["default/hp-0", "default/hp-1"]
+    assert len(evicted(c, "preempt")) == 8
+
+
+def test_nonpreemptible_pods_are_never_victims():
+    c = Cluster([node("n1")], [queue("a", quota=8)], min_run_s=0)
+    c.add(*[pod(f"inf{i}", 2, queue="a", priority=125) for i in range(4)])
+    c.run(2)
+    c.add(pod("hp", 8, queue="a", priority=1000, created=5))
+    c.run(3)
+    assert not evicted(c)
+    assert len(c.running("default/inf")) == 4
+
+
+def test_no_preemption_loop_between_two_queues():
+    # Kueue #3779: two queues at equal share keep taking GPUs back from each other
+    c = Cluster([node("n1")], [queue("a", quota=4), queue("b", quota=4)], reclaim_min_run_s=0, min_run_s=0)
+    c.add(*[pod(f"a{i}", queue="a") for i in range(8)])
+    c.run(2)
+    c.add(*[pod(f"b{i}", queue="b", created=3) for i in range(8)])
+    c.run(30)
+    assert len(c.running("default/a")) == 4 and len(c.running("default/b")) == 4
+    assert len(evicted(c)) == 4  # exactly what b is owed, once
+
+
+def test_pdb_refusal_makes_the_scheduler_choose_other_victims():
+    c = Cluster([node("n1")], [queue("a", quota=4), queue("b", quota=4)], reclaim_min_run_s=0)
+    c.add(*[pod(f"b{i}", 2, queue="b", created=i) for i in range(4)])
+    c.run(2)
+    first_pick = None
+    c.pdb_blocked = {f"default/b{i}" for i in range(4)}
+    c.add(pod("a0", 2, queue="a", created=10))
+    c.cycle()
+    refusals = [k for _, what, k in c.log if what == "refused"]
+    assert refusals, "the dry run should have been refused"
+    first_pick = refusals[0]
+    # nothing was evicted, the victims are counted again and a0 waits
+    assert not evicted(c) and len(c.running("default/b")) == 4
+    assert c.model.state.assignments.keys() >= {f"default/b{i}" for i in range(4)}
+    c.pdb_blocked = {first_pick}
+    c.now += 1
+    c.run(3)
+    assert c.running("default/a") == ["default/a0"]
+    assert evicted(c) and first_pick not in evicted(c)
+
+
+def test_victim_that_does_not_terminate_lapses_and_is_counted_again():
+    c = Cluster([node("n1")], [queue("a", quota=4), queue("b", quota=4)], reclaim_min_run_s=0)
+    c.add(*[pod(f"b{i}", 2, queue="b", grace=5) for i in range(4)])
+    c.run(2)
+    c.slow = {f"default/b{i}" for i in range(4)}
+    c.add(pod("a0", 2, queue="a", created=10))
+    c.run(2)
+    assert evicted(c)
+    victim = evicted(c)[0]
+    assert c.pending("default/a") == ["default/a0"]
+    assert "nominated" in c.reason("default/a0")
+    assert any(p.nominated for plan in c.plans for p in plan.placements)
+    c.run(40)  # grace 5 s + slack 30 s
+    assert c.driver.stats["lapsed"] >= 1
+    assert victim in c.model.state.assignments  # counted again where it runs
+    assert c.model.state.check_invariants() is None
+
+
+def test_elastic_gang_grows_into_idle_gpus_and_shrinks_first():
+    c = Cluster([node("n1")], [queue("a", quota=4), queue("b", quota=4)], groups=[pod_group("el", 1)],
+                reclaim_min_run_s=0, min_run_s=0)
+    c.add(*[pod(f"el-{i}", 2, queue="a", group="el") for i in range(4)])
+    c.run(2)
+    assert len(c.running("default/el")) == 4  # grew to all 8 GPUs
+    c.add(pod("b0", 2, queue="b", created=10))
+    c.run(3)
+    assert c.running("default/b") == ["default/b0"]
+    shrunk = evicted(c, "shrink") + evicted(c, "reclaim")
+    assert len(shrunk) == 1 and shrunk[0].startswith("default/el-")
+    assert len(c.running("default/el")) == 3
+
+
+def test_max_member_caps_an_elastic_gang():
+    c = Cluster([node("n1")], [queue("a")], groups=[pod_group("el", 1, **{"gpupool.io/max-member": "2"})])
+    c.add(*[pod(f"el-{i}", 1, queue="a", group="el") for i in range(4)])
+    c.run(3)
+    assert len(c.running("default/el")) == 2
+    assert "max-member" in c.reason("default/el-3")
+
+
+def test_queue_limit_holds_and_is_reported():
+    c = Cluster([node("n1")], [queue("a", quota=2, limit=3)])
+    c.add(*[pod(f"a{i}", 1, queue="a", created=i) for i in range(5)])
+    c.run(2)
+    assert len(c.running()) == 3
+    assert "limit" in c.reason("default/a4")
+
+
+def test_pods_of_other_schedulers_only_take_capacity():
+    c = Cluster([node("n1")], [queue("a", quota=8)], min_run_s=0)
+    other = pod("other", 4, scheduler="default-scheduler")
+    other["spec"]["nodeName"] = "n1"
+    other["status"]["phase"] = "Running"
+    c.add(other)
+    c.add(pod("hp", 8, queue="a", priority=50))
+    c.run(3)
+    assert not evicted(c)
+    assert "Insufficient" in c.reason("default/hp") or "GPU" in c.reason("default/hp")
+
+
+def test_restart_adopts_running_pods_into_the_books():
+    c = Cluster([node("n1")], [queue("a", quota=4), queue("b", quota=4)], reclaim_min_run_s=0)
+    c.add(*[pod(f"b{i}", 2, queue="b") for i in range(4)])
+    c.run(2)
+    # a new scheduler (a restart or a new leader) sees the same objects
+    d = Cluster([node("n1")], [queue("a", quota=4), queue("b", quota=4)], reclaim_min_run_s=0)
+    d.now = c.now
+    d.add(*c.pods.values())
+    d.add(pod("a0", 2, queue="a", created=10))
+    d.run(3)
+    assert d.running("default/a") == ["default/a0"]
+    assert len(evicted(d, "reclaim")) == 1
+
+
+def test_topology_and_max_member_spellings():
+    assert job_topology({"metadata": {"annotations": {"gpupool.io/topology": "required",
+                                                      "gpupool.io/topology-tier": "nvlink"}}}, None) == \
+        ("required", "nvlink")
+    assert job_topology({"metadata": {}, "spec": {"topologyConstraint": {
+        "requiredTopologyLevel": "kubernetes.io/hostname"}}}, None) == ("required", "node")
+    assert job_topology({"metadata": {}, "spec": {"networkTopology": {"mode": "soft", "highestTierAllowed": 1}}},
+                        None) == ("preferred", "nvlink")
+    assert job_topology(None, {"metadata": {"annotations": {
+        "kueue.x-k8s.io/podset-required-topology": "topology.gpupool.io/rack"}}}) == ("required", "switch")
+    assert job_topology(None, None) == ("preferred", "switch")
+    assert max_member({"metadata": {"annotations": {"gpupool.io/max-member": "x"}}}, None) is None
+    assert live_config().consolidate is False
