@@ -249,6 +249,9 @@ class PoolDriver:
         self.stats["resets"] += 1
         self.pool = PoolScheduler(model.state, model.policy_name, self.tree, self.config, seed=model.seed,
                                   engine=model.engine)
+        st = model.state
+        if (st.gpu_replicas > 1).any():  # a whole-GPU ask takes one replica of a time-sliced GPU
+            self.pool.slot_milli = st.slice_milli[:, None]
         for job in self.jobs.values():
             if job.status == RUNNING:
                 self.info.setdefault(job.name, _JobInfo()).attained = job.attained_at(now)
@@ -789,28 +792,32 @@ class PoolDriver:
                 return f"elastic job {job.name} is at its max-member {job.max_pods}"
             return (f"elastic job {job.name} runs {len(job.placed)} of up to {job.max_pods} pods; it grows into idle "
                     "GPUs when no other job waits")
-        why = pool.infeasible_reason(job)
-        if why:
-            return f"job {job.name}: {why}"
         if not pool._admissible(job, job.min_pods):
             for a in pool.paths[job.q]:
                 need = job.min_pods * job.gpus_per_pod
                 if pool.alloc[a][0] + need > pool.limit_g[a] + 1e-6:
-                    return (f"queue {tree.names[a]} would exceed its limit: {pool.alloc[a][0]:g} of "
-                            f"{pool.limit_g[a]:g} GPUs in use, {need:g} more asked")
+                    from gpupool.k8s.snapshot import _gpus
+
+                    return (f"queue {tree.names[a]} would exceed its limit: {_gpus(round(pool.alloc[a][0] * MILLI))} "
+                            f"of {_gpus(round(pool.limit_g[a] * MILLI))} GPU in use, {_gpus(round(need * MILLI))} "
+                            "more asked")
             return (f"non-preemptible job (priority {job.priority}) waits for room within the quota of queue {q}")
+        d = model.engine.schedule(job.pods[0])
+        if d.assignment is None:
+            if unit.gang is not None:
+                return f"gang {job.name} cannot be placed together: {d.reason}"
+            return d.reason
+        why = pool.infeasible_reason(job)
+        if why:
+            return f"job {job.name}: {why}"
         r = pool.reservation
         if r is not None and r.job is job:
             return (f"gang {job.name}: nodes reserved for it after {now - job.pending_since:.0f}s of waiting; it "
                     "starts when the pods running there end")
-        d = model.engine.schedule(job.pods[0])
-        if d.assignment is None:
-            if unit.gang is not None:
-                return f"gang {job.name} ({job.min_pods} pod(s) x {job.gpus_per_pod} GPU(s)): {d.reason}"
-            return d.reason
         parts = [f"waiting in queue {q} (holds {pool.alloc[job.q][0]:g} GPUs, fair share {pool._fs_g[job.q]:.3g})"]
         if unit.gang is not None:
-            parts.append(f"gang of {job.min_pods} pod(s) x {job.gpus_per_pod} GPU(s) needs room for all at once")
+            parts.insert(0, f"gang {job.name} cannot be placed together now ({job.min_pods} pod(s) x "
+                            f"{job.gpus_per_pod} GPU(s) at once)")
         if r is not None and r.job is not job:
             parts.append(f"nodes are reserved for gang {r.job.name}")
         return "; ".join(parts)

@@ -97,7 +97,7 @@ class EvictionActions:
         back exactly as it was and return None."""
         for i in chosen:
             self._release_pods(cands[i][0], cands[i][1])
-        placed = self._place(job, allowed, job.n_pods, job.min_pods)
+        placed = self._place(job, allowed, self._admissible_pods(job), job.min_pods)
         if placed is None:
             for i in chosen:
                 self._restore(cands[i][0], cands[i][1])

@@ -219,6 +219,9 @@ class PoolScheduler(EvictionActions):
             self.picker = ScopedPolicy(inner)
             self.engine = Engine(state, self.picker, seed=seed, workload=workload)
         self._preemptor: PoolJob | None = None  # the job an eviction makes room for (CycleResult.evictions)
+        # free share that makes a GPU a free slot for a whole-GPU pod: MILLI, or (n_nodes, 1) int64 of one
+        # time-slicing replica's share per node (a driver of a cluster with time-sliced GPUs sets it)
+        self.slot_milli: int | np.ndarray = MILLI
         self.tree = queues
         self.order = make_order(self.cfg.order, self.cfg.thresholds)
         self.preemptive_order = isinstance(self.order, TiresiasOrder) and self.cfg.preempt
@@ -293,7 +296,7 @@ class PoolScheduler(EvictionActions):
         st = self.state
         g = job.gpus_per_pod
         if g:
-            f = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1) // g
+            f = ((st.gpu_free >= self.slot_milli) & st.gpu_healthy).sum(axis=1) // g
         else:
             f = np.full(st.n_nodes, 1 << 30, dtype=np.int64)
         if job.cpu_per_pod:
@@ -530,7 +533,7 @@ class PoolScheduler(EvictionActions):
         """Recount the free whole healthy GPUs from the state (a driver that also places or counts pods
         the scheduler does not know calls this before each cycle)."""
         st = self.state
-        self.free_gpus = int(((st.gpu_free >= MILLI) & st.gpu_healthy).sum())
+        self.free_gpus = int(((st.gpu_free >= self.slot_milli) & st.gpu_healthy).sum())
         self._failed_place = None
 
     def set_gpu_health(self, node: int, gpu: int, healthy: bool, now: float) -> list[PoolJob]:
@@ -608,6 +611,13 @@ class PoolScheduler(EvictionActions):
             if not job.preemptible and self.np_alloc[a] + need > self.quota_g[a] + _EPS:
                 return False
         return True
+
+    def _admissible_pods(self, job: PoolJob) -> int:
+        """Most pods of ``job`` (``min_pods`` to ``n_pods``) that keep its queues within their limits."""
+        n = job.n_pods
+        while n > job.min_pods and not self._admissible(job, n):
+            n -= 1
+        return n
 
     # ------------------------------------------------------------------ placement
     def _place(self, job: PoolJob, allowed: np.ndarray | None, pods: int | None = None,
@@ -935,7 +945,7 @@ class PoolScheduler(EvictionActions):
         memo = failed.get(shape[2])
         if memo and any(g2 <= g and n2 <= nmin for g2, n2 in memo.items()):
             return False
-        placed = self._place(job, allowed, job.n_pods, nmin) if self.free_gpus >= nmin * g else None
+        placed = self._place(job, allowed, self._admissible_pods(job), nmin) if self.free_gpus >= nmin * g else None
         if placed is None:
             memo = failed.setdefault(shape[2], {})
             memo[g] = min(memo.get(g, 1 << 30), nmin)
