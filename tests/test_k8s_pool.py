@@ -218,3 +218,25 @@ def test_topology_and_max_member_spellings():
     assert job_topology(None, None) == ("preferred", "switch")
     assert max_member({"metadata": {"annotations": {"gpupool.io/max-member": "x"}}}, None) is None
     assert live_config().consolidate is False
+
+
+def test_pool_section_of_the_scheduler_config(tmp_path):
+    import pytest
+
+    from gpupool.k8s.scheduler_cli import ConfigError, load_config
+
+    f = tmp_path / "c.yaml"
+    f.write_text("pool:\n  jobOrder: tiresias\n  reserveAfter: 5m\n  minRuntime: 0\n  consolidate: true\n"
+                 "  defaultQueue: research\n")
+    s = load_config(f)
+    cfg = s.pool_config()
+    assert (cfg.order, cfg.reserve_after_s, cfg.min_run_s, cfg.consolidate) == ("tiresias", 300.0, 0.0, True)
+    assert s.default_queue == "research" and s.pool is True
+    f.write_text("pool:\n  reserveAfter: never\n  enabled: false\n")
+    s = load_config(f)
+    assert s.pool is False and s.pool_config().reserve_after_s is None
+    for bad, what in (("pool:\n  jobOrder: lifo\n", "jobOrder"), ("pool:\n  enabled: 'yes'\n", "enabled"),
+                      ("pool:\n  bogus: 1\n", "bogus")):
+        f.write_text(bad)
+        with pytest.raises(ConfigError, match=what):
+            load_config(f)

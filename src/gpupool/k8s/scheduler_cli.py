@@ -74,9 +74,28 @@ class Settings:
     log_level: str = "info"
     prometheus_url: str = ""
     dcgm_endpoints: list[str] = field(default_factory=list)
+    pool: bool = True  # the pool scheduler runs the cluster (queues' fair share, gangs, reclaim, preemption)
+    job_order: str = "fifo"  # within a queue, after priority: fifo or tiresias (2D-LAS)
+    reserve_after_s: float | None = 600.0  # a gang waiting this long gets nodes reserved (None: never)
+    min_runtime_s: float = 60.0  # a pod runs at least this long before it may be evicted
+    consolidate: bool = False  # move running pods to defragment (a move restarts them)
+    preemption: bool = True
+    reclaim: bool = True
+    elastic: bool = True
+    default_queue: str = "default"
+
+    def pool_config(self) -> Any:
+        """The :class:`~gpupool.engine.pool.PoolConfig` these settings give (:func:`gpupool.k8s.pool.live_config`)."""
+        from gpupool.k8s.pool import live_config
+
+        return live_config(order=self.job_order, reserve_after_s=self.reserve_after_s, min_run_s=self.min_runtime_s,
+                           reclaim_min_run_s=self.min_runtime_s, consolidate=self.consolidate,
+                           preempt=self.preemption, reclaim=self.reclaim, elastic=self.elastic)
 
 
-CONFIG_KEYS = {"apiVersion", "kind", "leaderElection", "profiles", "metrics", "logging", "telemetry"}
+CONFIG_KEYS = {"apiVersion", "kind", "leaderElection", "profiles", "metrics", "logging", "telemetry", "pool"}
+POOL_KEYS = {"enabled", "jobOrder", "reserveAfter", "minRuntime", "consolidate", "preemption", "reclaim", "elastic",
+             "defaultQueue"}
 
 
 def load_config(path: Path, settings: Settings | None = None) -> Settings:
@@ -140,6 +159,29 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
     tel = section("telemetry")
     s.prometheus_url = str(tel.get("prometheusURL") or "")
     s.dcgm_endpoints = [str(x) for x in tel.get("dcgmEndpoints") or []]
+    pool = section("pool")
+    bad = sorted(set(pool) - POOL_KEYS)
+    if bad:
+        raise ConfigError(f"{path}: pool: unknown field(s) {', '.join(bad)}; known: {', '.join(sorted(POOL_KEYS))}")
+    for key, attr in (("enabled", "pool"), ("consolidate", "consolidate"), ("preemption", "preemption"),
+                      ("reclaim", "reclaim"), ("elastic", "elastic")):
+        if key in pool:
+            if not isinstance(pool[key], bool):
+                raise ConfigError(f"{path}: pool.{key}: expected true or false, got {pool[key]!r}")
+            setattr(s, attr, pool[key])
+    if "jobOrder" in pool:
+        s.job_order = str(pool["jobOrder"])
+        if s.job_order not in ("fifo", "tiresias"):
+            raise ConfigError(f"{path}: pool.jobOrder: {s.job_order!r}: expected fifo or tiresias")
+    if "reserveAfter" in pool:
+        raw = pool["reserveAfter"]
+        s.reserve_after_s = None if str(raw).strip().lower() in ("never", "none", "off") else parse_duration(
+            raw, f"{path}: pool.reserveAfter")
+    if "minRuntime" in pool:
+        raw = pool["minRuntime"]
+        s.min_runtime_s = 0.0 if raw in (0, "0", "0s") else parse_duration(raw, f"{path}: pool.minRuntime")
+    if "defaultQueue" in pool:
+        s.default_queue = str(pool["defaultQueue"] or "default")
     return s
 
 
@@ -280,7 +322,8 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
     stop = stop if stop is not None else threading.Event()
     elector = None
     cfg = SchedulerConfig(scheduler_name=settings.scheduler_name, policy=settings.policy, seed=seed,
-                          identity=identity, gc_freeze=True)
+                          identity=identity, gc_freeze=True, pool=settings.pool, pool_config=settings.pool_config(),
+                          default_queue=settings.default_queue)
     sched: Scheduler | None = None
 
     def wake() -> None:
@@ -373,6 +416,23 @@ def register(app: typer.Typer) -> None:
             show_default=False, help="Log lines as json or kv (logfmt). Default: json.")] = None,
         log_level: Annotated[str | None, typer.Option(
             show_default=False, help="debug, info, warning or error. Default: info.")] = None,
+        pool: Annotated[bool | None, typer.Option(
+            "--pool/--no-pool", show_default=False,
+            help="Run the pool scheduler: queue fair share, gang reservation, reclaim, preemption by eviction, "
+                 "elastic gangs. --no-pool: placement within queue limits only. Default: on.")] = None,
+        job_order: Annotated[str | None, typer.Option(
+            "--job-order", show_default=False,
+            help="Order of jobs within a queue after priority: fifo or tiresias. Default: fifo.")] = None,
+        reserve_after: Annotated[float | None, typer.Option(
+            "--reserve-after", metavar="SECONDS", min=0, show_default=False,
+            help="Reserve nodes for a gang that waited this long (0: never). Default: 600.")] = None,
+        min_runtime: Annotated[float | None, typer.Option(
+            "--min-runtime", metavar="SECONDS", min=0, show_default=False,
+            help="A pod runs at least this long before it may be evicted. Default: 60.")] = None,
+        consolidate: Annotated[bool | None, typer.Option(
+            "--consolidate/--no-consolidate", show_default=False,
+            help="Move running pods (evict, they restart elsewhere) to defragment for a waiting job. "
+                 "Default: off.")] = None,
     ) -> None:
         """Schedule the pods whose schedulerName is gpupool's: GPU-aware placement, gangs, queues.
 
@@ -400,6 +460,18 @@ def register(app: typer.Typer) -> None:
             settings.log_format = log_format
         if log_level:
             settings.log_level = log_level
+        if pool is not None:
+            settings.pool = pool
+        if job_order is not None:
+            settings.job_order = job_order
+        if reserve_after is not None:
+            settings.reserve_after_s = reserve_after or None
+        if min_runtime is not None:
+            settings.min_runtime_s = min_runtime
+        if consolidate is not None:
+            settings.consolidate = consolidate
+        if settings.job_order not in ("fifo", "tiresias"):
+            _fail(f"job order {settings.job_order!r}: expected fifo or tiresias")
         if settings.policy not in REGISTRY:
             _fail(f"unknown policy {settings.policy!r}; known: {', '.join(REGISTRY)}")
         if settings.log_format not in ("json", "kv", "logfmt"):
