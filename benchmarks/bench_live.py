@@ -173,12 +173,17 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def part_cycle(n_nodes: int, n_pods: int, pending: int, rounds: int, seed: int, freeze: bool = True) -> dict:
+def part_cycle(n_nodes: int, n_pods: int, pending: int, rounds: int, seed: int, freeze: bool = True,
+               pool: bool = True) -> dict:
     t = time.perf_counter()
     f, nodes, pods = build_cluster(n_nodes, n_pods, seed)
     setup_s = time.perf_counter() - t
     cache = ClusterCache()
     model = ClusterModel(seed=seed)
+    if pool:  # the pool scheduler runs the cycle, as `gpupool scheduler` does by default
+        from gpupool.k8s.pool import PoolDriver
+
+        PoolDriver(model)
     cache.replace("nodes", nodes)
     cache.replace("pods", pods)
     cache.replace("podgroups", [])
@@ -235,7 +240,8 @@ def part_cycle(n_nodes: int, n_pods: int, pending: int, rounds: int, seed: int, 
         plan(snap)
         scratch.append(time.perf_counter() - t)
     ms = [x * 1000 for x in times]
-    return {"nodes": n_nodes, "bound_pods": n_pods, "pending_per_cycle": pending, "rounds": rounds,
+    return {"mode": "pool" if pool else "part1", "nodes": n_nodes, "bound_pods": n_pods,
+            "pending_per_cycle": pending, "rounds": rounds,
             "placed": placed, "setup_s": round(setup_s, 2), "load_s": round(load_s, 3), "build_s": round(build_s, 3),
             "cycle_ms_p50": round(pct(ms, 50), 3), "cycle_ms_p99": round(pct(ms, 99), 3),
             "cycle_ms_max": round(max(ms), 3), "per_pod_ms_p50": round(pct(ms, 50) / pending, 4),
@@ -364,11 +370,12 @@ def markdown(report: dict) -> str:
              f"load average {m['load_average'][0]:.2f} at start. Written by `benchmarks/bench_live.py`.", ""]
     if report.get("cycle"):
         lines += ["## Cycle time on the incremental model (drain changes + plan the pending pods)", "",
-                  "| nodes | bound pods | pending/cycle | cycle p50 ms | p99 ms | max ms | pods parsed/cycle "
+                  "| mode | nodes | bound pods | pending/cycle | cycle p50 ms | p99 ms | max ms | pods parsed/cycle "
                   "| first build s | from-scratch cycle s | p50 speed-up |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in report["cycle"]:
-            lines.append(f"| {r['nodes']:,} | {r['bound_pods']:,} | {r['pending_per_cycle']} | {r['cycle_ms_p50']} | "
+            lines.append(f"| {r.get('mode', 'part1')} | {r['nodes']:,} | {r['bound_pods']:,} | "
+                         f"{r['pending_per_cycle']} | {r['cycle_ms_p50']} | "
                          f"{r['cycle_ms_p99']} | {r['cycle_ms_max']} | {r['pods_parsed_per_cycle']:.1f} | "
                          f"{r['build_s']} | {r['from_scratch_cycle_s']} | {r['speedup_p50']}x |")
         lines.append("")
@@ -399,6 +406,8 @@ def main() -> None:
     ap.add_argument("--pending", default="1,100", help="pending pods per cycle, comma-separated")
     ap.add_argument("--rounds", type=int, default=200, help="timed cycles per (size, pending)")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--modes", default="pool,part1",
+                    help="cycle modes, comma-separated: pool (the pool scheduler, the default) and part1 (--no-pool)")
     ap.add_argument("--real-nodes", type=int, default=200)
     ap.add_argument("--real-pods", type=int, default=1000)
     ap.add_argument("--real-timeout", type=float, default=300.0)
@@ -414,10 +423,11 @@ def main() -> None:
         for size in args.sizes.split(","):
             n_nodes, n_pods = (int(x) for x in size.split(":"))
             for pending in (int(x) for x in args.pending.split(",")):
-                rounds = args.rounds if pending == 1 else max(20, args.rounds // 4)
-                r = part_cycle(n_nodes, n_pods, pending, rounds, args.seed)
-                print(json.dumps(r), flush=True)
-                report["cycle"].append(r)
+                for mode in args.modes.split(","):
+                    rounds = args.rounds if pending == 1 else max(20, args.rounds // 4)
+                    r = part_cycle(n_nodes, n_pods, pending, rounds, args.seed, pool=mode == "pool")
+                    print(json.dumps(r), flush=True)
+                    report["cycle"].append(r)
     if args.part in ("real", "all"):
         report["real"] = part_real(args.real_nodes, args.real_pods, args.real_timeout)
         print(json.dumps(report["real"]), flush=True)
