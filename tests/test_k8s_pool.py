@@ -142,6 +142,9 @@ def test_victim_that_does_not_terminate_lapses_and_is_counted_again():
     victim = evicted(c)[0]
     assert c.pending("default/a") == ["default/a0"]
     assert "nominated" in c.reason("default/a0")
+    # the victim shows Terminating (a new version): not counted again while its devices are promised to a0
+    assert victim not in c.model.state.assignments and "default/a0" in c.model.state.assignments
+    c.model.state.check_invariants()
     assert any(p.nominated for plan in c.plans for p in plan.placements)
     c.run(40)  # grace 5 s + slack 30 s
     assert c.driver.stats["lapsed"] >= 1

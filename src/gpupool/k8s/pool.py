@@ -693,6 +693,11 @@ class PoolDriver:
                                       _gang(rec) if rec is not None else None, waited_s=max(0.0, now - h.since)))
         return out
 
+    def is_evicting(self, key: str, uid: str) -> bool:
+        """Is pod ``key`` (this ``uid``) a victim being evicted (not counted: its devices went to the preemptor)?"""
+        e = self.evicting.get(key)
+        return e is not None and e.uid == uid
+
     def _victim_gone(self, key: str, e: _Evicting) -> bool:
         rec = self.model.pods.get(key)
         return rec is None or rec.uid != e.uid or rec.terminal

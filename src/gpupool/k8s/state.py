@@ -429,9 +429,13 @@ class ClusterModel:
             self.duplicates.setdefault(base, []).append(key)
         if assumed is not None and node == assumed.node:
             self._adopt(rec, assumed)
-        elif node and not terminal:
+        elif node and not terminal and not self._evicting(rec):
             self._count(rec)
         self._set_pending(rec)
+
+    def _evicting(self, rec: PodRecord) -> bool:
+        """Is ``rec`` a preemption victim on its way out? Its devices already went to its preemptor."""
+        return self.pool is not None and self.pool.is_evicting(rec.key, rec.uid)
 
     def _set_pending(self, rec: PodRecord) -> None:
         if rec.waiting and rec.key not in self.assumed:
@@ -627,7 +631,8 @@ class ClusterModel:
             return
         state = ClusterState(specs)
         self.state, self.engine, self.elig = state, None, None
-        bound = [r for r in self.pods.values() if r.node and not r.terminal and r.key not in self.assumed]
+        bound = [r for r in self.pods.values() if r.node and not r.terminal and r.key not in self.assumed
+                 and not self._evicting(r)]
         for rec in sorted(bound, key=lambda r: (_bound_order(r.obj), r.key)):
             self._count_in(state, rec)
         nodes = {n: r.obj for n, r in self.nodes.items() if r.spec is not None}
