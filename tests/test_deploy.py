@@ -154,7 +154,9 @@ def test_rbac_is_least_privilege():
     cluster = grants(_one(objs, "ClusterRole"))
     assert cluster == {
         ("", "pods", "get", ()), ("", "pods", "list", ()), ("", "pods", "watch", ()), ("", "pods", "patch", ()),
-        ("", "pods/binding", "create", ()), ("", "pods/status", "patch", ()),
+        ("", "pods/binding", "create", ()), ("", "pods/status", "patch", ()), ("", "pods/eviction", "create", ()),
+        ("policy", "poddisruptionbudgets", "get", ()), ("policy", "poddisruptionbudgets", "list", ()),
+        ("policy", "poddisruptionbudgets", "watch", ()),
         ("", "events", "create", ()), ("", "events", "patch", ()),
         ("events.k8s.io", "events", "create", ()), ("events.k8s.io", "events", "patch", ()),
         ("", "nodes", "get", ()), ("", "nodes", "list", ()), ("", "nodes", "watch", ()),
@@ -162,6 +164,8 @@ def test_rbac_is_least_privilege():
         ("scheduling.x-k8s.io", "podgroups", "watch", ()),
         ("scheduling.volcano.sh", "podgroups", "get", ()), ("scheduling.volcano.sh", "podgroups", "list", ()),
         ("scheduling.volcano.sh", "podgroups", "watch", ()),
+        ("scheduling.x-k8s.io", "podgroups/status", "patch", ()),
+        ("scheduling.volcano.sh", "podgroups/status", "patch", ()),
         ("gpupool.io", "queues", "get", ()), ("gpupool.io", "queues", "list", ()),
         ("gpupool.io", "queues", "watch", ()),
         ("gpupool.io", "queues/status", "get", ()), ("gpupool.io", "queues/status", "patch", ()),
@@ -199,6 +203,13 @@ def assert_grants_what_the_scheduler_reads(cluster: set[tuple[str, str, str, tup
     for group, _, plural in (POD_GROUP_API, VOLCANO_POD_GROUP_API, QUEUE_API):
         granted(group, plural, "get", "list", "watch")
     granted("gpupool.io", "queues/status", "get", "patch", "update")
+    # Status the StatusWriter PATCHes: every kind it writes, on the API group of its path.
+    from gpupool.k8s.status import STATUS_PATHS
+
+    for path in STATUS_PATHS.values():
+        parts = path.split("/")
+        granted(parts[2], f"{parts[-3]}/status", "patch")
+    granted("", "pods/eviction", "create")  # preemption (pool mode)
     for resource in ("pods", "nodes"):
         granted("", resource, "get", "list", "watch")
     granted("", "pods/binding", "create")
@@ -222,9 +233,12 @@ def test_rbac_fails_when_a_group_is_missing():
              for v in ("get", "list", "watch")}
     full |= {("gpupool.io", "queues", v, ()) for v in ("get", "list", "watch")}
     full |= {("gpupool.io", "queues/status", v, ()) for v in ("get", "patch", "update")}
+    full |= {(g, "podgroups/status", "patch", ()) for g in ("scheduling.x-k8s.io", "scheduling.volcano.sh")}
+    full |= {("", "pods/eviction", "create", ())}
     assert_grants_what_the_scheduler_reads(full)
     for missing in [("scheduling.volcano.sh", "podgroups", "watch", ()), ("gpupool.io", "queues/status", "patch", ()),
-                    ("events.k8s.io", "events", "create", ())]:
+                    ("events.k8s.io", "events", "create", ()), ("", "pods/eviction", "create", ()),
+                    ("scheduling.volcano.sh", "podgroups/status", "patch", ())]:
         with pytest.raises(AssertionError):
             assert_grants_what_the_scheduler_reads(full - {missing})
 
@@ -273,6 +287,81 @@ def test_crds_define_the_fields_gpupool_reads():
         assert any(k[0] == f"{group}/{version}" for k in crd_schemas())
     crd = _docs((DEPLOY / "crds" / "queues.gpupool.io.yaml").read_text())[0]
     assert crd["spec"]["scope"] == "Cluster"
+
+
+def _crd(file: str) -> dict:
+    return _docs((DEPLOY / "crds" / file).read_text())[0]
+
+
+def _resolve(schema: dict, json_path: str) -> dict | None:
+    """The schema node a printer column's simple JSONPath names (``.status.usedGPUs``); None if undefined."""
+    node = schema
+    for part in re.split(r"(?<!\\)\.", json_path.lstrip("."))[:2]:
+        if part == "metadata":
+            return {"type": "object"}  # ObjectMeta: not part of a CRD's schema
+        node = node.get("properties", {}).get(part)
+        if node is None:
+            return None
+    return node
+
+
+def test_printer_columns_show_allocation_and_gang_phase():
+    """`kubectl get queues` / `kubectl get podgroups`: the columns, each naming a field its CRD defines, with a
+    matching type."""
+    expected = {
+        "queues.gpupool.io.yaml": ["Parent", "Quota", "Limit", "Weight", "Allocated", "FairShare", "Borrowed",
+                                   "Pending", "Age"],
+        "podgroups.scheduling.x-k8s.io.yaml": ["Phase", "MinMember", "Scheduled", "Running", "Succeeded", "Failed",
+                                               "Age"],
+    }
+    for file, names in expected.items():
+        (version,) = _crd(file)["spec"]["versions"]
+        cols = version["additionalPrinterColumns"]
+        assert [c["name"] for c in cols if not c.get("priority")] == names, file
+        schema = version["schema"]["openAPIV3Schema"]
+        for col in cols:
+            node = _resolve(schema, col["jsonPath"])
+            assert node is not None, f"{file}: column {col['name']}: {col['jsonPath']} is not in the schema"
+            if col["type"] in ("number", "integer") and not col["jsonPath"].startswith(".metadata"):
+                assert node["type"] == col["type"], f"{file}: column {col['name']}"
+    queue = {c["name"]: c["jsonPath"] for c in _crd("queues.gpupool.io.yaml")["spec"]["versions"][0][
+        "additionalPrinterColumns"]}
+    assert (queue["Allocated"], queue["FairShare"], queue["Borrowed"], queue["Pending"]) == (
+        ".status.usedGPUs", ".status.fairShareGPUs", ".status.borrowedGPUs", ".status.pendingPods")
+
+
+def test_crds_define_every_status_field_gpupool_writes():
+    """What gpupool.k8s.status writes validates against the CRDs' status schemas (structural schemas prune a
+    field they do not define: it would silently never show)."""
+    from gpupool.k8s.state import ClusterModel
+    from gpupool.k8s.status import OWNED_FIELDS, pod_group_statuses, queue_statuses
+
+    queue = crd_schemas()[("gpupool.io/v1alpha1", "Queue")]["properties"]["status"]
+    pg = crd_schemas()[("scheduling.x-k8s.io/v1alpha1", "PodGroup")]["properties"]["status"]
+    assert set(OWNED_FIELDS["queues"]) <= set(queue["properties"])
+    assert set(OWNED_FIELDS["podgroups"]) | {"occupiedBy"} <= set(pg["properties"])
+    assert "fairShare" in queue["properties"]  # kept: objects written before fairShareGPUs stay valid
+
+    m = ClusterModel()
+    m.replace("nodes", [])
+    m.replace("pods", [{"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "p", "namespace": "default", "labels": {"kueue.x-k8s.io/queue-name": "q",
+                                                        "scheduling.x-k8s.io/pod-group": "g"}},
+        "spec": {"schedulerName": "gpupool", "containers": [{"name": "c", "resources": {
+            "limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Pending"}}])
+    m.replace("queues", [{"apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": "q"},
+                          "spec": {"quota": 1}}])
+    m.replace("podgroups", [{"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                             "metadata": {"name": "g", "namespace": "default"}, "spec": {"minMember": 1}}])
+    m.refresh()
+    for st in queue_statuses(m, {"q": 1.5}).values():
+        for cond in st["conditions"]:
+            cond["lastTransitionTime"] = "2025-01-01T00:00:00Z"
+        validate_custom({"apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": "q"},
+                         "spec": {}, "status": st})
+    for st in pod_group_statuses(m).values():
+        validate_custom({"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                         "metadata": {"name": "g"}, "status": st})
 
 
 @pytest.mark.parametrize("spec", [
