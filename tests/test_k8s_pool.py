@@ -243,3 +243,26 @@ def test_pool_section_of_the_scheduler_config(tmp_path):
         f.write_text(bad)
         with pytest.raises(ConfigError, match=what):
             load_config(f)
+
+
+def test_dry_run_in_pool_mode_lists_the_evictions_it_would_make():
+    from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MILLI, ANN_NODE
+    from gpupool.k8s.snapshot import format_plan, plan, snapshot_from_objects
+
+    bound = []
+    for i in range(4):
+        p = pod(f"b{i}", 2, queue="b")
+        p["spec"]["nodeName"] = "n1"
+        p["status"]["phase"] = "Running"
+        p["metadata"]["annotations"] = {ANN_NODE: "n1", ANN_GPU_INDEX: f"{2 * i},{2 * i + 1}", ANN_GPU_MILLI: "1000"}
+        bound.append(p)
+    objs = [node("n1"), queue("a", quota=4), queue("b", quota=4), *bound, pod("a0", 2, queue="a", created=10**9)]
+    snap = snapshot_from_objects(objs)
+    result = plan(snap, pool=live_config())
+    out = result.to_json()
+    assert out["summary"]["evictions"] == 1
+    pre = out["preemptions"][0]
+    assert pre["action"] == "reclaim" and pre["preemptor"] == "default/a0" and pre["victims"][0].startswith("default/b")
+    assert pre["nominated"] == {"default/a0": "n1"}
+    assert "would evict default/b" in format_plan(result)
+    assert plan(snap).preemptions == []  # without the pool: queue limits only

@@ -11,6 +11,20 @@ format), extended here with what a scheduler depends on and the emulator leaves 
   ONE update: ``spec.nodeName``, the Binding's annotations (and labels) merged over the pod's, PodScheduled=True,
   and a ``201`` with a ``Status`` body;
 * ``generateName`` for Events;
+* pod deletion as kube-apiserver's pod strategy does it (``CheckGracefulDelete``): a pod bound to a node with a
+  grace period > 0 (``gracePeriodSeconds``, else ``terminationGracePeriodSeconds``, default 30) stays, Terminating
+  (``deletionTimestamp`` = now + grace, ``deletionGracePeriodSeconds``), until a kubelet (:meth:`ApiServer.
+  finish_termination`) or a grace-0 delete removes it; an unbound or finished pod goes at once; UID and
+  resourceVersion preconditions (409), ``dryRun``;
+* the ``pods/eviction`` subresource (policy/v1 Eviction) as ``registry/core/pod/storage/eviction.go`` (v1.36):
+  PodDisruptionBudgets (``policy/v1``, stored and served; a create resets status and sets ``generation``, a spec
+  change bumps it) matching the pod's labels; ``429`` when the budget is not yet processed
+  (``observedGeneration < generation``) or allows no disruption, ``500`` for several budgets, ``403`` for a
+  negative budget; Pending / finished / Terminating pods skip the budgets; unready pods do not consume it when
+  the budget is healthy (or ``unhealthyPodEvictionPolicy: AlwaysAllow``); a real eviction decrements
+  ``disruptionsAllowed``, records ``status.disruptedPods``, sets ``DisruptionTarget`` (``EvictionByEvictionAPI``)
+  and deletes the pod as a DELETE does; ``dryRun`` changes nothing;
+* strategic-merge patches of ``status.conditions`` merge by ``type`` (kmock replaces lists);
 * fault hooks: run something just before a binding is served (bind the pod elsewhere, delete it),
   end every open watch, compact the history;
 * a count of the TCP connections the server accepted (``Harness.connections``), to check that the client
@@ -25,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import copy
+import datetime
 import itertools
 import threading
 import time
@@ -32,6 +47,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp.web
 import attrs
 import kmock
 import pytest
@@ -45,6 +61,9 @@ NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"
 PODS = kmock.resource("", "v1", "pods")
 NODES = kmock.resource("", "v1", "nodes")
 EVENTS = kmock.resource("", "v1", "events")
+PDBS = kmock.resource("policy", "v1", "poddisruptionbudgets")
+PDB_MESSAGE = "Cannot evict pod as it would violate the pod's disruption budget."
+MAX_DISRUPTED_PODS = 2000
 PODGROUPS = kmock.resource("scheduling.x-k8s.io", "v1alpha1", "podgroups")
 QUEUES = kmock.resource("gpupool.io", "v1alpha1", "queues")
 
@@ -95,20 +114,44 @@ class ApiServer(kmock.KubernetesEmulator):
     # every binding request: (ns, name, target, annotations, HTTP status)
     bind_attempts: list[tuple[str, str, str, dict[str, str], int]] = attrs.field(factory=list)
     watches: int = 0
+    # every PATCH / PUT: (plural, ns, name, subresource, body as sent)
+    updates: list[tuple[str, str | None, str, str | None, dict[str, Any]]] = attrs.field(factory=list)
+    on_evict: Callable[..., Any] | None = None  # awaited before every eviction is served (may raise an API error)
+    # every eviction request: (ns, name, dry run, HTTP status)
+    evictions: list[tuple[str, str, bool, int]] = attrs.field(factory=list)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self._buses = _EventLogs(self)
         self["post", PODS, kmock.subresource("binding")] << self._serve_binding
+        self["post", PODS, kmock.subresource("eviction")] << self._serve_eviction
         self["put"] << self._serve_replace
 
     # -- generateName, as the API server does it
     async def _handle(self, request):  # type: ignore[override]
+        if request.action == kmock.action.DELETE and request.resource == PODS and request.name \
+                and not request.subresource:
+            try:  # kmock would remove the pod at once; the API server deletes a bound pod gracefully
+                return aiohttp.web.json_response(await self._serve_pod_delete(request), status=200)
+            except kmock.KubernetesError as exc:
+                return await self._render_error(exc)
+        if request.action == kmock.action.UPDATE and isinstance(request.data, dict):
+            self.updates.append((request.resource.plural, request.namespace, request.name, request.subresource,
+                                 copy.deepcopy(request.data)))
+            await self._prepare_update(request)
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict) and request.resource == PDBS:
+            request.data.pop("status", None)  # PodDisruptionBudget PrepareForCreate: status reset, generation 1
+            request.data.setdefault("metadata", {})["generation"] = 1
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             meta.setdefault("uid", str(uuid.uuid4()))
+            if request.resource == PODS:  # the API server's create starts a pod Pending (tests may preset a phase)
+                status = request.data.get("status")
+                if not isinstance(status, dict):
+                    status = request.data["status"] = {}
+                status.setdefault("phase", "Pending")
             if request.resource == NODES:
                 # as a real v1.36 server does (tests/e2e/README.md): a create ignores status (only nodes/status
                 # sets it), and the TaintNodesByCondition admission plugin makes every new Node not-ready
@@ -249,6 +292,242 @@ class ApiServer(kmock.KubernetesEmulator):
                    "status": {"conditions": conditions}})
         await self._buses[PODS].put({"type": "MODIFIED", "object": obj.raw})
 
+    # -- PATCH / PUT: what kmock's plain dict merge leaves out
+    async def _prepare_update(self, request) -> None:
+        """Strategic merge of ``status.conditions`` by ``type`` (pods); PodDisruptionBudget: the main resource keeps
+        its status and a spec change bumps ``generation``, the status subresource changes only the status."""
+        async with self._lock:
+            key = (request.resource, request.namespace, request.name)
+            obj = self._objects[key].raw if key in self._objects and not self._objects[key].deleted else None
+        if obj is None:
+            return
+        data = request.data
+        ctype = str(request.headers.get("Content-Type", ""))
+        status = data.get("status")
+        if "strategic-merge-patch" in ctype and isinstance(status, dict) and isinstance(status.get("conditions"), list):
+            merged = [dict(c) for c in (obj.get("status") or {}).get("conditions") or []]
+            for cond in status["conditions"]:
+                at = next((i for i, c in enumerate(merged) if c.get("type") == cond.get("type")), None)
+                if at is None:
+                    merged.append(dict(cond))
+                else:
+                    merged[at] = {**merged[at], **cond}
+            status["conditions"] = [{k: v for k, v in c.items() if v is not None} for c in merged]
+        if request.resource == PDBS:
+            if request.subresource == "status":
+                for k in [k for k in data if k not in ("status", "metadata", "apiVersion", "kind")]:
+                    del data[k]
+                if isinstance(data.get("metadata"), dict):
+                    data["metadata"] = {k: v for k, v in data["metadata"].items() if k == "resourceVersion"}
+            else:
+                data.pop("status", None)
+                if "spec" in data and data["spec"] != obj.get("spec"):
+                    meta = data.setdefault("metadata", {})
+                    meta["generation"] = int((obj.get("metadata") or {}).get("generation") or 1) + 1
+
+    # -- pod deletion, as kube-apiserver's pod strategy and generic registry do it
+    @staticmethod
+    def _delete_options(request, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """DeleteOptions from the body (a DeleteOptions, or an Eviction's ``deleteOptions``) and the query."""
+        opts = dict(body if body is not None else (request.data if isinstance(request.data, dict) else {}) or {})
+        if "gracePeriodSeconds" in request.params and opts.get("gracePeriodSeconds") is None:
+            opts["gracePeriodSeconds"] = int(request.params["gracePeriodSeconds"])
+        if "dryRun" in request.params and not opts.get("dryRun"):
+            opts["dryRun"] = [request.params["dryRun"]]
+        return opts
+
+    async def _serve_pod_delete(self, request) -> dict[str, Any]:
+        async with self._lock:
+            return await self._delete_pod(request.namespace, request.name, self._delete_options(request))
+
+    def _check_preconditions(self, pod: dict[str, Any], opts: dict[str, Any]) -> None:
+        """rest.BeforeDelete's precondition check: 409 when the UID or resourceVersion differs."""
+        pre = opts.get("preconditions") or {}
+        meta = pod.get("metadata") or {}
+        name = meta.get("name")
+        if pre.get("uid") and pre["uid"] != meta.get("uid"):
+            raise kmock.KubernetesError(status=409, reason="Conflict", message=(
+                f'Operation cannot be fulfilled on Pod "{name}": the UID in the precondition ({pre["uid"]}) does not '
+                f"match the UID in record ({meta.get('uid')}). The object might have been deleted and then recreated"))
+        if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
+            raise kmock.KubernetesError(status=409, reason="Conflict", message=(
+                f'Operation cannot be fulfilled on Pod "{name}": the ResourceVersion in the precondition '
+                f"({pre['resourceVersion']}) does not match the ResourceVersion in record "
+                f"({meta.get('resourceVersion')}). The object might have been modified"))
+
+    def _pod(self, ns: str, name: str) -> Any:
+        key = (PODS, ns, name)
+        if key not in self._objects or self._objects[key].deleted:
+            raise kmock.KubernetesError(status=404, reason="NotFound", message=f'pods "{name}" not found')
+        return self._objects[key]
+
+    async def _delete_pod(self, ns: str, name: str, opts: dict[str, Any]) -> dict[str, Any]:
+        """DELETE of a pod (caller holds ``self._lock``); returns the pod as the API answers it.
+
+        Grace (``podStrategy.CheckGracefulDelete``): ``gracePeriodSeconds``, else the pod's
+        ``terminationGracePeriodSeconds``, else 30 (the API's default); 0 for a pod not bound to a node or in a
+        terminal phase; a negative one is 1. Grace 0 removes the pod (DELETED); otherwise it stays with
+        ``deletionTimestamp`` / ``deletionGracePeriodSeconds`` (MODIFIED) until the kubelet (here:
+        :meth:`finish_termination`) or a grace-0 delete removes it. A pod already Terminating only takes a shorter
+        grace period. ``dryRun``: checks only.
+        """
+        obj = self._pod(ns, name)
+        pod = obj.raw
+        self._check_preconditions(pod, opts)
+        spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
+        grace = opts.get("gracePeriodSeconds")
+        if grace is None:
+            grace = spec.get("terminationGracePeriodSeconds", 30)
+        grace = int(grace)
+        if not spec.get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            grace = 0
+        grace = 1 if grace < 0 else grace
+        if opts.get("dryRun"):
+            return copy.deepcopy(pod)
+        if meta.get("deletionTimestamp") and grace > 0 and grace >= int(meta.get("deletionGracePeriodSeconds") or 0):
+            return copy.deepcopy(pod)  # already Terminating: only a shorter grace period changes it
+        if grace == 0 and not meta.get("finalizers"):
+            raw = copy.deepcopy(pod)
+            obj.delete()
+            await self._buses[PODS].put({"type": "DELETED", "object": raw})
+            return raw
+        at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=grace)
+        obj.patch({"metadata": {"deletionTimestamp": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                "deletionGracePeriodSeconds": grace}})
+        await self._buses[PODS].put({"type": "MODIFIED", "object": obj.raw})
+        return copy.deepcopy(obj.raw)
+
+    async def finish_termination(self, ns: str, name: str) -> None:
+        """What the kubelet does once a Terminating pod's containers stopped: delete it with grace 0."""
+        async with self._lock:
+            await self._delete_pod(ns, name, {"gracePeriodSeconds": 0})
+
+    # -- pods/eviction, as registry/core/pod/storage/eviction.go (EvictionREST.Create, checkAndDecrement)
+    @staticmethod
+    def _selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+        """metav1.LabelSelectorAsSelector(...).Matches; a nil or empty selector matches nothing (PDB rule)."""
+        selector = selector or {}
+        match, exprs = selector.get("matchLabels") or {}, selector.get("matchExpressions") or []
+        if not match and not exprs:
+            return False
+        if any(labels.get(k) != v for k, v in match.items()):
+            return False
+        for e in exprs:
+            key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+            if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values) \
+                    or (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+                return False
+        return True
+
+    async def _serve_eviction(self, request):
+        ns, name = request.namespace, request.name
+        body = request.data if isinstance(request.data, dict) else {}
+        opts = self._delete_options(request, dict(body.get("deleteOptions") or {}))
+        dry = bool(opts.get("dryRun"))
+        status = 500
+        try:
+            if self.on_evict is not None:
+                await self.on_evict(self, ns, name, dry)
+            if (body.get("metadata") or {}).get("name") != name:
+                status = 400
+                raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                            message="name in URL does not match name in Eviction object")
+            async with self._lock:
+                status = await self._evict(ns, name, opts, dry)
+        except kmock.KubernetesError as exc:
+            status = exc.status
+            raise
+        finally:
+            self.evictions.append((ns, name, dry, status))
+        if status == 500:
+            return kmock.Response(status=500, payload={
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "code": 500,
+                "message": "This pod has more than one PodDisruptionBudget, which the eviction subresource does not "
+                           "support."})
+        return kmock.Response(status=201, payload={"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                   "status": "Success", "code": 201})
+
+    async def _evict(self, ns: str, name: str, opts: dict[str, Any], dry: bool) -> int:
+        """One eviction (caller holds ``self._lock``); returns 201, or 500 for several budgets; raises the rest."""
+        pod = self._pod(ns, name).raw
+        meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+        if st.get("phase") in ("Succeeded", "Failed", "Pending") or meta.get("deletionTimestamp"):  # canIgnorePDB
+            await self._condition_and_delete(ns, name, opts, dry)
+            return 201
+        labels = meta.get("labels") or {}
+        pdbs = [o for (res, pns, _), o in self._objects.items() if res == PDBS and pns == ns and not o.deleted
+                and self._selects((o.raw.get("spec") or {}).get("selector"), labels)]
+        if len(pdbs) > 1:
+            return 500
+        if pdbs:
+            pdb = pdbs[0]
+            spec, pst = pdb.raw.get("spec") or {}, dict(pdb.raw.get("status") or {})
+            pname = pdb.raw["metadata"]["name"]
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+            healthy_enough = (spec.get("unhealthyPodEvictionPolicy") == "AlwaysAllow"
+                              or (pst.get("currentHealthy", 0) >= pst.get("desiredHealthy", 0) > 0))
+            if not (not ready and healthy_enough):
+                await self._check_and_decrement(pdb, pname, name, dry)
+        await self._condition_and_delete(ns, name, opts, dry)
+        return 201
+
+    async def _check_and_decrement(self, pdb: Any, pname: str, pod_name: str, dry: bool) -> None:
+        pst = dict(pdb.raw.get("status") or {})
+        if int(pst.get("observedGeneration") or 0) < int((pdb.raw.get("metadata") or {}).get("generation") or 0):
+            raise kmock.KubernetesError(status=429, reason="TooManyRequests", message=PDB_MESSAGE, details={
+                "causes": [{"reason": "DisruptionBudget",
+                            "message": f"The disruption budget {pname} is still being processed by the server."}],
+                "retryAfterSeconds": 10})
+        allowed = int(pst.get("disruptionsAllowed") or 0)
+        forbidden = ("pdb disruptions allowed is negative" if allowed < 0 else
+                     "DisruptedPods map too big - too many evictions not confirmed by PDB controller"
+                     if len(pst.get("disruptedPods") or {}) > MAX_DISRUPTED_PODS else None)
+        if forbidden:
+            raise kmock.KubernetesError(status=403, reason="Forbidden", message=(
+                f'poddisruptionbudgets.policy "{pname}" is forbidden: {forbidden}'))
+        if allowed == 0:
+            raise kmock.KubernetesError(status=429, reason="TooManyRequests", message=PDB_MESSAGE, details={
+                "causes": [{"reason": "DisruptionBudget", "message": (
+                    f"The disruption budget {pname} needs {int(pst.get('desiredHealthy') or 0)} healthy pods and "
+                    f"has {int(pst.get('currentHealthy') or 0)} currently")}]})
+        if dry:
+            return
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        change: dict[str, Any] = {"disruptionsAllowed": allowed - 1,
+                                  "disruptedPods": {**(pst.get("disruptedPods") or {}), pod_name: now}}
+        if allowed - 1 == 0:  # pdbhelper.UpdateDisruptionAllowedCondition
+            conds = [c for c in pst.get("conditions") or [] if c.get("type") != "DisruptionAllowed"]
+            change["conditions"] = conds + [{"type": "DisruptionAllowed", "status": "False",
+                                             "reason": "InsufficientPods", "message": "",
+                                             "observedGeneration": pst.get("observedGeneration"),
+                                             "lastTransitionTime": now}]
+        pdb.patch({"status": change})
+        await self._buses[PDBS].put({"type": "MODIFIED", "object": pdb.raw})
+
+    async def _condition_and_delete(self, ns: str, name: str, opts: dict[str, Any], dry: bool) -> None:
+        """addConditionAndDeletePod: unless a dry run, DisruptionTarget=True (EvictionByEvictionAPI) in one update
+        (the UID precondition checked first), then the delete."""
+        obj = self._pod(ns, name)
+        if not dry:
+            self._check_preconditions(obj.raw, opts)
+            conds = [dict(c) for c in (obj.raw.get("status") or {}).get("conditions") or []]
+            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            new = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                   "message": "Eviction API: evicting", "lastTransitionTime": now}
+            old = next((c for c in conds if c.get("type") == "DisruptionTarget"), None)
+            if old is None:
+                conds.append(new)
+            else:
+                if old.get("status") == "True":
+                    new["lastTransitionTime"] = old.get("lastTransitionTime") or now
+                conds[conds.index(old)] = new
+            obj.patch({"status": {"conditions": conds}})
+            await self._buses[PODS].put({"type": "MODIFIED", "object": obj.raw})
+            # the update made a new resourceVersion; the API server moves an RV precondition on to it
+            opts = {**opts, "preconditions": {k: v for k, v in (opts.get("preconditions") or {}).items()
+                                              if k != "resourceVersion"}}
+        await self._delete_pod(ns, name, opts)
+
     # -- fault injection (called in the server's loop)
     async def bind_elsewhere(self, ns: str, name: str, node: str) -> None:
         async with self._lock:
@@ -296,6 +575,7 @@ class Harness:
             server.resources[PODS] = kmock.ResourceInfo(kind="Pod", namespaced=True)
             server.resources[NODES] = kmock.ResourceInfo(kind="Node", namespaced=False)
             server.resources[EVENTS] = kmock.ResourceInfo(kind="Event", namespaced=True)
+            server.resources[PDBS] = kmock.ResourceInfo(kind="PodDisruptionBudget", namespaced=True)
             web = srv._managed_server.runner.server  # aiohttp's low-level Server: one call per TCP connection
             made = web.connection_made
 
@@ -360,6 +640,28 @@ class Harness:
     def create_pod(self, pod: dict[str, Any]) -> None:
         wire.drain(self.v1.create_namespaced_pod(pod["metadata"].get("namespace", "default"), pod,
                                                  _preload_content=False))
+
+    def pdb(self, name: str, ns: str = "default") -> dict[str, Any] | None:
+        return next((p for p in self.objects(PDBS) if p["metadata"]["name"] == name
+                     and p["metadata"].get("namespace") == ns), None)
+
+    def create_pdb(self, name: str, match_labels: dict[str, str], ns: str = "default", allowed: int | None = None,
+                   healthy: tuple[int, int] = (0, 0), **spec: Any) -> None:
+        """Create a policy/v1 PodDisruptionBudget; ``allowed``: then write its status as the disruption controller
+        would (observedGeneration, disruptionsAllowed, ``healthy`` = (current, desired))."""
+        body = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name, "namespace": ns},
+                "spec": {"selector": {"matchLabels": match_labels}, **spec}}
+        wire.drain(client.PolicyV1Api(self.api).create_namespaced_pod_disruption_budget(ns, body,
+                                                                                          _preload_content=False))
+        if allowed is not None:
+            self.set_pdb_status(name, allowed, ns, healthy)
+
+    def set_pdb_status(self, name: str, allowed: int, ns: str = "default", healthy: tuple[int, int] = (0, 0)) -> None:
+        gen = (self.pdb(name, ns) or {}).get("metadata", {}).get("generation", 1)
+        status = {"observedGeneration": gen, "disruptionsAllowed": allowed, "currentHealthy": healthy[0],
+                  "desiredHealthy": healthy[1], "expectedPods": healthy[0]}
+        wire.drain(client.PolicyV1Api(self.api).patch_namespaced_pod_disruption_budget_status(
+            name, ns, {"status": status}, _content_type="application/merge-patch+json", _preload_content=False))
 
     def scheduler(self, leader: Callable[[], bool] | None = None, identity: str = "gpupool-0",
                   **config: Any) -> Scheduler:

@@ -631,7 +631,11 @@ class PoolDriver:
                         groups[pid].nominated.append(p)
                     placements.append(p)
                     continue
-                why = f"placed by the pool scheduler ({pool.tree.names[job.q]} queue)"
+                engine = model.engine
+                mask = engine.feasible_mask(engine.policy.effective(rec.info.request))  # after the placement
+                feasible = int(mask.sum()) + int(not mask[a.node])
+                why = (snap._success_reason(model.policy_name, a, feasible, _gang(rec), ()) +
+                       f"; queue {pool.tree.names[job.q]}")
                 placements.append(snap.Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0, why,
                                                  a.gpu_memory_mib, (), _gang(rec)))
             info = self.info.get(job.name)

@@ -14,6 +14,13 @@ Pieces, each on its own thread:
   Event. A pod that cannot be placed gets a ``FailedScheduling`` Event and ``PodScheduled=False``
   (reason ``Unschedulable``), each posted once per distinct message.
 
+Pool mode (the pool scheduler decides evictions): each :class:`~gpupool.k8s.snapshot.Preemption` of a plan is
+carried out off the scheduling thread (:meth:`Scheduler._preempt`): an Eviction dry run for every victim first
+(all or nothing: one refusal, e.g. a PodDisruptionBudget's 429, and nothing is evicted; the model is told
+through :meth:`~gpupool.k8s.state.ClusterModel.preemption_refused`), then per victim a ``DisruptionTarget``
+condition and the real eviction. A nominated placement (held while its victims terminate) is not bound: the pod's
+``status.nominatedNodeName`` is set instead (:meth:`Scheduler._nominate`).
+
 Failure handling: ``409`` on binding (another scheduler or replica bound the pod) -> the pod is taken
 as bound where the API says and its GPUs are counted from there; ``404`` (pod deleted mid-cycle) -> the
 assumption is dropped; a node gone before binding -> the pod is planned again. Only the leader binds
@@ -53,7 +60,7 @@ from gpupool.k8s import (
 )
 from gpupool.k8s.events import EventRecorder
 from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
-from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan
+from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, Preemption
 from gpupool.k8s.state import ClusterModel
 from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
 from gpupool.policies import DEFAULT_POLICY
@@ -70,6 +77,34 @@ def _log(level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+EVICTION_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+POD_STATUS_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/status"
+DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition kube-scheduler sets on a preemption victim
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    """``"ns/name"`` -> ``(ns, name)``; a key without a namespace is in ``default``."""
+    ns, _, name = key.rpartition("/")
+    return ns or "default", name
+
+
+def api_reason(exc: BaseException) -> str:
+    """What the API server said, for an Event or a log: ``"429 <Status message> (<causes>)"``; for a transport
+    error its type and text."""
+    status = getattr(exc, "status", None)
+    if status is None:
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    message, causes = str(getattr(exc, "reason", "") or ""), []
+    try:
+        body = json.loads(getattr(exc, "body", None) or "{}")
+        message = body.get("message") or message
+        causes = [c.get("message") for c in (body.get("details") or {}).get("causes") or [] if c.get("message")]
+    except (TypeError, ValueError, AttributeError):
+        pass
+    return f"{status} {message}" + (f" ({'; '.join(causes)})" if causes else "")
 
 
 @dataclass
@@ -92,6 +127,7 @@ class SchedulerConfig:
     bind_workers: int = 8  # threads that POST bindings (nothing else); the client's pool is sized to fit
     bind_timeout_s: float = 30.0  # read timeout of a binding, a status patch, a read-back (seconds)
     list_page: int = 500
+    evict_workers: int = 2  # threads that carry out preemptions (eviction dry runs, conditions, evictions)
     queue_status_s: float = 5.0  # write Queue status (usedGPUs, pods, Valid condition) at most this often; 0 = never
     gc_freeze: bool = False  # after the first cycle, move the listed objects out of the GC's scans (gc.freeze);
     # process-wide, so `gpupool scheduler` turns it on and library users decide for themselves
@@ -445,7 +481,13 @@ class Scheduler:
         self.cycles = 0
         self.model = ClusterModel(self.config.scheduler_name, self.config.policy, self.config.seed,
                                   assume_ttl_s=self.config.assume_ttl_s)  # parses each pod once per version
-        self._model_ops: collections.deque[tuple[str, str, str]] = collections.deque()  # from binder threads
+        # outcomes from binder / eviction threads, applied on the scheduling thread: ("forget", key, uid),
+        # ("refused", preemption id, {victim: why}), ("evict_failed", victim key, why)
+        self._model_ops: collections.deque[tuple[str, Any, Any]] = collections.deque()
+        self._evict_pool = ThreadPoolExecutor(max_workers=max(1, self.config.evict_workers),
+                                              thread_name_prefix="gpupool-evict")
+        self._nominated: dict[str, str] = {}  # pod key -> node written as its status.nominatedNodeName
+        self.preemption_outcomes: list[tuple[int, str]] = []  # (preemption id, outcome), in order (tests read it)
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=10000)  # recent cycle times
         self._frozen = False
         self._queue_status_at = -1e9
@@ -476,7 +518,8 @@ class Scheduler:
     def start(self) -> None:
         # One connection per thread that writes at once (binders, report pool, event workers) plus the watches
         # (each holds one) and a few for lists and read-backs: fewer and urllib3 discards one per request.
-        want = self.config.bind_workers + 2 + self.recorder.workers + len(self.reflectors) + 4
+        want = (self.config.bind_workers + 2 + self.config.evict_workers + self.recorder.workers
+                + len(self.reflectors) + 4)
         if not ensure_pool(self.api_client, want):
             _log(logging.WARNING, "connection_pool_small", size=self.api_client.configuration.connection_pool_maxsize,
                  want=want)
@@ -495,6 +538,7 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._evict_pool.shutdown(wait=True, cancel_futures=True)
         self._report_pool_closed = True
         self._report_pool.shutdown(wait=True, cancel_futures=True)
         self.recorder.stop(timeout)
@@ -530,6 +574,7 @@ class Scheduler:
             with self._lock:
                 self.assumed.clear()
                 self._reported.clear()
+                self._nominated.clear()
             for key in list(self.model.assumed):
                 self.model.forget(key)
             if self.leader is None:
@@ -596,9 +641,13 @@ class Scheduler:
         for key in done:
             self.model.bound(key)
         while self._model_ops:
-            op, key, uid = self._model_ops.popleft()
+            op, key, arg = self._model_ops.popleft()
             if op == "forget":
-                self.model.forget(key, uid or None)
+                self.model.forget(key, arg or None)
+            elif op == "refused":
+                self.model.preemption_refused(key, arg)
+            elif op == "evict_failed":
+                self.model.eviction_failed(key, arg)
         with self._lock:
             for key in [k for k in self._reported if self.cache.get("pods", k) is None]:
                 del self._reported[key]
@@ -625,11 +674,18 @@ class Scheduler:
         self._metric("set_model_stats", self.model.stats)
         self._write_queue_status()
         per_pod = elapsed / max(1, len(result.placements))
+        for pre in result.preemptions:
+            self._submit_preemption(pre)
+        for key in result.denominated:
+            self._denominate(key)
         for p in result.placements:
             pod = self.cache.get("pods", p.pod)
             if pod is None:
                 if p.node is not None:
                     self.model.forget(p.pod)
+                continue
+            if p.nominated and p.node is not None:
+                self._nominate(pod, p)
                 continue
             if p.node is None:
                 self._metric("observe_attempt", "unschedulable", per_pod)
@@ -765,10 +821,15 @@ class Scheduler:
             a.done_at = time.monotonic()
             self.bindings.append((key, node))
             self._reported.pop(key, None)
+            was_nominated = self._nominated.pop(key, None) is not None
         _log(logging.INFO, "bound", pod=key, node=node, gpus=a.annotations.get(ANN_GPU_INDEX) or "-",
              gpu_milli=a.placement.gpu_milli, **({"note": note} if note else {}))
         self._post_event(pod, "Scheduled", f"Successfully assigned {key} to {node}", "Normal", "Binding")
         self._metric("observe_attempt", "scheduled", time.perf_counter() - a.started)
+        if a.placement.waited_s is not None:  # a preemption made room for it: decision -> bound
+            self._metric("observe_preemption_latency", a.placement.waited_s + time.perf_counter() - a.started)
+        if was_nominated or (pod.get("status") or {}).get("nominatedNodeName"):
+            self._submit_report(self._patch_nominated, dict(pod), None)  # it is bound: the nomination is done
         self.cache.changed.set()
 
     def _on_conflict(self, ns: str, name: str, key: str, a: _Assumed, why: str = "409") -> str:
@@ -856,6 +917,199 @@ class Scheduler:
         """Queue an Event about ``pod`` on the recorder (aggregated, dropped and counted when the queue is full)."""
         self.recorder.event(pod, etype, reason, message, action)
 
+    # -- preemption (pool mode)
+    def _submit_report(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the report pool (never on the scheduling thread); dropped while stopping."""
+        if self._report_pool_closed:
+            return
+        try:
+            self._report_pool.submit(fn, *args)
+        except RuntimeError:  # shut down meanwhile
+            pass
+
+    def _submit_preemption(self, pre: Preemption) -> None:
+        """Hand ``pre`` to the eviction pool (:meth:`_preempt`); returns at once."""
+        try:
+            self._evict_pool.submit(self._preempt_safely, pre)
+        except RuntimeError:  # stopping: the model is rebuilt by whoever leads next
+            pass
+
+    def _preempt_safely(self, pre: Preemption) -> str:
+        try:
+            return self._preempt(pre)
+        except Exception:  # pragma: no cover - a bug must not kill the worker silently
+            _log(logging.ERROR, "preemption_failed", preemption=pre.id, exc_info=True)
+            return "error"
+
+    def _evict(self, key: str, uid: str, dry_run: bool) -> None:
+        """POST a policy/v1 Eviction for pod ``key`` (``"ns/name"``) with ``uid`` as precondition.
+
+        ``dry_run``: ``deleteOptions.dryRun=["All"]`` (the API server runs every check, PodDisruptionBudgets
+        included, and changes nothing). The pod's own ``terminationGracePeriodSeconds`` applies. Returns on
+        ``201``; raises :class:`ApiException` for a refusal (``429``: a PodDisruptionBudget allows no disruption
+        now or is not yet processed; ``404``: the pod is gone; ``409``: the UID differs, the pod was replaced;
+        ``500``: several budgets match the pod) and urllib3's errors for transport trouble. Timeout: the
+        connect timeout plus ``bind_timeout_s`` (seconds).
+        """
+        ns, name = _split_key(key)
+        options: dict[str, Any] = {}
+        if dry_run:
+            options["dryRun"] = ["All"]
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns},
+                "deleteOptions": options}
+        call(self.api_client, "POST", EVICTION_PATH, body,
+             timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
+             path_params={"namespace": ns, "name": name})
+
+    def _mark_disruption_target(self, key: str, reason: str) -> None:
+        """PATCH (strategic merge, ``pods/status``) the ``DisruptionTarget=True`` condition onto victim ``key``, as
+        kube-scheduler does before it removes a victim (reason ``PreemptionByScheduler``, ``reason`` as the
+        message). Raises :class:`ApiException` (``404``: the pod is gone) and transport errors."""
+        ns, name = _split_key(key)
+        body = {"status": {"conditions": [{
+            "type": DISRUPTION_TARGET, "status": "True", "reason": PREEMPTION_BY_SCHEDULER,
+            "message": reason, "lastTransitionTime": _now()}]}}
+        call(self.api_client, "PATCH", POD_STATUS_PATH, body, content_type=STRATEGIC_PATCH,
+             timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
+             path_params={"namespace": ns, "name": name})
+
+    def _preemptor_pods(self, pre: Preemption) -> list[Mapping[str, Any]]:
+        """The pods that wait for ``pre`` (its nominated placements, else the preemptor if it names a pod)."""
+        keys = [p.pod for p in pre.nominated] or ([pre.preemptor] if pre.preemptor else [])
+        return [pod for k in dict.fromkeys(keys) if (pod := self.cache.get("pods", k)) is not None]
+
+    def _victim_ref(self, key: str, uid: str) -> Mapping[str, Any]:
+        """The victim as the cache has it, else enough of it for an Event's ``involvedObject``."""
+        pod = self.cache.get("pods", key)
+        if pod is not None and (not uid or (pod.get("metadata") or {}).get("uid") == uid):
+            return pod
+        ns, name = _split_key(key)
+        return {"metadata": {"namespace": ns, "name": name, "uid": uid}}
+
+    def _preempt(self, pre: Preemption) -> str:
+        """Carry out ``pre`` (on an eviction worker); returns ``evicted``, ``refused`` or ``not_leader``.
+
+        1. Dry run, all or nothing: an Eviction with ``dryRun: ["All"]`` and the victim's UID as precondition for
+           every victim. Any refusal (``429`` from a PodDisruptionBudget, ``409``, ``500``, a transport error)
+           blocks the victim; ``404`` means it is gone already (not a refusal). If one is blocked, nothing is
+           evicted: ``("refused", id, {victim: why})`` is queued for the model
+           (:meth:`~gpupool.k8s.state.ClusterModel.preemption_refused`, on the scheduling thread) and each
+           waiting pod gets a ``PreemptionBlocked`` Warning naming the blocked victims and why.
+        2. Otherwise, per victim: ``DisruptionTarget=True`` (reason ``PreemptionByScheduler``, message
+           ``pre.reason``) through ``pods/status``, then the real eviction (UID precondition, the pod's own grace
+           period) and a ``Preempted`` Event on the victim. A refusal now (a PodDisruptionBudget changed since
+           the dry run, the API failing) queues ``("evict_failed", victim, why)``
+           (:meth:`~gpupool.k8s.state.ClusterModel.eviction_failed`).
+
+        A replica that is not (or no longer) the leader evicts nothing and reports the preemption refused, so that
+        the model drops what it holds for it. Metrics: ``inc_preemption(action)`` once a dry run passed,
+        ``inc_eviction(result, n)`` per victim.
+        """
+        if self._stop.is_set() or not self._is_leader():
+            self._model_ops.append(("refused", pre.id, {k: "not the leader" for k, _ in pre.victims}))
+            self.cache.changed.set()
+            self.preemption_outcomes.append((pre.id, "not_leader"))
+            return "not_leader"
+        blocked: dict[str, str] = {}
+        gone: set[str] = set()
+        for key, uid in pre.victims:
+            try:
+                self._evict(key, uid, dry_run=True)
+            except ApiException as exc:
+                if exc.status == 404:
+                    gone.add(key)
+                else:
+                    blocked[key] = api_reason(exc)
+            except Exception as exc:  # transport trouble: the dry run did not answer, so it did not pass
+                blocked[key] = api_reason(exc)
+        if blocked:
+            self._model_ops.append(("refused", pre.id, dict(blocked)))
+            self.cache.changed.set()
+            self._metric("inc_eviction", "refused", len(blocked))
+            _log(logging.INFO, "preemption_blocked", preemption=pre.id, action=pre.action, preemptor=pre.preemptor,
+                 blocked=blocked)
+            message = (f"preemption ({pre.action}) blocked, nothing evicted: "
+                       + "; ".join(f"{k}: {why}" for k, why in blocked.items()))
+            for pod in self._preemptor_pods(pre):
+                self._post_event(pod, "PreemptionBlocked", message, "Warning", "Preempting")
+            self.preemption_outcomes.append((pre.id, "refused"))
+            return "refused"
+        self._metric("inc_preemption", pre.action)
+        counts = {"evicted": 0, "failed": 0, "gone": len(gone)}
+        for key, uid in pre.victims:
+            if key in gone:
+                continue
+            try:
+                self._mark_disruption_target(key, pre.reason)
+            except ApiException as exc:
+                if exc.status == 404:
+                    counts["gone"] += 1
+                    continue
+                _log(logging.INFO, "disruption_condition_failed", pod=key, reason=api_reason(exc))
+            except Exception as exc:  # the condition is informative; the eviction decides
+                _log(logging.INFO, "disruption_condition_failed", pod=key, reason=api_reason(exc))
+            try:
+                self._evict(key, uid, dry_run=False)
+            except ApiException as exc:
+                if exc.status == 404:
+                    counts["gone"] += 1
+                    continue
+                self._eviction_failed(pre, key, api_reason(exc), counts)
+                continue
+            except Exception as exc:
+                self._eviction_failed(pre, key, api_reason(exc), counts)
+                continue
+            counts["evicted"] += 1
+            _log(logging.INFO, "evicted", pod=key, preemption=pre.id, action=pre.action, preemptor=pre.preemptor)
+            self._post_event(self._victim_ref(key, uid), "Preempted", pre.reason, "Normal", "Preempting")
+        for result, n in counts.items():
+            self._metric("inc_eviction", result, n)
+        self.preemption_outcomes.append((pre.id, "evicted"))
+        return "evicted"
+
+    def _eviction_failed(self, pre: Preemption, key: str, why: str, counts: dict[str, int]) -> None:
+        counts["failed"] += 1
+        _log(logging.WARNING, "eviction_failed", pod=key, preemption=pre.id, reason=why)
+        self._model_ops.append(("evict_failed", key, why))
+        self.cache.changed.set()
+
+    def _nominate(self, pod: Mapping[str, Any], p: Placement) -> None:
+        """``p`` is held on ``p.node`` while victims terminate: set the pod's ``status.nominatedNodeName`` (off the
+        scheduling thread) and post a ``Nominated`` Event, once per (pod, node). The pod is not bound."""
+        node = p.node or ""
+        with self._lock:
+            if self._nominated.get(p.pod) == node:
+                return
+            self._nominated[p.pod] = node
+        if (pod.get("status") or {}).get("nominatedNodeName") != node:
+            self._submit_report(self._patch_nominated, dict(pod), node)
+        self._post_event(pod, "Nominated", p.reason or f"waiting for preemption victims to terminate on node {node}",
+                         "Normal", "Scheduling")
+
+    def _denominate(self, key: str) -> None:
+        """The model dropped ``key``'s nomination: clear ``status.nominatedNodeName`` (if set) off-thread."""
+        with self._lock:
+            had = self._nominated.pop(key, None)
+        pod = self.cache.get("pods", key)
+        if pod is None:
+            return
+        if had is not None or (pod.get("status") or {}).get("nominatedNodeName"):
+            self._submit_report(self._patch_nominated, dict(pod), None)
+
+    def _patch_nominated(self, pod: Mapping[str, Any], node: str | None) -> None:
+        """Merge-patch ``status.nominatedNodeName`` of ``pod`` to ``node`` (None: removed). Best effort: a failure
+        is logged at DEBUG (the next nomination or binding writes again)."""
+        meta = pod.get("metadata") or {}
+        try:
+            call(self.api_client, "PATCH", POD_STATUS_PATH, {"status": {"nominatedNodeName": node}},
+                 content_type=MERGE_PATCH, timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
+                 path_params={"namespace": meta.get("namespace") or "default", "name": meta.get("name", "")})
+        except Exception as exc:
+            _log(logging.DEBUG, "nominate_failed", pod=pod_key(pod), node=node, error=type(exc).__name__,
+                 status=getattr(exc, "status", None))
+
     # -- metrics seam
     def _metric(self, name: str, *args: Any) -> None:
         fn = getattr(self.metrics, name, None)
@@ -900,4 +1154,4 @@ def read_cluster(api_client: client.ApiClient, page: int = 500) -> ClusterSnapsh
 
 
 __all__ = ["read_cluster", "Scheduler", "SchedulerConfig", "Reflector", "ClusterCache", "Backoff",
-           "assignment_annotations"]
+           "assignment_annotations", "api_reason", "DISRUPTION_TARGET", "PREEMPTION_BY_SCHEDULER"]

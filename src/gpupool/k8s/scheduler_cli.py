@@ -268,7 +268,8 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
                        + (" ..." if len(unknown) > 10 else ""), err=True)
 
     result = plan(snap, settings.scheduler_name, settings.policy, seed,
-                  prepare_state=apply_health if telemetry is not None else None)
+                  prepare_state=apply_health if telemetry is not None else None,
+                  pool=settings.pool_config() if settings.pool else None)
     if snapshot_path is not None and result.placements and result.state is None:
         skipped = "; ".join(f"{s.get('node')}: {s['reason']}" for s in result.skipped if "node" in s)
         _fail(f"{snapshot_path}: no usable node in the snapshot"

@@ -320,6 +320,11 @@ class Plan:
         skipped = self.skipped
         if skipped:
             out["skipped"] = skipped
+        if self.preemptions:
+            out["preemptions"] = [{"id": p.id, "action": p.action, "preemptor": p.preemptor, "reason": p.reason,
+                                   "victims": [k for k, _ in p.victims],
+                                   "nominated": {n.pod: n.node for n in p.nominated}} for p in self.preemptions]
+            out["summary"]["evictions"] = sum(len(p.victims) for p in self.preemptions)
         return out
 
 
@@ -366,18 +371,25 @@ def _success_reason(policy: str, a: Assignment, feasible: int, gang: str | None,
 
 def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str = DEFAULT_POLICY,
          seed: int = 0, prepare_state: Callable[[ClusterState], Any] | None = None,
-         describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod) -> Plan:
+         describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod, pool: Any = None) -> Plan:
     """One scheduling cycle on ``snapshot``: a :class:`Placement` for every pending pod of ``scheduler_name``.
 
     The snapshot's objects are fed to a :class:`~gpupool.k8s.state.ClusterModel` as the live scheduler's
     watch events are, and one cycle of it runs: the dry run and the live scheduler share one code path.
     ``prepare_state`` runs on the state before any placement (e.g. GPU health from telemetry:
-    :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod.
+    :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod. ``pool``: a
+    :class:`~gpupool.engine.pool.PoolConfig` to plan as the live scheduler's pool mode does (queue fair share,
+    reservations, reclaim and preemption: the plan then lists the evictions it would make), None for
+    placement within queue limits only.
     """
     from gpupool.k8s.state import ClusterModel
 
     model = ClusterModel.from_snapshot(snapshot, scheduler_name=scheduler_name, policy=policy, seed=seed,
                                        describe=describe)
+    if pool is not None:
+        from gpupool.k8s.pool import PoolDriver
+
+        PoolDriver(model, pool)
     return model.cycle(prepare_state, full_inventory=True)
 
 
@@ -500,6 +512,9 @@ def format_plan(result: Plan) -> str:
     for item in result.skipped:
         what = f"node {item['node']}" if "node" in item else f"bound pod {item['pod']}"
         lines.append(f"skipped {what}: {item['reason']}")
+    for pre in result.preemptions:
+        for key, _ in pre.victims:
+            lines.append(f"would evict {key} ({pre.action}): {pre.reason}")
     placed = len(result.placed)
     lines.append(f"{placed} of {len(result.placements)} pending pod(s) placed (policy {result.policy}; dry run, "
                  "nothing bound)")
