@@ -266,3 +266,12 @@ def test_dry_run_in_pool_mode_lists_the_evictions_it_would_make():
     assert pre["nominated"] == {"default/a0": "n1"}
     assert "would evict default/b" in format_plan(result)
     assert plan(snap).preemptions == []  # without the pool: queue limits only
+
+
+def test_queue_labels_without_the_queue_crd_share_one_pool():
+    c = Cluster([node("n1")], None, min_run_s=0)
+    c.add(pod("lo", 8, queue="team-x", priority=1), )
+    c.run(2)
+    c.add(pod("hi", 8, queue="team-y", priority=50, created=5))
+    c.run(3)
+    assert c.running() == ["default/hi"] and evicted(c, "preempt") == ["default/lo"]

@@ -237,6 +237,8 @@ class PoolDriver:
     def _leaf(self, queue: str | None) -> str | None:
         tree = self.tree
         name = queue or self.default_queue
+        if self.model.queues is None and not self.model.queues_blocked:
+            name = self.default_queue  # no Queue CRD: queue labels name nothing gpupool knows; one pool for all
         if tree is None or name not in tree.index or not tree.is_leaf[tree.index[name]]:
             return None
         return name
