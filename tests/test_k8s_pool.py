@@ -275,3 +275,15 @@ def test_queue_labels_without_the_queue_crd_share_one_pool():
     c.add(pod("hi", 8, queue="team-y", priority=50, created=5))
     c.run(3)
     assert c.running() == ["default/hi"] and evicted(c, "preempt") == ["default/lo"]
+
+
+def test_elastic_job_example_is_read_as_documented():
+    from pathlib import Path
+
+    import yaml
+
+    docs = list(yaml.safe_load_all((Path(__file__).parents[1] / "examples/k8s/elastic-job.yaml").read_text()))
+    group = next(d for d in docs if d["kind"] == "PodGroup")
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert max_member(group, None) == 4 and job_topology(group, None) == ("preferred", "switch")
+    assert group["spec"]["minMember"] == 2 and job["spec"]["parallelism"] == 4
