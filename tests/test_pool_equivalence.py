@@ -20,18 +20,21 @@ Both use the same :class:`PoolConfig` (``live_config`` with the overrides below)
 driver builds from the Queue CRs, ``default`` queue included), the model's placement policy and seed, and
 the same pod shapes (1 CPU per GPU, no memory).
 
-Scenarios ``rich`` and ``packed`` must agree; ``backdated`` and ``restarted`` are strict xfails that pin down
-two differences of the live driver (see their reasons), so that fixing one shows here.
+All four scenarios must agree. ``backdated`` and ``restarted`` pinned two differences of the live driver
+until they were fixed: a job that waits again after an eviction waits from its pods' re-creation (it was
+the oldest pod's creation), and no driver restarts a job in the cycle that evicted it
+(``PoolConfig.restart_evicted`` off in ``live_config``, which both drivers run here).
 
 Compared, cycle by cycle: jobs started (in order) with one ``(node, GPUs)`` per pod, evictions
 (victim, action, preemptor, pods) and resizes. Normalised, on purpose:
 
-* identities: a pod is ``<job>-r<attempt>-<i>``; a gang's job is its PodGroup, a single pod's job its pod
-  (``default/<job>-r<attempt>-0``); both map to the trace job ``<job>``. Job ``seq`` numbers differ (the live
-  driver submits a job again when it waits again) and are not compared.
-* job order: the live driver orders a job by when it was first seen waiting (the oldest pod
-  ``creationTimestamp``), the simulator by its trace submit time: every pod, re-created ones included, gets
-  the trace submit time as ``creationTimestamp``. Jobs are named ``j00``, ``j01``... in trace order, so that
+* identities: a pod is ``<job>-r<attempt>-<i>``; every job has a PodGroup (as KAI's pod grouper and Volcano
+  make one per workload), which keeps its identity across re-created pods; it maps to the trace job
+  ``<job>``. Job ``seq`` numbers differ (the live driver submits a job again when it waits again) and are
+  not compared.
+* job order: the live driver orders a job by its oldest pod's ``creationTimestamp`` (first seen), the
+  simulator by its trace submit time: first pods get the trace submit time as ``creationTimestamp``,
+  re-created ones the instant they are re-created. Jobs are named ``j00``, ``j01``... in trace order, so that
   the live driver's name order (it reconciles jobs in sorted name order) equals the simulator's submit order
   for jobs submitted in the same second.
 * evictions are compared as a sorted list per instant: the live driver groups them by preemptor (one
@@ -195,17 +198,18 @@ class LiveReplay:
     def finish_at(self, job: str) -> float:
         return self.started_at[job] + max(0.0, self.trace[job].duration - self.done[job])
 
-    def create(self, job: str) -> None:
+    def create(self, job: str, t: float) -> None:
         spec = self.trace[job]
         n, g = split_gpus(spec.num_gpu, GPN)
         a = self.attempt[job] = self.attempt.get(job, -1) + 1
-        group = job if n > 1 else None
-        if group is not None and a == 0:
+        group = job  # every job has its PodGroup (KAI's pod grouper and Volcano make one per workload)
+        if a == 0:
             self.c.add_group(pod_group(group, n))
         pods = []
         for i in range(n):
+            # a re-created pod is created when its controller makes it: at the eviction
             p = pod(f"{job}-r{a}-{i}", g, queue=spec.queue, group=group, priority=spec.priority,
-                    created=spec.submit_time)
+                    created=spec.submit_time if a == 0 else t)
             p["spec"]["containers"][0]["resources"]["requests"]["cpu"] = str(g)  # JobSimConfig.cpu_per_gpu=1000
             pods.append(p)
         self.keys[job] = [f"default/{p['metadata']['name']}" for p in pods]
@@ -264,7 +268,7 @@ class LiveReplay:
                 del self.started_at[job]
                 self.finished.add(job)
             while ai < len(arrivals) and arrivals[ai].submit_time <= t:
-                self.create(arrivals[ai].job_id)
+                self.create(arrivals[ai].job_id, t)
                 ai += 1
             self.out.cycles.append(t)
             evicted = self.cycle(t)
@@ -274,28 +278,17 @@ class LiveReplay:
                 # evicted job the simulator restarted in the same cycle (the live driver drops such a restart)
                 # starts again
                 for job in evicted:
-                    self.create(job)
+                    self.create(job, t)
                 assert not self.cycle(t), f"a second cycle at {t:g} evicted again"
         return self.out
 
 
 # ------------------------------------------------------------------------------------------------ the test
-BACKDATE = (
-    "the live driver counts the wait of a job that waits again after an eviction from its oldest pod's "
-    "creationTimestamp (PoolDriver._reconcile / _backdate set pending_since = first_pending), the simulator from "
-    "when it was requeued: at t=58669 the preempted gang j40 holds the reservation the simulator gives to j56")
-RESTART = (
-    "the simulator restarts a victim in the cycle that evicted it (PoolScheduler.cycle allocates again after "
-    "preempt); the live driver drops that restart (PoolDriver._carry_out, 'moved') and the victim's new pods "
-    "wait for the next cycle, when the reservation made at the end of the evicting cycle blocks them: j42 at "
-    "t=57375 (then the reservation difference of 'backdated' too)")
-
-
 @pytest.mark.parametrize("sc", [
     pytest.param(RICH, id="rich"),
     pytest.param(PACKED, id="packed"),
-    pytest.param(BACKDATED, id="backdated", marks=pytest.mark.xfail(strict=True, reason=BACKDATE)),
-    pytest.param(RESTARTED, id="restarted", marks=pytest.mark.xfail(strict=True, reason=RESTART)),
+    pytest.param(BACKDATED, id="backdated"),
+    pytest.param(RESTARTED, id="restarted"),
 ])
 def test_simulator_and_live_driver_take_the_same_decisions(sc: Scenario):
     trace = load_trace(sc)

@@ -68,10 +68,12 @@ def live_config(**overrides: Any) -> PoolConfig:
 
     Priority then FIFO within a queue (KAI's default job order; ``order="tiresias"`` for 2D-LAS), weighted DRF
     fair share, gang reservation after 600 s of waiting, reclaim and preemption on, elastic grow/shrink on,
-    consolidation off (a move restarts the user's pods), minimum runtime 60 s before a pod may be evicted.
+    consolidation off (a move restarts the user's pods), minimum runtime 60 s before a pod may be evicted, and
+    no restart of a job in the cycle that evicted it (its pods are being deleted; their controller makes new
+    ones, which wait as usual).
     """
     base = dict(order="fifo", reserve_after_s=600.0, consolidate=False, min_run_s=60.0, reclaim_min_run_s=60.0,
-                fair_share_refresh_s=0.0)
+                fair_share_refresh_s=0.0, restart_evicted=False)
     base.update(overrides)
     return PoolConfig(**base)
 
@@ -168,7 +170,8 @@ class _JobInfo:
     """What the driver keeps per job name across cycles and scheduler rebuilds."""
 
     members: set[str] = field(default_factory=set)
-    first_pending: float = math.nan
+    submit: float = math.nan  # when the job was first seen (its oldest pod's creation): job order, never reset
+    restarted: bool = False  # it ran before: its wait counts from its pods' re-creation (an eviction)
     attained: float = 0.0
     protected_until: float = -math.inf
     spec: tuple = ()
@@ -479,9 +482,12 @@ class PoolDriver:
                 if not self._alive(name):
                     self.info.pop(name, None)
             return
-        if math.isnan(info.first_pending):
-            created = [pi.request.creation_time for pi in pending if pi.request.creation_time]
-            info.first_pending = min(created) if created else now
+        created = [pi.request.creation_time for pi in pending if pi.request.creation_time]
+        if math.isnan(info.submit):
+            info.submit = min(created) if created else now
+        # the wait (reservations) counts from when it began waiting: submission, or the re-creation of its pods
+        # after an eviction, as the job simulator counts it from the requeue
+        waiting_since = (max(created) if created else now) if info.restarted else info.submit
         n = len(pending) if cap is None else min(len(pending), cap)
         nmin = min(max(1, min_member if gkey else 1), n)
         queue = self._leaf(pending[0].queue) or self.default_queue
@@ -492,12 +498,12 @@ class PoolDriver:
         if job is not None and job.status == PENDING:
             pool.detach(job, now, requeue=False)
         job = self._job(name, reqs, queue, n, nmin, n, group, first_pod)
-        job.submit_time = info.first_pending  # job order: priority, then when it was first seen waiting
+        job.submit_time = info.submit  # job order: priority, then submission
         job.attained = info.attained
         job.protected_until = info.protected_until
         info.spec = spec
         pool.submit(job, now)
-        self._backdate(job, info.first_pending)
+        self._backdate(job, min(waiting_since, now))
         self.jobs[name] = job
 
     def _alive(self, name: str) -> bool:
@@ -529,6 +535,10 @@ class PoolDriver:
         extra = [pi.request for pi in pending]
         nmax = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
         job = self._job(name, reqs + extra, queue, h, min(min_member, h), nmax, group, None)
+        if math.isnan(info.submit):
+            created = [t for k in held_keys if (t := model.pods[k].info.request.creation_time) is not None]
+            info.submit = min(created) if created else now
+        job.submit_time = info.submit
         job.attained = info.attained
         job.protected_until = info.protected_until
         if run_since is None:
@@ -591,6 +601,8 @@ class PoolDriver:
         groups: dict[int, Any] = {}
         by_preemptor: dict[str, Any] = {}
         for victim, pods, action, preemptor in res.evictions:
+            if action != "shrunk":  # it waits again: from when its pods are re-created, as from a requeue
+                self.info.setdefault(victim.name, _JobInfo()).restarted = True
             pname = preemptor.name if preemptor is not None else ""
             act = _ACTIONS.get(action, action)
             pre = by_preemptor.get(pname + "|" + act)
@@ -642,7 +654,7 @@ class PoolDriver:
                                                  a.gpu_memory_mib, (), _gang(rec)))
             info = self.info.get(job.name)
             if info is not None:
-                info.first_pending = math.nan
+                info.restarted = True
                 info.spec = ()
         # the preemptor of each group: nominated placements of its pods already attached above
         for pre in groups.values():

@@ -109,6 +109,7 @@ class EvictionActions:
         ``started`` instead, so that the driver, which carries out ``preempted`` before ``started``,
         sees one consistent change."""
         pods = list(victim.placed)
+        victim.evicted_at = now
         self._account_stop(victim, now)
         self._enqueue(victim, now)
         res.evictions.append((victim, pods, reason.split(" ", 1)[0], self._preemptor))

@@ -86,6 +86,7 @@ class PoolJob:
     preemptions: int = 0
     retry_at: float = -math.inf  # no victim search for this job before then (backoff after a failed one)
     protected_until: float = -math.inf  # not a victim before then (a driver could not evict it)
+    evicted_at: float = -math.inf  # when it was last evicted
     backoff: float = 0.0
 
     def __post_init__(self) -> None:

@@ -93,6 +93,8 @@ class PoolConfig:
       many seconds (0: at every change), and at once when a queue's demand appears or vanishes. A stale
       share is off by the jobs that arrived or ended since, which moves queue order and reclaim by at
       most that much; it bounds the cost of a cycle on long traces.
+    * ``restart_evicted``: a job evicted in a cycle may start again in the same cycle (elsewhere). A driver
+      whose evictions take time (Kubernetes: the pods are deleted and re-created) turns it off.
     """
 
     order: str = "tiresias"
@@ -109,6 +111,7 @@ class PoolConfig:
     min_run_s: float = 600.0
     reclaim_min_run_s: float = 600.0
     fair_share_refresh_s: float = 60.0
+    restart_evicted: bool = True
 
 
 JOB_POLICIES: dict[str, tuple[str, PoolConfig, str]] = {
@@ -938,6 +941,8 @@ class PoolScheduler(EvictionActions):
 
     def _try_place(self, job: PoolJob, allowed: np.ndarray | None, failed: dict, now: float,
                    res: CycleResult) -> bool:
+        if job.evicted_at >= now and not self.cfg.restart_evicted:
+            return False
         g, nmin = job.gpus_per_pod, job.min_pods
         if not self._admissible(job, nmin):
             return False
