@@ -344,7 +344,11 @@ class PoolDriver:
         res = pool.cycle(now)
         preemptions = self._carry_out(res, now, placements)
         # the part-1 path for shared-GPU pods and gang repairs, after the pool
+        elig = model.elig
         for unit in sorted(repair, key=snap._Unit.order) + sorted(legacy, key=snap._Unit.order):
+            for _, pi in unit.members:
+                if pi.mig and elig is not None:  # MIG devices being placed count against the node's devices
+                    elig.pending_mig[pi.key] = pi.mig
             try:
                 placed = snap._place_unit(unit, engine, engine.policy, book, model.policy_name, state)
             except Exception as exc:  # noqa: BLE001 - a unit that trips the engine fails alone
@@ -353,8 +357,10 @@ class PoolDriver:
                                          reason=f"gpupool could not place this pod: {type(exc).__name__}: {exc}")
                           for _, i in unit.members]
             for p in placed:
+                if p.node is None and elig is not None:
+                    elig.pending_mig.pop(p.pod, None)
                 if p.node is not None:
-                    self._assume(p.pod, p.node, now)
+                    self._assume(p.pod, p.node, now, tuple(p.mig))
                     model.count_log.append(p.pod)  # a repaired gang's pod joins its job's books
                     if p.node in self._evicting_nodes():
                         self.held[p.pod] = _Held(p.node, now, None)
@@ -562,12 +568,12 @@ class PoolDriver:
             self.pool.elastic_running[job.seq] = job  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ decisions -> Kubernetes
-    def _assume(self, key: str, node: str, now: float) -> None:
+    def _assume(self, key: str, node: str, now: float, mig: tuple[tuple[str, int], ...] = ()) -> None:
         from gpupool.k8s.state import Assumption
 
         model = self.model
         rec = model.pods[key]
-        model.assumed[key] = Assumption(rec.uid, node, model.clock())
+        model.assumed[key] = Assumption(rec.uid, node, model.clock(), mig=mig)
         model.pending.pop(key, None)
         model._last_fail.pop(key, None)
 
@@ -832,7 +838,7 @@ class PoolDriver:
             return d.reason
         why = pool.infeasible_reason(job)
         if why:
-            return f"job {job.name}: {why}"
+            return f"gang {job.name} cannot be placed together: {why}" if unit.gang else f"job {job.name}: {why}"
         r = pool.reservation
         if r is not None and r.job is job:
             return (f"gang {job.name}: nodes reserved for it after {now - job.pending_since:.0f}s of waiting; it "

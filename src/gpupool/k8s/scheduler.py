@@ -59,9 +59,11 @@ from gpupool.k8s import (
     VOLCANO_POD_GROUP_API,
 )
 from gpupool.k8s.events import EventRecorder
+from gpupool.k8s.pool import PoolDriver
 from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
 from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, Preemption
 from gpupool.k8s.state import ClusterModel
+from gpupool.k8s.status import StatusWriter
 from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
 from gpupool.policies import DEFAULT_POLICY
 
@@ -131,6 +133,10 @@ class SchedulerConfig:
     queue_status_s: float = 5.0  # write Queue status (usedGPUs, pods, Valid condition) at most this often; 0 = never
     gc_freeze: bool = False  # after the first cycle, move the listed objects out of the GC's scans (gc.freeze);
     # process-wide, so `gpupool scheduler` turns it on and library users decide for themselves
+    pool: bool = True  # the pool scheduler runs the cluster (fair share, gangs, reclaim, preemption): gpupool.k8s.pool
+    pool_config: Any = None  # its gpupool.engine.pool.PoolConfig (None: gpupool.k8s.pool.live_config())
+    default_queue: str = "default"  # the leaf queue of pods that name none
+    pod_group_status: bool = True  # write PodGroup status (off where scheduler-plugins' or Volcano's controller does)
 
 
 class Backoff:
@@ -481,6 +487,8 @@ class Scheduler:
         self.cycles = 0
         self.model = ClusterModel(self.config.scheduler_name, self.config.policy, self.config.seed,
                                   assume_ttl_s=self.config.assume_ttl_s)  # parses each pod once per version
+        self.pool_driver = (PoolDriver(self.model, self.config.pool_config, self.config.default_queue)
+                            if self.config.pool else None)
         # outcomes from binder / eviction threads, applied on the scheduling thread: ("forget", key, uid),
         # ("refused", preemption id, {victim: why}), ("evict_failed", victim key, why)
         self._model_ops: collections.deque[tuple[str, Any, Any]] = collections.deque()
@@ -490,8 +498,9 @@ class Scheduler:
         self.preemption_outcomes: list[tuple[int, str]] = []  # (preemption id, outcome), in order (tests read it)
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=10000)  # recent cycle times
         self._frozen = False
-        self._queue_status_at = -1e9
-        self._queue_status_sent: dict[str, dict[str, Any]] = {}  # what each Queue's status says, as last written
+        self.status_writer = StatusWriter(api_client, self._submit_report, self.config.queue_status_s, _log,
+                                          timeout_s=self.config.bind_timeout_s,
+                                          pod_groups=self.config.pod_group_status)
         self._skipped: dict[str, str] = {}
         self.heartbeat = time.monotonic()
         self.bindings: list[tuple[str, str]] = []  # (pod, node) bound by this replica, in order
@@ -672,7 +681,7 @@ class Scheduler:
             self.cycle_seconds.append(elapsed)
             self._metric("observe_cycle", elapsed)
         self._metric("set_model_stats", self.model.stats)
-        self._write_queue_status()
+        self._write_status()
         per_pod = elapsed / max(1, len(result.placements))
         for pre in result.preemptions:
             self._submit_preemption(pre)
@@ -710,42 +719,19 @@ class Scheduler:
                 for name, q in book.specs.items()})
         return result
 
-    # -- Queue status
-    def _write_queue_status(self, force: bool = False) -> None:
-        """PATCH the status subresource of the Queues whose status changed (leader only, at most every
-        ``queue_status_s``, off the scheduling thread): ``kubectl get queues`` shows who holds what."""
-        interval = self.config.queue_status_s
-        now = time.monotonic()
-        if interval <= 0 or (not force and now - self._queue_status_at < interval):
-            return
-        self._queue_status_at = now
-        statuses = self.model.queue_status()
-        changed = {q: st for q, st in statuses.items() if self._queue_status_sent.get(q) != st}
-        for q in [q for q in self._queue_status_sent if q not in statuses]:
-            del self._queue_status_sent[q]
-        if not changed:
-            return
-        stamp = _now()
+    # -- Queue and PodGroup status
+    def _write_status(self, force: bool = False) -> None:
+        """PATCH the status of the Queues and PodGroups whose status changed (leader only, at most every
+        ``queue_status_s``, off the scheduling thread; :class:`gpupool.k8s.status.StatusWriter`):
+        ``kubectl get queues`` shows allocation, fair share and borrowing, ``kubectl get podgroups`` the phase."""
+        fair = self.pool_driver.fair_shares() if self.pool_driver is not None else None
+        self.status_writer.update(self.model, fair or None, force=force)
 
-        def write() -> None:
-            for name, st in changed.items():
-                previous = (self._queue_status_sent.get(name) or {}).get("conditions") or [{}]
-                cond = dict(st["conditions"][0])
-                cond["lastTransitionTime"] = (previous[0].get("lastTransitionTime")
-                                              if previous[0].get("status") == cond["status"] else None) or stamp
-                body = {"status": {**st, "conditions": [cond]}}
-                try:
-                    call(self.api_client, "PATCH", "/apis/gpupool.io/v1alpha1/queues/{name}/status", body,
-                         content_type=MERGE_PATCH, timeout=self.config.bind_timeout_s, path_params={"name": name})
-                    self._queue_status_sent[name] = {**st, "conditions": [cond]}
-                except Exception as exc:  # status is best effort; the next change retries
-                    _log(logging.DEBUG, "queue_status_failed", queue=name, error=type(exc).__name__,
-                         detail=str(exc)[:200])
-
+    def _submit_report(self, fn: Callable[[], None]) -> Any:
         try:
-            self._report_pool.submit(write)
+            return self._report_pool.submit(fn)
         except RuntimeError:  # pool shut down (stopping)
-            pass
+            return None
 
     # -- binding
     def _forget(self, key: str, a: _Assumed) -> None:
