@@ -390,7 +390,8 @@ def create_pod_group(api: client.ApiClient, ns: str, name: str, min_member: int)
 def gpu_violations(api: client.ApiClient) -> tuple[list[str], dict[str, Any]]:
     """Every way the bound pods over-commit a GPU, from the API's own view (all namespaces).
 
-    Per (node, GPU index): the sum of ``gpupool.io/gpu-milli`` <= 1000 and the sum of ``gpu-memory`` <= the
+    Pods that finished (``Succeeded``/``Failed``) hold nothing. Per (node, GPU index): the sum of
+    ``gpupool.io/gpu-milli`` <= 1000 and the sum of ``gpu-memory`` <= the
     node's ``nvidia.com/gpu.memory``; indices < the node's GPU count; MIG devices per profile <= allocatable;
     a pod bound by gpupool carries annotations whose ``gpupool.io/node`` is its ``spec.nodeName``.
     Returns (violations, usage summary).
@@ -404,6 +405,8 @@ def gpu_violations(api: client.ApiClient) -> tuple[list[str], dict[str, Any]]:
     for pod in bound(list_pods(api)):
         if pod["spec"].get("schedulerName") != SCHEDULER_NAME:
             continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue  # its containers ended: it holds no device (the kubelet and every scheduler agree)
         meta = pod["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
         node = pod["spec"]["nodeName"]
