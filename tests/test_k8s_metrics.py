@@ -188,3 +188,24 @@ def test_preemption_series(served):
     assert s[("gpupool_preemption_latency_seconds_bucket", (("le", "15.0"),))] == 2
     with pytest.raises(ValueError):
         metrics.inc_eviction("maybe")
+
+
+def test_queue_fair_share_series_in_pool_mode():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpupool.k8s.metrics import SchedulerMetrics
+
+    m = SchedulerMetrics()
+
+    def series() -> dict:
+        return {(s.labels["queue"], s.labels["kind"]): s.value
+                for f in text_string_to_metric_families(generate_latest(m.registry).decode())
+                for s in f.samples if s.name == "gpupool_queue_gpus"}
+
+    m.set_queues({"a": (3.0, 4.0, -1.0, 6.5), "b": (1.0, 2.0, 8.0)})
+    got = series()
+    assert got[("a", "fair_share")] == 6.5 and ("b", "fair_share") not in got and got[("b", "limit")] == 8.0
+    m.set_queues({"a": (3.0, 4.0, -1.0, None)})  # fair share no longer known; b gone
+    got = series()
+    assert ("a", "fair_share") not in got and not any(q == "b" for q, _ in got)

@@ -42,7 +42,7 @@ from gpupool.cluster import ClusterState
 from gpupool.model import MILLI
 
 RESULTS = ("scheduled", "unschedulable", "error")
-QUEUE_KINDS = ("used", "quota", "limit")
+QUEUE_KINDS = ("used", "quota", "limit", "fair_share")
 EVICTION_RESULTS = ("evicted", "refused", "failed", "gone")
 PREEMPTION_ACTIONS = ("reclaim", "preempt", "shrink", "consolidate")
 PREEMPTION_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
@@ -70,7 +70,7 @@ class SchedulerMetrics:
             ["node", "model"], registry=self.registry,
         )
         self.queue_gpus = Gauge(
-            "gpupool_queue_gpus", "GPUs per queue: used, quota, limit (-1 = unlimited).",
+            "gpupool_queue_gpus", "GPUs per queue: used, quota, limit (-1 = unlimited), fair_share (pool mode).",
             ["queue", "kind"], registry=self.registry,
         )
         self.leader = Gauge("gpupool_leader", "1 while this replica holds the leader Lease.",
@@ -159,23 +159,33 @@ class SchedulerMetrics:
                 self.allocation.remove(*key)
             self._alloc_labels = labels
 
-    def set_queue(self, queue: str, used: float, quota: float, limit: float = -1) -> None:
-        """GPUs of one queue (``limit`` -1 = unlimited)."""
-        for kind, value in zip(QUEUE_KINDS, (used, quota, limit), strict=True):
+    def set_queue(self, queue: str, used: float, quota: float, limit: float = -1,
+                  fair_share: float | None = None) -> None:
+        """GPUs of one queue (``limit`` -1 = unlimited; ``fair_share`` None: not known, the series is dropped)."""
+        for kind, value in zip(QUEUE_KINDS, (used, quota, limit, fair_share), strict=True):
+            if value is None:
+                try:
+                    self.queue_gpus.remove(queue, kind)
+                except KeyError:
+                    pass
+                continue
             self.queue_gpus.labels(queue=queue, kind=kind).set(value)
         with self._lock:
             self._queues.add(queue)
 
-    def set_queues(self, queues: Mapping[str, tuple[float, float, float]]) -> None:
-        """Replace all queues at once: name -> (used, quota, limit); queues not named are dropped."""
-        for name, (used, quota, limit) in queues.items():
-            self.set_queue(name, used, quota, limit)
+    def set_queues(self, queues: Mapping[str, tuple[float, ...]]) -> None:
+        """Replace all queues at once: name -> (used, quota, limit[, fair_share]); queues not named are dropped."""
+        for name, values in queues.items():
+            self.set_queue(name, *values)
         with self._lock:
             gone = self._queues - set(queues)
             self._queues -= gone
         for name in gone:
             for kind in QUEUE_KINDS:
-                self.queue_gpus.remove(name, kind)
+                try:
+                    self.queue_gpus.remove(name, kind)
+                except KeyError:
+                    pass
 
     def set_leader(self, leading: bool) -> None:
         self.leader.set(1 if leading else 0)

@@ -713,9 +713,10 @@ class Scheduler:
             self._metric("set_allocation", result.state)
         if result.queues is not None and result.queues.known:
             book = result.queues
+            fair = self.pool_driver.fair_shares() if self.pool_driver is not None else {}
             self._metric("set_queues", {
                 name: (book.used.get(name, 0) / 1000, q.quota_milli / 1000,
-                       -1 if q.limit_milli is None else q.limit_milli / 1000)
+                       -1 if q.limit_milli is None else q.limit_milli / 1000, fair.get(name))
                 for name, q in book.specs.items()})
         return result
 
