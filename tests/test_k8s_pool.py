@@ -287,3 +287,13 @@ def test_elastic_job_example_is_read_as_documented():
     job = next(d for d in docs if d["kind"] == "Job")
     assert max_member(group, None) == 4 and job_topology(group, None) == ("preferred", "switch")
     assert group["spec"]["minMember"] == 2 and job["spec"]["parallelism"] == 4
+
+
+def test_deploy_configmap_pool_section_is_the_default():
+    from pathlib import Path
+
+    from gpupool.k8s.scheduler_cli import Settings, load_config
+
+    s = load_config(Path(__file__).parents[1] / "deploy/configmap.yaml")
+    assert s.pool_config() == Settings().pool_config() == live_config()
+    assert s.default_queue == "default"
