@@ -297,3 +297,26 @@ def test_deploy_configmap_pool_section_is_the_default():
     s = load_config(Path(__file__).parents[1] / "deploy/configmap.yaml")
     assert s.pool_config() == Settings().pool_config() == live_config()
     assert s.default_queue == "default"
+
+
+def test_a_failing_pool_cycle_falls_back_to_placement_and_recovers(monkeypatch):
+    c = Cluster([node("n1")], [queue("a", quota=8)])
+    c.add(pod("a0", 1, queue="a"))
+    boom = {"n": 1}
+    original = c.driver._carry_out
+
+    def flaky(*args, **kwargs):
+        if boom["n"]:
+            boom["n"] -= 1
+            raise RuntimeError("injected")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(c.driver, "_carry_out", flaky)
+    c.run(1)
+    assert c.model.stats["pool_errors"] == 1
+    assert c.running() == ["default/a0"]  # placed anyway, within queue limits
+    c.add(pod("a1", 1, queue="a", created=5))
+    c.run(2)
+    assert c.running() == ["default/a0", "default/a1"] and c.driver.stats["resets"] >= 2
+    assert c.driver.jobs["default/a0"].status == "running"  # adopted into the rebuilt books
+    c.model.state.check_invariants()

@@ -851,6 +851,18 @@ class PoolDriver:
             parts.append(f"nodes are reserved for gang {r.job.name}")
         return "; ".join(parts)
 
+    def mark(self) -> int:
+        """A point to :meth:`abort` to (the last preemption id handed out)."""
+        return self._pid
+
+    def abort(self, mark: int) -> None:
+        """A cycle failed after :meth:`mark`: forget the evictions it decided (none was carried out) and the
+        placements it held, and rebuild the scheduler from the cluster at the next cycle."""
+        for key in [k for k, e in self.evicting.items() if e.pid > mark]:
+            del self.evicting[key]
+        self.held = {k: h for k, h in self.held.items() if k in self.model.assumed}
+        self.pool = None
+
     # ------------------------------------------------------------------ views
     def fair_shares(self) -> dict[str, float]:
         """GPUs of fair share per queue name (empty before the first cycle)."""

@@ -917,11 +917,28 @@ class ClusterModel:
                 units.append(unit)
 
         if self.pool is not None:  # the pool scheduler runs the cluster (gpupool.k8s.pool)
-            plan = self.pool.cycle(out, units)
-            self._after_cycle()
-            if full_inventory:
-                plan.inventory = self.inventory()
-            return plan
+            before = set(self.assumed)
+            mark = self.pool.mark()
+            try:
+                plan = self.pool.cycle(out, units)
+            except Exception:  # a bug in the pool path must not stop scheduling: place this cycle without it
+                log.error("pool cycle failed; this cycle places within queue limits only, the pool scheduler is "
+                          "rebuilt from the cluster next cycle", exc_info=True, extra={"event": "pool_cycle_failed"})
+                self.stats["pool_errors"] = self.stats.get("pool_errors", 0) + 1
+                for key in [k for k in self.assumed if k not in before]:
+                    self.forget(key)  # nothing of the failed cycle is carried out
+                self.pool.abort(mark)  # its evictions were never carried out; rebuilt at the next cycle
+                self._dirty = True  # and the state from the records: the failed cycle's placements go
+                self.refresh()
+                state, engine, elig = self.state, self.engine, self.elig
+                if state is None or engine is None or elig is None:
+                    return snap.Plan(out, None, self.policy_name, skipped_nodes=self.skipped_nodes())
+                units = [u for u in units if all(i.key in self.pending for _, i in u.members)]
+            else:
+                self._after_cycle()
+                if full_inventory:
+                    plan.inventory = self.inventory()
+                return plan
         book = self.queue_book()
         elig = self.elig
         assert elig is not None
