@@ -1,0 +1,164 @@
+"""What the node agent reads from a GPU driver: one interface, two backends.
+
+* :class:`GpuBackend`: the interface (a ``typing.Protocol``): driver versions, the devices with their fixed
+  properties, their topology, a sample of their changing readings, and the driver's error events.
+* ``NvmlBackend`` (:mod:`gpupool.agent.nvml`): the real one, over NVML through ``nvidia-ml-py`` (``pynvml``).
+* ``FakeBackend`` (:mod:`gpupool.agent.fake`): driven by a YAML/JSON description (the recorded H200 of
+  ``../shared/reference/nvml-h200/nvml.json`` among them), with events and faults injected by tests and demos.
+
+The dataclasses here are the contract between the backends and everything above them (discovery, labels,
+health, stack validation, metrics); no NVML type leaks past a backend. Units: MiB for memory, W for power,
+degrees C, percent for utilisation, seconds since the epoch for times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+__all__ = ["DriverInfo", "GpuBackend", "GpuDevice", "GpuEvent", "GpuSample", "MigInstance", "MigProfile",
+           "BackendError", "TOPOLOGY_LEVELS"]
+
+
+class BackendError(RuntimeError):
+    """The driver cannot be read (NVML not loadable, no driver, a call failed); the message says which."""
+
+
+TOPOLOGY_LEVELS = ("SAME", "NVLINK", "SINGLE", "MULTIPLE", "HOSTBRIDGE", "NODE", "SYSTEM")
+"""Link between two GPUs, fastest first: the same device, NVLink, the same PCIe switch (``SINGLE``), several
+PCIe switches (``MULTIPLE``), the same host bridge, the same NUMA node / CPU socket (``NODE``), across sockets
+(``SYSTEM``); NVML's ``nvmlGpuTopologyLevel_t`` names (``NVML_TOPOLOGY_INTERNAL`` = ``SINGLE`` board)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    """``driver``: kernel driver version (``"580.159.04"``); ``cuda_driver``: the CUDA version the driver
+    supports, ``"13.0"`` (NVML reports 13000); ``nvml``: NVML library version."""
+
+    driver: str
+    cuda_driver: str
+    nvml: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A MIG GPU-instance profile the GPU offers: ``name`` as the device plugin spells it (``"1g.18gb"``,
+    ``"1g.18gb+me"``), NVML profile ``id``, compute ``slices``, how many instances fit (``instances``), usable
+    memory (MiB, below the nominal size in the name), streaming multiprocessors."""
+
+    id: int
+    name: str
+    slices: int
+    instances: int
+    memory_mib: int
+    sms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A MIG device that exists: its profile name, placement (start slice, size) and UUID (``MIG-...``)."""
+
+    profile: str
+    start: int
+    size: int
+    uuid: str = ""
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """A GPU's fixed properties (read once at discovery; a GPU reset may change ``mig_*``).
+
+    ``index``: NVML index; ``minor``: ``/dev/nvidiaN`` minor number; ``name``: NVML product name
+    (``"NVIDIA H200"``); ``memory_mib``: total memory; ``compute``: compute capability ``(major, minor)``;
+    ``architecture``: lower-case family (``"hopper"``, ``"ampere"``...); ``pci_bus_id``: ``"00000000:00:06.0"``;
+    ``numa_node``: None where NVML does not report it; ``mig_enabled``: current MIG mode; ``mig_profiles``:
+    what it offers (empty where MIG is not supported); ``mig_instances``: MIG devices that exist;
+    ``nvlink_peers``: PCI bus ids of the GPUs its active NVLinks reach; ``power_limit_w``: enforced limit.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+    minor: int = -1
+    compute: tuple[int, int] = (0, 0)
+    architecture: str = ""
+    pci_bus_id: str = ""
+    numa_node: int | None = None
+    mig_enabled: bool = False
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = ()
+    nvlink_peers: tuple[str, ...] = ()
+    power_limit_w: float = 0.0
+    serial: str = ""
+    vbios: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """A GPU's changing readings at one time (None where the GPU does not support the query).
+
+    ``util_gpu`` / ``util_memory``: percent; ``memory_used_mib`` / ``memory_free_mib``; ``power_w``;
+    ``temperature_c``; ``ecc_volatile_uncorrected``: double-bit errors since the driver loaded;
+    ``remapped_rows``: ``(correctable, uncorrectable, pending, failed)`` (row remapping, Ampere and later);
+    ``retired_pages_pending``: page retirement (older GPUs); ``throttle_reasons``: NVML clock-event reasons
+    bit mask (``nvmlClocksEventReason*``); ``lost``: the GPU fell off the bus (``NVML_ERROR_GPU_IS_LOST``).
+    """
+
+    index: int
+    uuid: str
+    time: float
+    util_gpu: float | None = None
+    util_memory: float | None = None
+    memory_used_mib: int | None = None
+    memory_free_mib: int | None = None
+    power_w: float | None = None
+    temperature_c: float | None = None
+    ecc_volatile_uncorrected: int | None = None
+    remapped_rows: tuple[int, int, int, int] | None = None
+    retired_pages_pending: bool | None = None
+    throttle_reasons: int = 0
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """An error event of the driver: ``kind`` is ``"xid"`` (``code`` = the XID number), ``"ecc_dbe"``
+    (double-bit ECC error) or ``"reset"`` (the GPU was reset: what made it unhealthy is cleared); ``uuid`` of
+    the GPU, ``time`` seconds since the epoch."""
+
+    uuid: str
+    kind: str
+    code: int = 0
+    time: float = 0.0
+    detail: str = field(default="", compare=False)
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """Reads one node's GPUs. Every method raises :class:`BackendError` when the driver cannot answer."""
+
+    def driver(self) -> DriverInfo:
+        """Driver, CUDA driver and NVML versions."""
+        ...
+
+    def devices(self) -> list[GpuDevice]:
+        """Every GPU, by NVML index."""
+        ...
+
+    def topology(self) -> dict[tuple[int, int], str]:
+        """``(i, j) -> level`` (one of :data:`TOPOLOGY_LEVELS`) for every pair of GPU indices ``i < j``."""
+        ...
+
+    def sample(self) -> list[GpuSample]:
+        """The current readings of every GPU (a GPU that cannot be read has ``lost=True``)."""
+        ...
+
+    def events(self, timeout_s: float) -> list[GpuEvent]:
+        """Error events that arrived, waiting up to ``timeout_s`` seconds for the first one."""
+        ...
+
+    def close(self) -> None:
+        """Release the driver (NVML shutdown)."""
+        ...
