@@ -320,3 +320,46 @@ def test_a_failing_pool_cycle_falls_back_to_placement_and_recovers(monkeypatch):
     assert c.running() == ["default/a0", "default/a1"] and c.driver.stats["resets"] >= 2
     assert c.driver.jobs["default/a0"].status == "running"  # adopted into the rebuilt books
     c.model.state.check_invariants()
+
+
+def _inventory(uuids, unhealthy=()):
+    import json
+
+    from gpupool.agent.report import ANN_GPU_INVENTORY
+
+    gpus = [{"index": i, "uuid": u, "healthy": u not in unhealthy, "reason": "XidError" if u in unhealthy else ""}
+            for i, u in enumerate(uuids)]
+    return {ANN_GPU_INVENTORY: json.dumps({"version": 1, "gpus": gpus})}
+
+
+def test_gpu_marked_unhealthy_by_the_agent_is_never_chosen_and_its_pods_are_rescheduled():
+    import copy
+
+    uuids = [f"GPU-{i}" for i in range(2)]
+    n = node("n1", 2)
+    n["metadata"]["annotations"] = _inventory(uuids)
+    c = Cluster([n], [queue("a", quota=2)])
+    c.driver.heal_after_s = 5
+    c.add(pod("p0", 1, queue="a"))
+    c.run(1)
+    gpu = int(c.pods["default/p0"]["metadata"]["annotations"]["gpupool.io/gpu-index"])
+    # the agent marks the pod's GPU unhealthy (XID 79)
+    n2 = copy.deepcopy(n)
+    n2["metadata"]["resourceVersion"] = "n1-v2"
+    n2["metadata"]["annotations"] = _inventory(uuids, unhealthy={uuids[gpu]})
+    c.model.apply("nodes", "MODIFIED", n2)
+    c.add(pod("p1", 1, queue="a", created=3))
+    c.run(2)
+    assert int(c.pods["default/p1"]["metadata"]["annotations"]["gpupool.io/gpu-index"]) == 1 - gpu
+    assert not evicted(c)  # not before heal_after_s
+    c.run(6)
+    assert evicted(c, "heal") == ["default/p0"]  # rescheduled: its controller makes a new pod
+    c.add(pod("p2", 1, queue="a", created=20))
+    c.run(2)
+    assert c.pending() == ["default/p2"]  # the only healthy GPU is p1's; the failed one is never handed out
+    # the agent clears the mark after a reset: the GPU is used again
+    n3 = copy.deepcopy(n)
+    n3["metadata"]["resourceVersion"] = "n1-v3"
+    c.model.apply("nodes", "MODIFIED", n3)
+    c.run(2)
+    assert c.pending() == [] and c.model.state.gpu_healthy.all()

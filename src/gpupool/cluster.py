@@ -57,7 +57,9 @@ class ClusterState:
     * ``gpu_replicas``: (n_nodes,) int64 time-slicing replicas per GPU (1 = not shared); ``slice_milli``:
       (n_nodes,) int64 milli-GPU of one replica (``1000 // gpu_replicas``). On a node with replicas > 1 a
       whole-GPU ask is in replicas: see :func:`slice_ask` and :meth:`share_on`
-    * ``gpu_healthy``: (n_nodes, max_gpus) bool; an unhealthy GPU is never chosen
+    * ``gpu_healthy``: (n_nodes, max_gpus) bool; an unhealthy GPU is never chosen; ``gpu_marked``: the same
+      shape, True where the node itself (gpupool's node agent) marked the GPU unhealthy: telemetry never
+      marks such a GPU healthy again (only the node can, by clearing its mark)
     * ``version``: (n_nodes,) int64, bumped on every change of the node
     * ``changes``: int, bumped on every change of any node (a cache that saw the same count is current)
     * ``loosened``: int, bumped only by changes that may let more in (a release, a GPU repaired, a node
@@ -104,6 +106,7 @@ class ClusterState:
         self.gpu_free = np.where(self.gpu_exists, MILLI, 0).astype(np.int32)
         self.gpu_mem_free = self.gpu_mem_cap.copy()
         self.gpu_healthy = self.gpu_exists.copy()
+        self.gpu_marked = np.zeros_like(self.gpu_exists)  # marked unhealthy by the node itself (its agent)
         self.version = np.zeros(n, dtype=np.int64)
         self.changes = 0
         self.loosened = 0  # bumped when something is freed or may admit more (release, repair, touch)

@@ -242,6 +242,51 @@ def _gpu_memory_label(name: str, labels: Mapping[str, str]) -> int:
     return value
 
 
+def _agent_gpus(node: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs of gpupool's node agent inventory annotation (index order), [] when absent or unreadable."""
+    from gpupool.agent.report import read_inventory
+
+    meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
+    doc = read_inventory(meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else None)
+    if doc is None:
+        return []
+    gpus = [g for g in doc["gpus"] if isinstance(g, Mapping) and isinstance(g.get("uuid"), str) and g.get("uuid")]
+    try:
+        return sorted(gpus, key=lambda g: int(g.get("index", 0)))
+    except (TypeError, ValueError):
+        return []
+
+
+def agent_gpu_ids(node: Mapping[str, Any], advertised: int) -> tuple[str, ...]:
+    """UUIDs of the ``advertised`` devices in device-index order, from the node agent's inventory
+    (``gpupool.io/gpu-inventory``): every GPU when it lists as many as are advertised; the healthy ones when
+    the device plugin withdrew the unhealthy ones (as many healthy as advertised); else () (unknown)."""
+    gpus = _agent_gpus(node)
+    if len(gpus) == advertised:
+        return tuple(str(g["uuid"]) for g in gpus)
+    healthy = [g for g in gpus if g.get("healthy", True) is not False]
+    if len(healthy) == advertised and len(gpus) > advertised:
+        return tuple(str(g["uuid"]) for g in healthy)
+    return ()
+
+
+def agent_marked(node: Mapping[str, Any], spec: NodeSpec) -> tuple[int, ...]:
+    """Device indices (gpupool's) of the GPUs the node agent marked unhealthy, matched by UUID
+    (``spec.gpu_ids``). When the agent marks GPUs that cannot be matched to advertised devices (no
+    identities, counts differ) and there are more of them than the device plugin withdrew, every GPU of the
+    node is marked: a failed GPU is never handed out in a healthy one's place."""
+    gpus = _agent_gpus(node)
+    bad = {str(g["uuid"]) for g in gpus if g.get("healthy", True) is False}
+    if not bad or not spec.gpu_count:
+        return ()
+    if spec.gpu_ids:
+        return tuple(i for i, u in enumerate(spec.gpu_ids) if u in bad)
+    withdrawn = len(gpus) - spec.gpu_count
+    if 0 < len(bad) <= withdrawn:
+        return ()
+    return tuple(range(spec.gpu_count))
+
+
 def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
     """A Node (API dict) -> :class:`NodeSpec`: allocatable CPU/memory, physical GPUs, model, GPU memory,
     time-slicing replicas, device identities, topology.
@@ -278,6 +323,8 @@ def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
             gpu_memory = max(0, min(g.memory_mib for g in healthy[:gpus]))
         if gpus and not product and healthy[0].type:
             product = healthy[0].type
+    if gpus and not registered:
+        ids = agent_gpu_ids(node, gpus) or ids
     model = _gpu_model(labels) if gpus else ""
     if gpus and not model:
         model = (resolve_name(product) or product) if product else UNKNOWN_GPU_MODEL

@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from gpupool.cluster import slice_ask
 from gpupool.engine.pool import PoolConfig, PoolJob, PoolScheduler, QueueConfigError, QueueTree
 from gpupool.engine.pool import QueueSpec as PoolQueueSpec
@@ -183,17 +185,22 @@ class PoolDriver:
     ``config``: the pool's :class:`PoolConfig` (default :func:`live_config`); ``clock``: wall-clock seconds
     (pod ages, reservations, minimum runtimes); ``slack_s``: how long past its grace period a victim may take
     to go before its preemptor's nomination lapses; ``protect_s``: how long a victim the API refused to evict
-    is not chosen again.
+    is not chosen again; ``heal_after_s``: how long a GPU stays unhealthy (its node's agent marked it, or
+    telemetry shows an XID) before the pods of this scheduler on it are evicted so that their controllers
+    re-create them elsewhere (self-healing).
     """
 
     def __init__(self, model: Any, config: PoolConfig | None = None, default_queue: str = DEFAULT_QUEUE,
-                 clock: Callable[[], float] = time.time, slack_s: float = 30.0, protect_s: float = 60.0) -> None:
+                 clock: Callable[[], float] = time.time, slack_s: float = 30.0, protect_s: float = 60.0,
+                 heal_after_s: float = 30.0) -> None:
         self.model = model
         self.config = config or live_config()
         self.default_queue = default_queue
         self.clock = clock
         self.slack_s = slack_s
         self.protect_s = protect_s
+        self.heal_after_s = heal_after_s
+        self._bad_since: dict[tuple[str, int], float] = {}  # (node, GPU) unhealthy since
         self.pool: PoolScheduler | None = None
         self.tree: QueueTree | None = None
         self.tree_error = ""
@@ -341,8 +348,9 @@ class PoolDriver:
             self._reconcile(name, pool_units.get(name), now)
         self._pending_names = set(pool_units)
 
+        healing = self._heal(now)
         res = pool.cycle(now)
-        preemptions = self._carry_out(res, now, placements)
+        preemptions = healing + self._carry_out(res, now, placements)
         # the part-1 path for shared-GPU pods and gang repairs, after the pool
         elig = model.elig
         for unit in sorted(repair, key=snap._Unit.order) + sorted(legacy, key=snap._Unit.order):
@@ -673,6 +681,68 @@ class PoolDriver:
                         if h is not None and h.pid is None:
                             h.pid = pre.id
         return list(groups.values())
+
+    def _heal(self, now: float) -> list[Any]:
+        """Self-healing: pods of this scheduler on a GPU unhealthy for ``heal_after_s`` are evicted (their whole
+        job: a gang without one member is no use), one :class:`Preemption` per job, action ``heal``."""
+        from gpupool.k8s import snapshot as snap
+
+        model = self.model
+        st = model.state
+        bad = np.argwhere(st.gpu_exists & ~st.gpu_healthy)
+        if not len(bad):
+            self._bad_since.clear()
+            return []
+        seen: set[tuple[str, int]] = set()
+        broken: dict[str, list[str]] = {}  # job (or pod) -> why
+        for i, g in bad.tolist():
+            node = st.node_names[i]
+            seen.add((node, g))
+            since = self._bad_since.setdefault((node, g), now)
+            if now - since < self.heal_after_s:
+                continue
+            for key in list(model.on_node.get(node, ())) + [k for k, a in model.assumed.items() if a.node == node]:
+                a = st.assignments.get(key)
+                rec = model.pods.get(key)
+                if a is None or rec is None or g not in a.gpus or key in self.evicting:
+                    continue
+                spec = rec.obj.get("spec") if isinstance(rec.obj.get("spec"), Mapping) else {}
+                if (spec.get("schedulerName") or "default-scheduler") != model.scheduler_name:
+                    continue  # another scheduler's pod: its scheduler decides
+                name = self.job_of.get(key) or key
+                broken.setdefault(name, []).append(f"GPU {g} of node {node} unhealthy for {now - since:.0f}s")
+        for k in [k for k in self._bad_since if k not in seen]:
+            del self._bad_since[k]
+        out = []
+        for name, why in sorted(broken.items()):
+            job = self.jobs.get(name)
+            keys = [name] if job is None else [a.pod for a in job.placed]
+            if job is not None and job.status == RUNNING:
+                self.pool.detach(job, now, requeue=False)  # type: ignore[union-attr]
+                self.jobs.pop(name, None)
+                self.info.setdefault(name, _JobInfo()).restarted = True
+            self._pid += 1
+            pre = snap.Preemption(self._pid, "heal", "", f"gpupool self-healing: {why[0]}; the pod is evicted so "
+                                  "that its controller re-creates it on healthy GPUs", [], grace_s=0.0)
+            for key in keys:
+                rec = model.pods.get(key)
+                a = model.state.assignments.get(key)
+                if rec is None or a is None:
+                    continue
+                grace = _grace_s(rec.obj)
+                pre.grace_s = max(pre.grace_s, grace)
+                pre.victims.append((key, rec.uid))
+                self.evicting[key] = _Evicting(rec.uid, a.node_name, now + grace + self.slack_s, pre.id)
+                if key in model.assumed:
+                    model.forget(key)
+                else:
+                    model._uncount(rec)  # its devices: the failed one stays unhealthy, the others are free
+                model.count_log.append(key)
+            if pre.victims:
+                log.warning("pods on a failed GPU evicted", extra={"event": "gpu_heal", "job": name, "why": why[0]})
+                self.stats["healed"] = self.stats.get("healed", 0) + 1
+                out.append(pre)
+        return out
 
     def _message(self, action: str, victim: PoolJob, preemptor: PoolJob | None) -> str:
         pool = self.pool

@@ -91,13 +91,15 @@ class NodeRecord:
     replicas: int = 1
     mig_cap: dict[str, int] = field(default_factory=dict)
     eligibility: str = ""  # canonical JSON of what node eligibility reads (labels, taints, cordon, Ready)
+    marked: tuple[int, ...] = ()  # devices the node's agent marked unhealthy (gpupool.io/gpu-inventory)
 
     @property
     def capacity_key(self) -> tuple:
         """What, when it changes, needs the state rebuilt (the node's rows in the arrays change shape)."""
         s = self.spec
         return (None if s is None else (s.cpu_milli, s.memory_mib, s.gpu_count, s.gpu_model,
-                                        getattr(s, "gpu_memory_mib", 0), s.nvlink_domain, s.rack, s.switch),
+                                        getattr(s, "gpu_memory_mib", 0), s.nvlink_domain, s.rack, s.switch,
+                                        s.gpu_ids),
                 self.replicas, tuple(sorted(self.mig_cap.items())))
 
 
@@ -363,7 +365,8 @@ class ClusterModel:
             spec = inventory.node_spec_from_node(obj)  # looked up here: tests replace it
             replicas = max(1, getattr(spec, "gpu_replicas", 1))
             cap = mig_capacity(obj) if mig_strategy(obj) == "mixed" else {}
-            rec = NodeRecord(name, obj, rv, spec, "", replicas, cap, _eligibility_key(obj))
+            rec = NodeRecord(name, obj, rv, spec, "", replicas, cap, _eligibility_key(obj),
+                             inventory.agent_marked(obj, spec))
         except Exception as exc:  # noqa: BLE001 - one unreadable node never stops the others
             reason = str(exc) if isinstance(exc, ValueError) else f"invalid object: {type(exc).__name__}: {exc}"
             rec = NodeRecord(name or "?", obj, rv, None, reason)
@@ -372,6 +375,10 @@ class ClusterModel:
         if old is None or old.capacity_key != rec.capacity_key or self.state is None:
             self._dirty = self._reshaped = True
             return
+        if old.marked != rec.marked and rec.spec is not None:
+            i = self.state.node_index.get(name)
+            if i is not None:
+                self._mark(self.state, i, rec.marked)
         if old.eligibility != rec.eligibility and rec.spec is not None:
             i = self.state.node_index.get(name)
             if i is not None and self.elig is not None:
@@ -381,6 +388,16 @@ class ClusterModel:
             i = self.state.node_index.get(name)
             if i is not None:
                 self.elig.nodes[i] = obj  # same eligibility: keep the newest object for readers
+
+    @staticmethod
+    def _mark(state: ClusterState, i: int, marked: Sequence[int]) -> None:
+        """Make node ``i``'s agent marks ``marked``: marked GPUs unhealthy, unmarked ones healthy again (telemetry
+        may mark them unhealthy on its own at the next cycle)."""
+        want = set(int(g) for g in marked if 0 <= int(g) < state.max_gpus and state.gpu_exists[i, int(g)])
+        for g in range(int(state.gpu_count[i])):
+            if (g in want) != bool(state.gpu_marked[i, g]):
+                state.gpu_marked[i, g] = g in want
+                state.set_gpu_health(i, g, g not in want)
 
     def _delete_node(self, name: str) -> None:
         if self.nodes.pop(name, None) is not None:
@@ -631,6 +648,9 @@ class ClusterModel:
             return
         state = ClusterState(specs)
         self.state, self.engine, self.elig = state, None, None
+        for rec in self.nodes.values():
+            if rec.marked and rec.spec is not None:
+                self._mark(state, state.node_index[rec.name], rec.marked)
         bound = [r for r in self.pods.values() if r.node and not r.terminal and r.key not in self.assumed
                  and not self._evicting(r)]
         for rec in sorted(bound, key=lambda r: (_bound_order(r.obj), r.key)):

@@ -321,7 +321,7 @@ class GpuTelemetry:
         is failed but which one is unknown, so all the node's GPUs are marked unhealthy (never a healthy
         GPU chosen in a failed one's place, never a failed one handed out).
         """
-        mask = state.gpu_exists.copy()
+        mask = state.gpu_exists & ~state.gpu_marked  # a GPU its node's agent marked stays unhealthy
         mapping = self.device_map(state, now)
         fresh = self.fresh(now)
         seen: dict[str, int] = {}
