@@ -130,7 +130,8 @@ class PodRequest:
       (``nvidia.com/use-gputype`` / ``nouse-gputype``): case-insensitive substrings of the GPU model or
       product name; a GPU qualifies when it matches one of ``gpu_type_include`` (if any are given) and
       none of ``gpu_type_exclude``.
-    * ``priority``: larger is more important. ``qos`` is kept as given (LS, BE, Burstable, Guaranteed).
+    * ``priority``: larger is more important; Kubernetes' int32 range (system classes up to 2,000,001,000).
+      ``qos`` is kept as given (LS, BE, Burstable, Guaranteed).
 
     Raises :class:`InvalidRequestError` when the combination is impossible.
     """
@@ -159,8 +160,13 @@ class PodRequest:
         _check_int(owner, "num_gpu", self.num_gpu, MAX_POD_GPUS, InvalidRequestError)
         _check_int(owner, "gpu_milli", self.gpu_milli, MILLI, InvalidRequestError)
         _check_int(owner, "gpu_memory_mib", self.gpu_memory_mib, MAX_MEMORY_MIB, InvalidRequestError)
-        _check_int(owner, "priority", abs(self.priority) if isinstance(self.priority, (int, numbers.Integral)) else
-                   self.priority, 10**9, InvalidRequestError)
+        prio = self.priority
+        if type(prio) is not int or not -(2**31) <= prio < 2**31:  # Kubernetes' int32 range, system classes included
+            if isinstance(prio, bool) or not isinstance(prio, numbers.Integral):
+                raise InvalidRequestError(f"{owner}: priority must be an integer, got {prio!r}")
+            if not -(2**31) <= prio < 2**31:
+                raise InvalidRequestError(f"{owner}: priority {prio} outside the int32 range "
+                                          f"{-(2**31)}..{2**31 - 1}")
         if not isinstance(self.gpu_spec, tuple):
             raise InvalidRequestError(f"{owner}: gpu_spec must be a tuple of GPU model names, got {self.gpu_spec!r}")
         for model in self.gpu_spec:

@@ -204,6 +204,9 @@ class PoolDriver:
         self.pool: PoolScheduler | None = None
         self.tree: QueueTree | None = None
         self.tree_error = ""
+        self.queue_errors: dict[str, str] = {}  # queues left out of the pool's tree -> why
+        self.hetero: set[str] = set()  # gangs whose GPU pods differ in size (the part-1 path places them)
+        self.riders: dict[str, list[PodInfo]] = {}  # job -> its pending 0-GPU pods (an MPI launcher)
         self._tree_key: tuple | None = None
         self.jobs: dict[str, PoolJob] = {}
         self.info: dict[str, _JobInfo] = {}
@@ -218,31 +221,58 @@ class PoolDriver:
         model.pool = self
 
     # ------------------------------------------------------------------ the queue tree
-    def _queue_tree(self) -> QueueTree | None:
+    def _queue_tree(self) -> QueueTree:
+        """The pool's queue tree from the Queue CRs. A Queue the pool cannot use (limit below quota, its parent
+        missing or unusable, a cycle of parents, children guaranteed more than it) is left out with the reason in
+        ``queue_errors``, and so are the queues under it; every other queue keeps working."""
         specs, errors, known = self.model.queue_specs()
         key = (tuple(sorted((n, s) for n, s in specs.items())), self.default_queue)
-        if key == self._tree_key:
+        if key == self._tree_key and self.tree is not None:
             return self.tree
+        bad: dict[str, str] = {}
+        pool_specs: dict[str, PoolQueueSpec] = {}
+        for name, s in specs.items():
+            try:
+                pool_specs[name] = PoolQueueSpec(
+                    name=s.name, parent=s.parent or None, quota=s.quota_milli / MILLI,
+                    limit=None if s.limit_milli is None else s.limit_milli / MILLI, weight=max(s.weight, 1e-9),
+                    priority=s.priority)
+            except ValueError as exc:  # pydantic's ValidationError is a ValueError
+                msg = "; ".join(e.get("msg", "") for e in getattr(exc, "errors", lambda: [])()) or str(exc)
+                bad[name] = f"queue {name}: {msg}"
+        tree = None
+        for _ in range(len(pool_specs) + 2):
+            changed = True
+            while changed:  # queues under a missing or unusable parent go too
+                changed = False
+                for name, q in list(pool_specs.items()):
+                    if q.parent and q.parent not in pool_specs:
+                        why = bad.get(q.parent)
+                        bad[name] = (f"queue {name}: its parent {q.parent} is not usable ({why})" if why else
+                                     f"queue {name}: parent queue {q.parent} not found")
+                        del pool_specs[name]
+                        changed = True
+            out = list(pool_specs.values())
+            if self.default_queue not in pool_specs:
+                out.append(PoolQueueSpec(name=self.default_queue))
+            try:
+                tree = QueueTree(out, "Queues")
+                break
+            except (QueueConfigError, ValueError) as exc:
+                named = [n for n in pool_specs if f"'{n}'" in str(exc)]
+                if not named:
+                    break
+                bad[named[0]] = str(exc).removeprefix("Queues: ")
+                del pool_specs[named[0]]
+        if tree is None:
+            tree = QueueTree([PoolQueueSpec(name=self.default_queue)])
         self._tree_key = key
-        good = dict(specs)
-        changed = True
-        while changed:  # drop queues whose parent is missing or invalid (their pods report why, part-1 path)
-            changed = False
-            for name, s in list(good.items()):
-                if s.parent and s.parent not in good:
-                    del good[name]
-                    changed = True
-        out = [PoolQueueSpec(name=s.name, parent=s.parent or None, quota=s.quota_milli / MILLI,
-                             limit=None if s.limit_milli is None else s.limit_milli / MILLI,
-                             weight=max(s.weight, 1e-9), priority=s.priority) for s in good.values()]
-        if self.default_queue not in good:
-            out.append(PoolQueueSpec(name=self.default_queue))
-        try:
-            self.tree, self.tree_error = QueueTree(out, "Queues"), ""
-        except (QueueConfigError, ValueError) as exc:
-            log.warning("queue tree unusable", extra={"event": "queue_tree_error", "reason": str(exc)})
-            self.tree, self.tree_error = QueueTree([PoolQueueSpec(name=self.default_queue)]), str(exc)
-        return self.tree
+        self.queue_errors = bad
+        self.tree_error = "; ".join(bad.values())
+        if bad:
+            log.warning("queues left out of the pool", extra={"event": "queue_tree_error", "queues": sorted(bad)})
+        self.tree = tree
+        return tree
 
     def _leaf(self, queue: str | None) -> str | None:
         tree = self.tree
@@ -252,6 +282,20 @@ class PoolDriver:
         if tree is None or name not in tree.index or not tree.is_leaf[tree.index[name]]:
             return None
         return name
+
+    def _queue_problem(self, queue: str | None) -> str:
+        """Why pods of ``queue`` cannot be pool jobs (they wait with this reason), "" if they can (or if the
+        part-1 path reports the queue itself: not found, unreadable)."""
+        tree = self.tree
+        if queue is None or tree is None or self._leaf(queue) is not None:
+            return ""
+        if queue in self.queue_errors:
+            return f"{self.queue_errors[queue]}; pods of queue {queue} wait until it is fixed"
+        if queue in tree.index and not tree.is_leaf[tree.index[queue]]:
+            leaves = [tree.names[c] for c in tree.children[tree.index[queue]]]
+            return (f"queue {queue} has child queues ({', '.join(leaves)}); only leaf queues take pods: name one "
+                    "of them")
+        return ""
 
     # ------------------------------------------------------------------ rebuild
     def _reset(self, now: float) -> None:
@@ -272,6 +316,11 @@ class PoolDriver:
         for info in self.info.values():
             info.members.clear()
             info.spec = ()
+        sizes: dict[str, set[int]] = {}
+        for rec in model.pods.values():
+            if rec.info is not None and rec.info.pod_group and not rec.terminal and rec.info.request.num_gpu:
+                sizes.setdefault(rec.info.pod_group, set()).add(rec.info.request.num_gpu)
+        self.hetero = {g for g, n in sizes.items() if len(n) > 1}
         names: set[str] = set()
         for key, rec in model.pods.items():
             if (rec.counted or key in model.assumed) and rec.info is not None:
@@ -294,6 +343,8 @@ class PoolDriver:
             return None
         if self._leaf(info.queue) is None:
             return None
+        if info.pod_group and info.pod_group in self.hetero:
+            return None  # a gang of unequal GPU pods: placed and charged by the part-1 path
         return info.pod_group or rec.key
 
     # ------------------------------------------------------------------ the cycle
@@ -322,6 +373,11 @@ class PoolDriver:
         legacy: list[Any] = []
         repair: list[Any] = []
         for unit in units:
+            queues = {info.queue for _, info in unit.members}
+            why = self._queue_problem(next(iter(queues))) if len(queues) == 1 and not book.blocked else ""
+            if why:
+                placements.extend(snap.Placement(i.key, None, reason=why, gang=unit.gang) for _, i in unit.members)
+                continue
             name = self._unit_job(unit, book)
             if name is None:
                 legacy.append(unit)
@@ -375,8 +431,10 @@ class PoolDriver:
                         p = snap.Placement(p.pod, p.node, p.gpus, p.gpu_milli, self._held_reason(p.node),
                                            p.gpu_memory_mib, p.mig, p.gang, nominated=True)
                 placements.append(p)
+        placements.extend(self._place_riders(now))
         placements.extend(self._held_placements(now))
-        placements.extend(self._waiting(pool_units, now))
+        decided = {p.pod for p in placements}
+        placements.extend(p for p in self._waiting(pool_units, now) if p.pod not in decided)
         book = model.queue_book()
         return snap.Plan(placements, None, model.policy_name, state, book, preemptions=preemptions,
                          denominated=denominated)
@@ -393,6 +451,11 @@ class PoolDriver:
         for _pod, info in unit.members:
             if not is_whole_gpu(info):
                 return None
+        if unit.gang is not None and len({i.request.num_gpu for _, i in unit.members if i.request.num_gpu}) > 1:
+            self.hetero.add(unit.gang)  # unequal GPU pods: all or nothing on the part-1 path, not a pool job
+            return None
+        if unit.gang is not None:
+            self.hetero.discard(unit.gang)
         return unit.gang or unit.members[0][1].key
 
     # ------------------------------------------------------------------ books
@@ -462,6 +525,23 @@ class PoolDriver:
         cap = max_member(group, first_pod)
         pending = [pi for _, pi in unit.members] if unit is not None else []
         pending = [pi for pi in pending if pi.key not in held_keys]
+        # 0-GPU members of a gang with GPU pods (an MPI launcher) ride along: the job is its GPU pods, the riders
+        # count toward minMember and are placed once the GPU pods run
+        gpu = any(model.pods[k].info.request.num_gpu for k in held_keys) or any(pi.request.num_gpu for pi in pending)
+        if gpu and gkey:
+            riders_held = [k for k in held_keys if not model.pods[k].info.request.num_gpu]
+            riders = [pi for pi in pending if not pi.request.num_gpu]
+            held_keys = [k for k in held_keys if model.pods[k].info.request.num_gpu]
+            pending = [pi for pi in pending if pi.request.num_gpu]
+            n_riders = len(riders_held) + len(riders)
+            if n_riders:
+                min_member = max(1, min_member - n_riders)
+            if riders:
+                self.riders[name] = riders
+            else:
+                self.riders.pop(name, None)
+        else:
+            self.riders.pop(name, None)
         # ---- the running part
         if job is not None and job.status == RUNNING:
             now_placed = {a.pod: a for a in job.placed}
@@ -519,6 +599,40 @@ class PoolDriver:
         pool.submit(job, now)
         self._backdate(job, min(waiting_since, now))
         self.jobs[name] = job
+
+    def _place_riders(self, now: float) -> list[Any]:
+        """Place the 0-GPU members of gangs whose GPU pods run (an MPI launcher), one by one."""
+        from gpupool.k8s import snapshot as snap
+
+        model = self.model
+        engine = model.engine
+        out = []
+        busy = self._evicting_nodes()
+        for name, riders in list(self.riders.items()):
+            job = self.jobs.get(name)
+            if job is None or job.status != RUNNING:
+                continue
+            for pi in riders:
+                if pi.key not in model.pending:
+                    continue
+                d = engine.place(pi.request)
+                if d.assignment is None:
+                    out.append(snap.Placement(pi.key, None, reason=f"gang {name}: its GPU pods run; this pod waits: "
+                                              f"{d.reason}", gang=name))
+                    continue
+                a = d.assignment
+                self._assume(pi.key, a.node_name, now)
+                self.job_of[pi.key] = name
+                self.info.setdefault(name, _JobInfo()).members.add(pi.key)
+                nominated = a.node_name in busy
+                if nominated:
+                    self.held[pi.key] = _Held(a.node_name, now, None)
+                out.append(snap.Placement(pi.key, a.node_name, (), 0,
+                                          self._held_reason(a.node_name) if nominated else
+                                          f"gang {name}: its GPU pods run; placed on {a.node_name}", gang=name,
+                                          nominated=nominated))
+            self.riders.pop(name, None)
+        return out
 
     def _alive(self, name: str) -> bool:
         return any(h for h in self.held if self.job_of.get(h) == name)
