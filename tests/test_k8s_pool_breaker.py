@@ -117,8 +117,6 @@ def test_a_cycle_among_other_queues_leaves_preemption_working_in_a_valid_queue()
     assert c.running() == ["default/hi"], c.reason("default/hi")  # today: lo keeps running, hi waits
 
 
-@pytest.mark.xfail(strict=True, reason="a held (nominated) preemptor is bound without checking its devices "
-                                       "are still free")
 def test_nominated_preemptor_not_bound_onto_gpus_another_scheduler_took():
     c = Cluster([node("n1")], [queue("a", quota=8)], min_run_s=0, reclaim_min_run_s=0)
     c.add(pod("lo", 8, queue="a", priority=1))
@@ -170,8 +168,8 @@ def test_pod_in_a_queue_whose_parent_is_missing_is_reported():
     assert c.pending() == ["default/x"] and "missing" in c.reason("default/x"), c.reason("default/x")
 
 
-@pytest.mark.xfail(strict=True, reason="the pool charges a time-slice as a whole GPU; a queue holding 0.75 GPU "
-                                       "is told it holds 3")
+@pytest.mark.xfail(strict=True, reason="known limit: the pool's fair-share books count a time-slice as one GPU "
+                                       "(the queue status and limits charge the slice)")
 def test_time_slices_are_charged_as_slices_in_the_pool():
     c = Cluster([ts_node()], [queue("a", quota=1), queue("b", quota=1)], reclaim_min_run_s=0, min_run_s=0)
     c.add(*[pod(f"a{i}", 1, queue="a") for i in range(4)])
@@ -185,8 +183,6 @@ def test_time_slices_are_charged_as_slices_in_the_pool():
         assert pool.alloc[pool.tree.index[q]][0] == pytest.approx(status[q]["usedGPUs"]), (q, c.reason("default/b3"))
 
 
-@pytest.mark.xfail(strict=True, reason="slices charged as GPUs: the pool starts pods on a time-sliced node a "
-                                       "few per cycle")
 def test_time_sliced_node_fills_in_one_cycle():
     c = Cluster([ts_node(), node("n1", 4)], [queue("a")])
     c.add(*[pod(f"a{i}", 1, queue="a") for i in range(12)])
@@ -195,7 +191,6 @@ def test_time_sliced_node_fills_in_one_cycle():
     assert len(c.running()) == 12, c.reason("default/a11")  # 8 slots + 4 GPUs; today 6 in the first cycle
 
 
-@pytest.mark.xfail(strict=True, reason="the preemptor's reason never says a PodDisruptionBudget refused eviction")
 def test_reason_names_the_disruption_budget_after_a_refusal():
     c = Cluster([node("n1")], [queue("a", quota=8)], min_run_s=0, reclaim_min_run_s=0)
     c.add(pod("lo", 8, queue="a", priority=1))
@@ -209,8 +204,6 @@ def test_reason_names_the_disruption_budget_after_a_refusal():
     assert "disruption" in c.reason("default/hi").lower(), c.reason("default/hi")
 
 
-@pytest.mark.xfail(strict=True, reason="a required topology on nodes with no topology labels never places, and "
-                                       "the reason does not say the labels are missing")
 def test_required_topology_without_topology_labels_explains_itself():
     c = Cluster([node("n1", 4), node("n2", 4)], [queue("a")],
                 groups=[pod_group("g", 2, **{"gpupool.io/topology": "required"})])

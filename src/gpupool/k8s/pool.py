@@ -41,9 +41,7 @@ from gpupool.cluster import slice_ask
 from gpupool.engine.pool import PoolConfig, PoolJob, PoolScheduler, QueueConfigError, QueueTree
 from gpupool.engine.pool import QueueSpec as PoolQueueSpec
 from gpupool.engine.pool.job import PENDING, RUNNING
-from gpupool.k8s import (
-    LABEL_NVLINK_DOMAIN,
-)
+from gpupool.k8s import LABEL_NVLINK_DOMAIN, LABEL_RACK, LABEL_SWITCH
 from gpupool.k8s.requests import PodInfo, annotations_of
 from gpupool.model import MILLI, Assignment, PodRequest
 
@@ -217,6 +215,8 @@ class PoolDriver:
         self._preemptions: dict[int, list[str]] = {}  # pid -> victim pod keys still evicting
         self._pending_names: set[str] = set()
         self._denominated: list[str] = []  # nominations that lapsed between cycles (reported with the next plan)
+        self._preemptor_of: dict[int, str] = {}  # preemption id -> preemptor job, until its outcome is known
+        self.refusals: dict[str, tuple[float, str]] = {}  # job -> (until, why its preemption was refused)
         self.stats = {"resets": 0, "preemptions": 0, "evictions": 0, "lapsed": 0, "refused": 0}
         model.pool = self
 
@@ -788,6 +788,10 @@ class PoolDriver:
         for pre in groups.values():
             self.stats["preemptions"] += 1
             if pre.preemptor:
+                self._preemptor_of[pre.id] = pre.preemptor
+                if len(self._preemptor_of) > 4096:  # outcomes that never came (a lost leader): forget the oldest
+                    del self._preemptor_of[next(iter(self._preemptor_of))]
+            if pre.preemptor:
                 pj = self.jobs.get(pre.preemptor)
                 if pj is not None:
                     for a in pj.placed:
@@ -886,9 +890,20 @@ class PoolDriver:
         model = self.model
         st = model.state
         busy = self._evicting_nodes()
+        # a node where a pod bound by someone else could not be counted in full (its devices overlap what gpupool
+        # holds there): another scheduler took the freed GPUs; the held placements there lapse and are planned again
+        clash = {r.node for k in model.skipped_pods if (r := model.pods.get(k)) is not None and r.node}
         out = []
         for key, h in list(self.held.items()):
             if h.node in busy:
+                continue
+            if h.node in clash:
+                del self.held[key]
+                model.forget(key)
+                model.count_log.append(key)
+                self._denominated.append(key)
+                log.info("nomination lapsed: another pod took the GPUs", extra={"event": "nomination_clash",
+                                                                                "pod": key, "node": h.node})
                 continue
             a = st.assignments.get(key) if st is not None else None
             if a is None or key not in model.assumed:
@@ -952,6 +967,11 @@ class PoolDriver:
         now = self.clock()
         self.stats["refused"] += 1
         victims = [k for k, e in self.evicting.items() if e.pid == pid]
+        preemptor = self._preemptor_of.pop(pid, "")
+        if preemptor:
+            listed = "; ".join(f"{k}: {w}" for k, w in sorted(blocked.items())[:3])
+            self.refusals[preemptor] = (now + self.protect_s, f"eviction of its victims refused ({listed}); "
+                                                              "other victims are looked for")
         log.info("preemption refused; choosing again", extra={"event": "preemption_refused", "id": pid,
                                                               "blocked": sorted(blocked)})
         self._restore(victims, self._denominated, protect=False, now=now)
@@ -1016,11 +1036,22 @@ class PoolDriver:
                             "more asked")
             return (f"non-preemptible job (priority {job.priority}) waits for room within the quota of queue {q}")
         d = model.engine.schedule(job.pods[0])
+        refused = self.refusals.get(job.name)
+        if refused is not None and refused[0] <= now:
+            del self.refusals[job.name]
+            refused = None
         if d.assignment is None:
-            if unit.gang is not None:
-                return f"gang {job.name} cannot be placed together: {d.reason}"
-            return d.reason
+            why = f"gang {job.name} cannot be placed together: {d.reason}" if unit.gang is not None else d.reason
+            return f"{why}; {refused[1]}" if refused is not None else why
         why = pool.infeasible_reason(job)
+        if why and job.topology == "required" and "domain" in why:
+            tier = job.topology_tier
+            if tier in ("switch", "spine") and not (pool.switch >= 0).any():
+                why += (f"; no node carries a {LABEL_SWITCH} or {LABEL_RACK} label, so no switch domain exists: label "
+                        "the nodes, or make the topology preferred")
+            elif tier == "nvlink" and not (pool.multi_dom >= 0).any():
+                why += (f"; no two nodes share an NVLink domain ({LABEL_NVLINK_DOMAIN} or nvidia.com/gpu.clique "
+                        "labels): label the nodes, or make the topology preferred")
         if why:
             return f"gang {job.name} cannot be placed together: {why}" if unit.gang else f"job {job.name}: {why}"
         r = pool.reservation

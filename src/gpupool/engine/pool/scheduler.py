@@ -299,7 +299,7 @@ class PoolScheduler(EvictionActions):
         st = self.state
         g = job.gpus_per_pod
         if g:
-            f = ((st.gpu_free >= self.slot_milli) & st.gpu_healthy).sum(axis=1) // g
+            f = self._free_slots().sum(axis=1) // g
         else:
             f = np.full(st.n_nodes, 1 << 30, dtype=np.int64)
         if job.cpu_per_pod:
@@ -535,8 +535,7 @@ class PoolScheduler(EvictionActions):
     def resync_free(self) -> None:
         """Recount the free whole healthy GPUs from the state (a driver that also places or counts pods
         the scheduler does not know calls this before each cycle)."""
-        st = self.state
-        self.free_gpus = int(((st.gpu_free >= self.slot_milli) & st.gpu_healthy).sum())
+        self.free_gpus = int(self._free_slots().sum())
         self._failed_place = None
 
     def set_gpu_health(self, node: int, gpu: int, healthy: bool, now: float) -> list[PoolJob]:
@@ -614,6 +613,14 @@ class PoolScheduler(EvictionActions):
             if not job.preemptible and self.np_alloc[a] + need > self.quota_g[a] + _EPS:
                 return False
         return True
+
+    def _free_slots(self) -> np.ndarray:
+        """(n_nodes, max_gpus) int: free whole-GPU slots per healthy GPU: 1 for a free GPU, or the free time-slicing
+        replicas of a time-sliced one (``slot_milli`` set by the driver)."""
+        st = self.state
+        if isinstance(self.slot_milli, np.ndarray):
+            return np.where(st.gpu_healthy, st.gpu_free // self.slot_milli, 0)
+        return ((st.gpu_free >= MILLI) & st.gpu_healthy).astype(np.int64)
 
     def _admissible_pods(self, job: PoolJob) -> int:
         """Most pods of ``job`` (``min_pods`` to ``n_pods``) that keep its queues within their limits."""
