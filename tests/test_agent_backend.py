@@ -181,10 +181,13 @@ def test_nvml_gpu_lost_is_a_lost_sample():
     nv = nvml_standin(recording_path())
     backend = NvmlBackend(nv, clock=clock)
     backend.devices()
+    before = backend.devices()
     nv.gpus[0]["lost"] = True
     [s] = backend.sample()
     assert s.lost and s.uuid == UUID and s.power_w is None
     assert backend.events(0) == []
+    assert backend.devices() == before  # as last read
+    assert NvmlBackend(nv).devices() == []  # lost before it was ever read
 
 
 def test_nvml_events_xid_and_double_bit_ecc():

@@ -68,6 +68,7 @@ class NvmlBackend:
         self.nv = nvml if nvml is not None else load_pynvml()
         self._clock = clock
         self._uuids: dict[int, str] = {}
+        self._known: dict[int, GpuDevice] = {}  # last read of each GPU, kept for one that is lost later
         self._event_set: Any = None
         self._registered: set[int] = set()
         self._open = False
@@ -120,10 +121,19 @@ class NvmlBackend:
         return int(self._call("nvmlDeviceGetCount"))
 
     def devices(self) -> list[GpuDevice]:
+        """Every GPU by index; a GPU lost since an earlier read is listed as then read (never read: left out)."""
         out = []
         switch_attached: set[int] = set()
         for i in range(self.count()):
-            dev, via_switch = self._device(i)
+            try:
+                dev, via_switch = self._device(i)
+            except BackendError as e:
+                if not self._is(e, "NVML_ERROR_GPU_IS_LOST"):
+                    raise
+                if i not in self._known:
+                    continue  # lost before it was ever read: nothing to say about it
+                dev, via_switch = self._known[i], False  # as last read; its samples say lost
+            self._known[i] = dev
             out.append(dev)
             if via_switch:
                 switch_attached.add(i)
@@ -237,9 +247,15 @@ class NvmlBackend:
 
     def topology(self) -> dict[tuple[int, int], str]:
         """NVLINK where the GPUs share an NVLink, else ``nvmlDeviceGetTopologyCommonAncestor``'s level
-        (SYSTEM where NVML does not say)."""
+        (SYSTEM where NVML does not say or a GPU is lost). Reads the devices again."""
         devs = self.devices()
-        handles = {d.index: self._handle(d.index) for d in devs}
+        handles = {}
+        for d in devs:
+            try:
+                handles[d.index] = self._handle(d.index)
+            except BackendError as e:
+                if not self._is(e, "NVML_ERROR_GPU_IS_LOST"):
+                    raise
         out = {}
         for a in devs:
             for b in devs:
@@ -247,6 +263,9 @@ class NvmlBackend:
                     continue
                 if b.pci_bus_id and b.pci_bus_id in a.nvlink_peers:
                     out[(a.index, b.index)] = "NVLINK"
+                    continue
+                if a.index not in handles or b.index not in handles:
+                    out[(a.index, b.index)] = "SYSTEM"
                     continue
                 level = self._maybe("nvmlDeviceGetTopologyCommonAncestor", handles[a.index], handles[b.index])
                 out[(a.index, b.index)] = "SYSTEM" if level is None else _TOPOLOGY.get(int(level), "SYSTEM")
