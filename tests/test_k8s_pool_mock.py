@@ -542,3 +542,25 @@ def test_pdb_blocking_the_first_victim_makes_the_scheduler_choose_another(h, kub
     assert h.pdb("protect-b3")["status"]["disruptionsAllowed"] == 0
     hold(0.5, lambda: evicted(h) == [victim], "more evictions")
     assert_books(kubelet)
+
+
+def test_a_reason_whose_figures_change_is_not_reposted_every_cycle(h):
+    """Pool reasons carry live figures (GPUs a queue holds, seconds waited): a new figure alone re-posts the
+    FailedScheduling Event and condition at most every ``rereport_s``; another reason is posted at once."""
+    s = Scheduler(h.api, SchedulerConfig(identity="t", rereport_s=60.0))
+    posted: list[str] = []
+    s._post_event = lambda pod, reason, message, etype, action: posted.append(message)  # type: ignore[method-assign]
+    s._report_pool_closed = True  # no condition patches in this test
+    pod = {"metadata": {"name": "p", "namespace": "default", "uid": "u1"}}
+    try:
+        s._report_unschedulable(pod, "waiting in queue a (holds 3 GPUs, fair share 4)")
+        s._report_unschedulable(pod, "waiting in queue a (holds 3 GPUs, fair share 4)")
+        s._report_unschedulable(pod, "waiting in queue a (holds 5 GPUs, fair share 4.5)")
+        assert len(posted) == 1
+        s._report_unschedulable(pod, "queue a would exceed its limit: 4 of 4 GPU in use, 1 more asked")
+        assert len(posted) == 2
+        s.config.rereport_s = 0.0
+        s._report_unschedulable(pod, "queue a would exceed its limit: 3 of 4 GPU in use, 2 more asked")
+        assert len(posted) == 3
+    finally:
+        s.stop()

@@ -42,10 +42,10 @@ class FakeKubelet(threading.Thread):
         self.ns = ns
         self.stuck: set[str] = set()
         self.deleted: list[tuple[float, str]] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 for p in lc.list_pods(self.core.api_client, self.ns):
                     name = p["metadata"]["name"]
@@ -56,7 +56,7 @@ class FakeKubelet(threading.Thread):
                         self._phase(name, "Running")
             except Exception:  # noqa: BLE001 - a busy apiserver: look again
                 pass
-            self._stop.wait(0.1)
+            self._halt.wait(0.1)
 
     def _delete(self, name: str) -> None:
         try:
@@ -84,7 +84,7 @@ class FakeKubelet(threading.Thread):
         self._phase(name, "Succeeded")
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ import gc
 import json
 import logging
 import random
+import re
 import socket
 import threading
 import time
@@ -87,6 +88,9 @@ DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition kube-scheduler sets 
 PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
 
 
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+
+
 def _split_key(key: str) -> tuple[str, str]:
     """``"ns/name"`` -> ``(ns, name)``; a key without a namespace is in ``default``."""
     ns, _, name = key.rpartition("/")
@@ -136,6 +140,8 @@ class SchedulerConfig:
     pool: bool = True  # the pool scheduler runs the cluster (fair share, gangs, reclaim, preemption): gpupool.k8s.pool
     pool_config: Any = None  # its gpupool.engine.pool.PoolConfig (None: gpupool.k8s.pool.live_config())
     default_queue: str = "default"  # the leaf queue of pods that name none
+    rereport_s: float = 60.0  # a reason whose only change is a figure (GPUs held, seconds waited) is re-posted at
+    # most this often: the pool's reasons carry live numbers, and a write per change would flood the API
     pod_group_status: bool = True  # write PodGroup status (off where scheduler-plugins' or Volcano's controller does)
 
 
@@ -473,7 +479,7 @@ class Scheduler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.assumed: dict[str, _Assumed] = {}
-        self._reported: dict[str, tuple[str, str]] = {}
+        self._reported: dict[str, tuple[str, str, str, float]] = {}  # pod -> (uid, message, its shape, when)
         self._leading = False
         self._lists_at_election: dict[str, int] | None = None
         self._pool = ThreadPoolExecutor(max_workers=self.config.bind_workers, thread_name_prefix="gpupool-bind")
@@ -869,10 +875,14 @@ class Scheduler:
         meta = pod.get("metadata") or {}
         key = pod_key(pod)
         uid = meta.get("uid", "")
+        stable = _NUMBERS.sub("#", message)
+        now = time.monotonic()
         with self._lock:
-            if not force and self._reported.get(key) == (uid, message):
-                return
-            self._reported[key] = (uid, message)
+            last = self._reported.get(key)
+            if not force and last is not None and last[0] == uid and (
+                    last[1] == message or (last[2] == stable and now - last[3] < self.config.rereport_s)):
+                return  # the same message, or only its figures changed (GPUs held, seconds waited) recently
+            self._reported[key] = (uid, message, stable, now)
         _log(logging.INFO, "unschedulable", pod=key, reason=message)
         self._post_event(pod, "FailedScheduling", message, "Warning", "Scheduling")
         if not self._report_pool_closed:
