@@ -405,12 +405,17 @@ class PoolScheduler(EvictionActions):
         job.status = RUNNING
         job.run_since = now
         job.retry_at, job.backoff = -math.inf, 0.0
+        self._book_running(job, now)
+        self.free_gpus -= len(placed) * job.gpus_per_pod
+        res.started.append(job)
+
+    def _book_running(self, job: PoolJob, now: float) -> None:
+        """Books of a job that now runs on ``job.placed`` (its level, queue allocation, victim indexes)."""
         job.level = self.order.level(job.las_at(now) + 1e-6)
         self._set_key(job)
-        self._add(self.alloc, job, len(placed), 1.0)
-        self._np_add(job, len(placed))
-        self.free_gpus -= len(placed) * job.gpus_per_pod
-        self._qnode_add(job, placed, 1)
+        self._add(self.alloc, job, len(job.placed), 1.0)
+        self._np_add(job, len(job.placed))
+        self._qnode_add(job, job.placed, 1)
         self.running[job.q][job.seq] = job
         self._lv_add(job, 1)
         self.n_running += 1
@@ -418,7 +423,6 @@ class PoolScheduler(EvictionActions):
             self.elastic_running[job.seq] = job
         if self.preemptive_order:
             self._push_demotion(job, now)
-        res.started.append(job)
 
     def _push_demotion(self, job: PoolJob, now: float) -> None:
         gpus = job.running_gpus
@@ -499,18 +503,7 @@ class PoolScheduler(EvictionActions):
         job.status = RUNNING
         job.run_since = now if run_since is None else run_since
         job.started_once = True
-        job.level = self.order.level(job.las_at(now) + 1e-6)
-        self._set_key(job)
-        self._add(self.alloc, job, len(job.placed), 1.0)
-        self._np_add(job, len(job.placed))
-        self._qnode_add(job, job.placed, 1)
-        self.running[job.q][job.seq] = job
-        self._lv_add(job, 1)
-        self.n_running += 1
-        if job.elastic:
-            self.elastic_running[job.seq] = job
-        if self.preemptive_order:
-            self._push_demotion(job, now)
+        self._book_running(job, now)
         self._fs_dirty = True
 
     def detach(self, job: PoolJob, now: float, requeue: bool) -> None:
