@@ -41,10 +41,23 @@ def _docs(text: str) -> list[dict]:
 
 
 @cache
-def rendered() -> tuple[dict, ...]:
+def rendered_all() -> tuple[dict, ...]:
     out = subprocess.run(["kubectl", "kustomize", str(DEPLOY)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return tuple(_docs(out.stdout))
+
+
+def _component(obj: dict) -> str:
+    return (obj["metadata"].get("labels") or {}).get("app.kubernetes.io/component", "")
+
+
+def rendered() -> tuple[dict, ...]:
+    """deploy/ without the node agent's objects (deploy/agent/, checked in the agent section below)."""
+    return tuple(o for o in rendered_all() if _component(o) != "agent")
+
+
+def rendered_agent() -> tuple[dict, ...]:
+    return tuple(o for o in rendered_all() if _component(o) == "agent")
 
 
 def _by_kind(objs, kind: str) -> list[dict]:
@@ -89,9 +102,14 @@ def test_every_rendered_object_is_valid_kubernetes_1_30():
     assert kinds == sorted(["Namespace", "CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount",
                             "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Deployment",
                             "Service"])
-    for obj in objs:
+    assert sorted(o["kind"] for o in rendered_agent()) == sorted([
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding", "DaemonSet"])
+    cluster_scoped = ("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    for obj in rendered_all():
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-        if obj["kind"] not in ("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] not in cluster_scoped:
             assert obj["metadata"]["namespace"] == "gpupool-system", obj["metadata"]["name"]
 
 
@@ -453,3 +471,79 @@ def test_dockerfile_builds_a_non_root_gpupool_image():
     assert str(dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == user.split(":")[0]
     ignored = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".git", ".venv", "tests"} <= ignored and "src" not in ignored and "pyproject.toml" not in ignored
+
+
+# ---------------------------------------------------------------------- deploy/agent (the node agent)
+@needs_kubectl
+def test_agent_daemonset_runs_on_gpu_nodes_with_least_host_access():
+    objs = rendered_agent()
+    ds = _one(objs, "DaemonSet")
+    assert ds["metadata"]["name"] == "gpupool-agent" and ds["metadata"]["namespace"] == "gpupool-system"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == _one(objs, "ServiceAccount")["metadata"]["name"] == "gpupool-agent"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["priorityClassName"] == "system-node-critical" and pod["runtimeClassName"] == "nvidia"
+    assert any(t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" for t in pod["tolerations"])
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    assert c["image"] == "gpupool:0.1.0"  # pinned like the scheduler's Deployment
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert "add" not in sc["capabilities"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert "nvidia.com/gpu" not in c["resources"].get("limits", {})  # sees every GPU, allocates none
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"]) and "memory" in c["resources"]["limits"]
+    port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    args = c["args"]
+    assert args[0] == "agent" and f"--metrics-bind-address=0.0.0.0:{port}" in args
+    # no host access: the pod fits the namespace's Pod Security "restricted" level (the e2e suite creates it)
+    assert not [v for v in pod["volumes"] if "hostPath" in v]
+    ns = next(o for o in rendered_all() if o["kind"] == "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # the flags exist on the CLI
+    help_text = CliRunner().invoke(app, ["agent", "--help"], terminal_width=200).output
+    for arg in args[1:]:
+        assert re.search(rf"(?<![\w-]){re.escape(arg.split('=', 1)[0])}(?![\w-])", help_text), arg
+
+
+@needs_kubectl
+def test_agent_rbac_is_its_own_node_only():
+    objs = rendered_agent()
+    rules = _one(objs, "ClusterRole")["rules"]
+    grants = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert grants == {("", "nodes", "get"), ("", "nodes", "patch"), ("", "nodes/status", "patch"),
+                      ("node.k8s.io", "runtimeclasses", "list")}
+    binding = _one(objs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == "gpupool-agent"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpupool-agent", "namespace": "gpupool-system"}]
+    vap = _one(objs, "ValidatingAdmissionPolicy")
+    assert vap["apiVersion"] == "admissionregistration.k8s.io/v1" and vap["spec"]["failurePolicy"] == "Fail"
+    (match,) = vap["spec"]["matchConditions"]
+    assert "system:serviceaccount:gpupool-system:gpupool-agent" in match["expression"]
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"nodes", "nodes/status"} and rule["operations"] == ["UPDATE"]
+    variables = {v["name"]: v["expression"] for v in vap["spec"]["variables"]}
+    assert "authentication.kubernetes.io/node-name" in variables["nodeName"]
+    exprs = " ".join(v["expression"] for v in vap["spec"]["validations"])
+    assert "variables.nodeName == object.metadata.name" in exprs
+    assert all(v.get("reason") == "Forbidden" and (v.get("message") or v.get("messageExpression"))
+               for v in vap["spec"]["validations"])
+    vb = _one(objs, "ValidatingAdmissionPolicyBinding")
+    assert vb["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    # what the agent writes is what the policy allows: its labels and annotations
+    from gpupool.agent.report import ANN_GPU_INVENTORY, ANN_OWNED_LABELS, LABEL_STACK_READY
+
+    for key in (ANN_GPU_INVENTORY, ANN_OWNED_LABELS, LABEL_STACK_READY):
+        assert key.startswith("gpupool.io/")
+
+
+def test_agent_policy_is_in_the_kustomization():
+    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert {"agent/rbac.yaml", "agent/admission-policy.yaml", "agent/daemonset.yaml"} <= set(kust["resources"])
