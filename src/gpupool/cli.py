@@ -675,7 +675,8 @@ def compare_cmd(
              out=out, json_file=json_file, quiet=quiet)
 
 
-EXTENSION_MODULES = ("gpupool.k8s.scheduler_cli", "gpupool.k8s.extender_cli", "gpupool.sim.jobs_cli")
+EXTENSION_MODULES = ("gpupool.k8s.scheduler_cli", "gpupool.k8s.extender_cli", "gpupool.sim.jobs_cli",
+                     "gpupool.agent.cli")
 """Modules that add commands to the CLI; each defines ``register(app: typer.Typer) -> None``."""
 
 
