@@ -200,7 +200,8 @@ def register(app: typer.Typer) -> None:
             api = load_api_client(kubeconfig, None, writers=2)
         except ConfigError as exc:
             _fail(str(exc))
-        publisher = NodePublisher(api, str(node_name))
+        stopping = threading.Event()  # a publish backing off between retries ends at once on SIGTERM
+        publisher = NodePublisher(api, str(node_name), sleep=stopping.wait)
         address = None
         if not once and metrics_bind_address not in ("", "0"):
             from gpupool.k8s.scheduler_cli import _host_port
@@ -234,7 +235,7 @@ def register(app: typer.Typer) -> None:
             log.info("metrics on http://%s:%d/metrics", address[0], getattr(server, "port", address[1]))
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: agent.stop())
+                signal.signal(sig, lambda *_: (stopping.set(), agent.stop()))
         log.info("agent for node %s: backend %s, every %gs", node_name, backend, interval_s)
         try:
             agent.run()

@@ -268,7 +268,8 @@ class Agent:
             except Exception as exc:  # noqa: BLE001
                 self.errors += 1
                 log.exception("metrics update failed: %s", exc)
-        if self.publisher is not None and self.publisher.publish(report, node):
+        # node None: the Node could not be read (logged by the publisher); the next round tries again
+        if self.publisher is not None and node is not None and self.publisher.publish(report, node):
             self.published += 1
         self.rounds += 1
         self.last_round_at = self.clock.monotonic()
