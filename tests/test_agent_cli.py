@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -194,3 +195,43 @@ def test_agent_serves_metrics_and_stops_on_sigterm(tmp_path, fake_file):
     assert rc == 0, out
     assert stopped_s < 5, out
     assert "agent stopped after" in out and "failed" in out  # publishing failed, the loop went on
+
+
+# ---------------------------------------------------------------------- scripts/gpu-check.sh without a GPU
+def _fake_smi(tmp_path: Path) -> Path:
+    """An nvidia-smi that answers with the H200 recording's outputs."""
+    ref = H200.parent
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"""#!/bin/sh
+if [ "$1" = "-q" ] && [ "$2" = "-x" ]; then cat {ref}/nvidia-smi-q.xml
+elif [ "$1" = "-q" ]; then cat {ref}/nvidia-smi-q.txt
+else cat {ref}/nvidia-smi.txt; fi
+""")
+    smi.chmod(0o755)
+    return smi
+
+
+@pytest.mark.skipif(not H200.exists() or not shutil.which("curl"), reason="needs the H200 recording and curl")
+@pytest.mark.parametrize("fake, rc", [(H200, 0), (ROOT / "examples" / "agent" / "dgx-h100.yaml", 1)])
+def test_gpu_check_script_compares_with_nvidia_smi(tmp_path, fake, rc):
+    """The recorded H200 (the FakeBackend replaying nvml.json) against the recorded nvidia-smi -q -x: all equal;
+    an 8-GPU DGX description against the same nvidia-smi: mismatches, exit 1."""
+    if not fake.exists():
+        pytest.skip(f"{fake} not present")
+    env = {**os.environ, "NVIDIA_SMI": str(_fake_smi(tmp_path)),
+           "GPU_CHECK_BACKEND_ARGS": f"--backend fake --fake-file {fake}"}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check.sh")], capture_output=True, text=True, env=env,
+                         timeout=180)
+    assert out.returncode == rc, out.stdout[-3000:] + out.stderr[-2000:]
+    if rc == 0:
+        assert "0 mismatch(es)" in out.stdout and "GPU 0 UUID" in out.stdout
+        assert "/healthz 200, /readyz 200, exit after SIGTERM: 0" in out.stdout
+    else:
+        assert "MISMATCH" in out.stdout
+
+
+def test_gpu_check_script_exits_3_without_a_driver(tmp_path):
+    env = {**os.environ, "NVIDIA_SMI": str(tmp_path / "no-nvidia-smi")}
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check.sh")], capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert out.returncode == 3 and "no NVIDIA driver" in out.stderr
