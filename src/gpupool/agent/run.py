@@ -247,6 +247,8 @@ class Agent:
                 log.warning("rediscovery failed: %s", exc)
 
         node = self.publisher.refresh() if self.publisher is not None else None
+        if node is not None and self.runtime_classes is None:  # the list failed at discovery: try again
+            self.runtime_classes = self._read_runtime_classes()
         allocatable = self.publisher.allocatable(node) if node is not None else None
         self.stack = None
         if self.validator is not None:
