@@ -254,6 +254,12 @@ def test_policy_keeps_the_agent_to_its_own_node_and_fields(e2e: lc.E2E, agent_no
         except ApiException as exc:
             return exc.status, json.loads(exc.body or "{}").get("message", "")
 
+    # The policy takes effect once the apiserver's policy informer has it (a second or two after the create that
+    # the session's `deployed` fixture made): wait for the first refusal, as a cluster would be after install.
+    t0 = time.monotonic()
+    lc.wait_for(lambda: patch(unbound, other, {"metadata": {"labels": {"gpupool.io/probe": "1"}}})[0] == 403, 30,
+                "the admission policy in effect", interval=0.2)
+    print(f"\n[e2e] policy in effect after {time.monotonic() - t0:.1f}s of waiting")
     # allowed: its own node's gpupool.io/ and nvidia.com/ labels, gpupool.io/ annotations, its conditions
     assert patch(bound, name, {"metadata": {"labels": {"nvidia.com/gpu.count": "1"},
                                             "annotations": {"gpupool.io/agent-labels": "nvidia.com/gpu.count"}}}) \
