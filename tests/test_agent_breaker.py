@@ -447,10 +447,6 @@ def dgx_inventory(bad: int | None = None) -> tuple[dict[str, Any], dict[str, str
     return report.inventory, report.labels
 
 
-@pytest.mark.xfail(strict=True, reason="k8s/inventory.py agent_gpu_ids/agent_marked count MIG-mode GPUs among "
-                                       "nvidia.com/gpu: on a mixed-MIG node (8 GPUs, one in MIG mode, allocatable 7) "
-                                       "the MIG GPU is taken for a GPU the device plugin withdrew, so a GPU the "
-                                       "agent marked unhealthy is not marked and is handed out")
 def test_mixed_mig_node_gpu_marked_unhealthy_is_excluded():
     inv, labels = dgx_inventory(bad=2)
     assert [g["healthy"] for g in inv["gpus"]][2] is False and inv["gpus"][7]["mig"]["enabled"]
@@ -473,10 +469,6 @@ def test_full_gpu_node_gpu_marked_unhealthy_is_excluded():
     assert kinv.agent_marked(n, spec) == (2,)
 
 
-@pytest.mark.xfail(strict=True, reason="k8s/inventory.py agent_marked tests `healthy is False` only: a "
-                                       "hand-written or foreign inventory with healthy: \"false\" (as HAMi's "
-                                       "register annotation, which the same file reads with str().lower()) "
-                                       "leaves the GPU schedulable")
 def test_healthy_false_as_a_string_is_still_unhealthy():
     inv, _ = dgx_inventory()
     for g in inv["gpus"]:
@@ -487,10 +479,6 @@ def test_healthy_false_as_a_string_is_still_unhealthy():
     assert kinv.agent_marked(n, spec) == (3,)
 
 
-@pytest.mark.xfail(strict=True, reason="k8s/inventory.py _agent_gpus catches (TypeError, ValueError) around "
-                                       "int(index); an index of 1e400 raises OverflowError out of "
-                                       "node_spec_from_node and state.py skips the whole node (healthy GPUs "
-                                       "refused) instead of ignoring the unreadable annotation")
 def test_inventory_with_an_infinite_index_is_ignored_not_fatal():
     n = k8s_node(1, '{"gpus": [{"uuid": "GPU-a", "index": 1e400, "healthy": false}]}')
     spec = kinv.node_spec_from_node(n)

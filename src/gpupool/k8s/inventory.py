@@ -251,20 +251,41 @@ def _agent_gpus(node: Mapping[str, Any]) -> list[dict[str, Any]]:
     if doc is None:
         return []
     gpus = [g for g in doc["gpus"] if isinstance(g, Mapping) and isinstance(g.get("uuid"), str) and g.get("uuid")]
+    if len({g["uuid"] for g in gpus}) != len(gpus):
+        return []  # a UUID twice: the inventory cannot name devices
     try:
         return sorted(gpus, key=lambda g: int(g.get("index", 0)))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # an index that is no whole number (1e400, NaN, "x")
         return []
+
+
+def _agent_healthy(g: Mapping[str, Any]) -> bool:
+    """The GPU's ``healthy`` flag, read as HAMi's register is (``false`` / ``"false"`` / ``0`` -> unhealthy)."""
+    v = g.get("healthy", True)
+    return not (v is False or (isinstance(v, str) and v.strip().lower() in ("false", "0", "no"))
+                or (isinstance(v, int | float) and not isinstance(v, bool) and v == 0))
+
+
+def _whole_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPUs the device plugin advertises as ``nvidia.com/gpu``: not those in MIG mode (their MIG devices are
+    advertised as ``nvidia.com/mig-<profile>`` in the mixed strategy)."""
+    out = []
+    for g in gpus:
+        mig = g.get("mig")
+        if isinstance(mig, Mapping) and mig.get("enabled") is True:
+            continue
+        out.append(g)
+    return out
 
 
 def agent_gpu_ids(node: Mapping[str, Any], advertised: int) -> tuple[str, ...]:
     """UUIDs of the ``advertised`` devices in device-index order, from the node agent's inventory
     (``gpupool.io/gpu-inventory``): every GPU when it lists as many as are advertised; the healthy ones when
     the device plugin withdrew the unhealthy ones (as many healthy as advertised); else () (unknown)."""
-    gpus = _agent_gpus(node)
+    gpus = _whole_gpus(_agent_gpus(node))
     if len(gpus) == advertised:
         return tuple(str(g["uuid"]) for g in gpus)
-    healthy = [g for g in gpus if g.get("healthy", True) is not False]
+    healthy = [g for g in gpus if _agent_healthy(g)]
     if len(healthy) == advertised and len(gpus) > advertised:
         return tuple(str(g["uuid"]) for g in healthy)
     return ()
@@ -275,8 +296,8 @@ def agent_marked(node: Mapping[str, Any], spec: NodeSpec) -> tuple[int, ...]:
     (``spec.gpu_ids``). When the agent marks GPUs that cannot be matched to advertised devices (no
     identities, counts differ) and there are more of them than the device plugin withdrew, every GPU of the
     node is marked: a failed GPU is never handed out in a healthy one's place."""
-    gpus = _agent_gpus(node)
-    bad = {str(g["uuid"]) for g in gpus if g.get("healthy", True) is False}
+    gpus = _whole_gpus(_agent_gpus(node))
+    bad = {str(g["uuid"]) for g in gpus if not _agent_healthy(g)}
     if not bad or not spec.gpu_count:
         return ()
     if spec.gpu_ids:
