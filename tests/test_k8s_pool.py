@@ -363,3 +363,38 @@ def test_gpu_marked_unhealthy_by_the_agent_is_never_chosen_and_its_pods_are_resc
     c.model.apply("nodes", "MODIFIED", n3)
     c.run(2)
     assert c.pending() == [] and c.model.state.gpu_healthy.all()
+
+
+def test_dry_run_of_a_reclaim_is_the_same_whatever_the_hash_seed(tmp_path):
+    """The same snapshot gives the same evictions in every process (no set or hash order in the decisions)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MILLI, ANN_NODE
+
+    objs = [node("n1"), node("n2"), queue("x", quota=8), queue("y", quota=8)]
+    for i in range(8):
+        p = pod(f"x{i}", 2, queue="x")
+        n = "n1" if i < 4 else "n2"
+        p["spec"]["nodeName"] = n
+        p["status"]["phase"] = "Running"
+        g = 2 * (i % 4)
+        p["metadata"]["annotations"] = {ANN_NODE: n, ANN_GPU_INDEX: f"{g},{g + 1}", ANN_GPU_MILLI: "1000"}
+        objs.append(p)
+    objs += [pod(f"y{i}", 2, queue="y", created=10**9) for i in range(4)]
+    f = tmp_path / "snap.yaml"
+    f.write_text(yaml.safe_dump_all(objs))
+    code = ("import json, sys; from gpupool.k8s.snapshot import load_snapshot, plan; "
+            "from gpupool.k8s.pool import live_config; "
+            f"print(json.dumps(plan(load_snapshot({str(f)!r}), pool=live_config()).to_json(), sort_keys=True))")
+    outs = []
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        outs.append(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                   check=True).stdout)
+    assert outs[0] == outs[1] == outs[2]
+    assert json.loads(outs[0])["summary"]["evictions"] == 4

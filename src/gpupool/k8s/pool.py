@@ -215,6 +215,7 @@ class PoolDriver:
         self._preemptions: dict[int, list[str]] = {}  # pid -> victim pod keys still evicting
         self._pending_names: set[str] = set()
         self._denominated: list[str] = []  # nominations that lapsed between cycles (reported with the next plan)
+        self._before: tuple[list[float], list[float]] = ([], [])  # (GPUs held, fair share) per queue, cycle start
         self._preemptor_of: dict[int, str] = {}  # preemption id -> preemptor job, until its outcome is known
         self.refusals: dict[str, tuple[float, str]] = {}  # job -> (until, why its preemption was refused)
         self.stats = {"resets": 0, "preemptions": 0, "evictions": 0, "lapsed": 0, "refused": 0}
@@ -329,7 +330,7 @@ class PoolDriver:
                     self.info.setdefault(name, _JobInfo()).members.add(key)
                     self.job_of[key] = name
                     names.add(name)
-        for name in names:
+        for name in sorted(names):  # a fixed order: job numbers (tie-breaks among equal victims) do not vary
             self._reconcile(name, None, now)
         self._pending_names = set()
 
@@ -405,6 +406,8 @@ class PoolDriver:
         self._pending_names = set(pool_units)
 
         healing = self._heal(now)
+        pool.fair_share(now)
+        self._before = ([a[0] for a in pool.alloc], list(pool._fs_g))  # queue figures as the cycle found them
         res = pool.cycle(now)
         preemptions = healing + self._carry_out(res, now, placements)
         # the part-1 path for shared-GPU pods and gang repairs, after the pool
@@ -669,8 +672,8 @@ class PoolDriver:
         job.submit_time = info.submit
         job.attained = info.attained
         job.protected_until = info.protected_until
-        if run_since is None:
-            times = [model.pods[k].info.request.creation_time for k in held_keys]
+        if run_since is None:  # when its pods started running (status.startTime), else when they were created
+            times = [_started_at(model.pods[k].obj) or model.pods[k].info.request.creation_time for k in held_keys]
             run_since = now if any(t is None for t in times) else max(t for t in times if t is not None)
             run_since = min(now, run_since)
         pool.attach(job, placed, now, run_since=run_since)
@@ -870,11 +873,10 @@ class PoolDriver:
         if preemptor is None:
             return f"gpupool {action}: job {victim.name} (queue {q}) gives pods back"
         pq = tree.names[preemptor.q]
-        fs = pool._fs_g
+        alloc, fs = self._before
         if action == "reclaim":
-            return (f"reclaimed by {preemptor.name} of queue {pq} (holds {pool.alloc[preemptor.q][0]:g} GPUs, fair "
-                    f"share {fs[preemptor.q]:.3g}) from queue {q} (holds {pool.alloc[victim.q][0]:g}, fair share "
-                    f"{fs[victim.q]:.3g})")
+            return (f"reclaimed by {preemptor.name} of queue {pq} (held {alloc[preemptor.q]:g} GPUs, fair share "
+                    f"{fs[preemptor.q]:.3g}) from queue {q} (held {alloc[victim.q]:g}, fair share {fs[victim.q]:.3g})")
         if action == "shrink":
             return f"elastic job {victim.name} (queue {q}) gives extra workers back to {preemptor.name}"
         if action == "consolidate":
@@ -1036,13 +1038,18 @@ class PoolDriver:
                             "more asked")
             return (f"non-preemptible job (priority {job.priority}) waits for room within the quota of queue {q}")
         d = model.engine.schedule(job.pods[0])
+        held, share = pool.alloc[job.q][0], pool._fs_g[job.q]
+        below = ""
+        if held + job.min_pods * job.gpus_per_pod <= share + 1e-6:
+            below = (f"; queue {q} holds {held:g} GPUs of its fair share {share:.3g}: GPUs borrowed by other queues "
+                     f"are taken back once their pods have run {pool.cfg.reclaim_min_run_s:g} s (min runtime)")
         refused = self.refusals.get(job.name)
         if refused is not None and refused[0] <= now:
             del self.refusals[job.name]
             refused = None
         if d.assignment is None:
             why = f"gang {job.name} cannot be placed together: {d.reason}" if unit.gang is not None else d.reason
-            return f"{why}; {refused[1]}" if refused is not None else why
+            return f"{why}; {refused[1]}" if refused is not None else why + below
         why = pool.infeasible_reason(job)
         if why and job.topology == "required" and "domain" in why:
             tier = job.topology_tier
@@ -1082,6 +1089,20 @@ class PoolDriver:
     def fair_shares(self) -> dict[str, float]:
         """GPUs of fair share per queue name (empty before the first cycle)."""
         return {} if self.pool is None else self.pool.fair_shares_by_name()
+
+
+def _started_at(pod: Mapping[str, Any]) -> float | None:
+    """``status.startTime`` (seconds since the epoch), None when absent or unreadable."""
+    from datetime import datetime
+
+    status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+    raw = status.get("startTime")
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _grace_s(pod: Mapping[str, Any]) -> float:

@@ -325,6 +325,7 @@ class Plan:
                                    "victims": [k for k, _ in p.victims],
                                    "nominated": {n.pod: n.node for n in p.nominated}} for p in self.preemptions]
             out["summary"]["evictions"] = sum(len(p.victims) for p in self.preemptions)
+            out["summary"]["nominated"] = sum(1 for p in self.placements if p.nominated)
         return out
 
 
@@ -516,8 +517,10 @@ def format_plan(result: Plan) -> str:
         for key, _ in pre.victims:
             lines.append(f"would evict {key} ({pre.action}): {pre.reason}")
     placed = len(result.placed)
-    lines.append(f"{placed} of {len(result.placements)} pending pod(s) placed (policy {result.policy}; dry run, "
-                 "nothing bound)")
+    nominated = sum(1 for p in result.placements if p.nominated)
+    held = f", {nominated} nominated (bound once the evicted pods are gone)" if nominated else ""
+    lines.append(f"{placed} of {len(result.placements)} pending pod(s) placed{held} (policy {result.policy}; "
+                 "dry run, nothing bound)")
     return "\n".join(lines)
 
 
