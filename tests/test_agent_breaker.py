@@ -56,8 +56,6 @@ def cond(report, kind: str = COND_GPU_HEALTHY):
 
 # ---------------------------------------------------------------------- health: events that get lost
 
-@pytest.mark.xfail(strict=True, reason="run.py Agent.round: events polled for the round are dropped when "
-                                       "backend.sample() fails in that round (tracker.observe is skipped)")
 def test_xid_arriving_while_sampling_fails_is_not_lost():
     clock = FakeClock()
     b = FakeBackend.from_dict({"gpus": [{"count": 2}]}, clock=clock.now)
@@ -77,9 +75,6 @@ def test_xid_arriving_while_sampling_fails_is_not_lost():
     assert health_of(report)[0][:2] == (0, False), "XID 79 was seen by poll_events but never reached the inventory"
 
 
-@pytest.mark.xfail(strict=True, reason="nvml.py NvmlBackend.events: a failing nvmlDeviceGetUUID on the event's "
-                                       "device gives uuid '' and health.py HealthTracker.observe skips events "
-                                       "without a uuid; the index (nvmlDeviceGetIndex / the handle) is not used")
 def test_xid_whose_device_uuid_cannot_be_read_still_marks_the_gpu():
     clock = FakeClock()
     nv = nvml_standin(H200)
@@ -94,9 +89,6 @@ def test_xid_whose_device_uuid_cannot_be_read_still_marks_the_gpu():
     assert health_of(report)[0][:2] == (0, False)
 
 
-@pytest.mark.xfail(strict=True, reason="health.py HealthTracker.observe creates a state for any event UUID; an "
-                                       "XID for a UUID not on this node makes GpuHealthy False for good "
-                                       "('1 of 3 GPUs unhealthy' on a 2-GPU node), and no reset can clear it")
 def test_xid_for_a_uuid_not_on_this_node_does_not_make_the_node_unhealthy():
     clock = FakeClock()
     b = FakeBackend.from_dict({"gpus": [{"count": 2}]}, clock=clock.now)
@@ -109,10 +101,6 @@ def test_xid_for_a_uuid_not_on_this_node_does_not_make_the_node_unhealthy():
     assert cond(report).status == "True", cond(report).message
 
 
-@pytest.mark.xfail(strict=True, reason="nvml.py NvmlBackend.sample: an NVML error other than GPU_IS_LOST on one "
-                                       "GPU's optional reading (temperature: Unknown) fails the whole sample; "
-                                       "run.py then publishes GpuHealthy Unknown/DriverUnavailable for the node, "
-                                       "telling people to check that the driver is loaded")
 def test_one_gpu_sensor_error_does_not_make_the_whole_node_unknown():
     clock = FakeClock()
     nv = nvml_standin(H200)
@@ -183,9 +171,6 @@ def test_mig_toggled_every_round_rediscovers_without_errors():
 
 # ---------------------------------------------------------------------- malformed fake descriptions (CLI)
 
-@pytest.mark.xfail(strict=True, reason="fake.py FakeBackend.from_file: yaml.YAMLError is not a ValueError; "
-                                       "cli.py build_backend catches (OSError, ValueError, KeyError, TypeError) "
-                                       "only, so a YAML syntax error is a traceback (exit 1), not exit 2")
 def test_yaml_syntax_error_is_a_usage_error(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("gpus: [ {a: 1")
@@ -193,8 +178,6 @@ def test_yaml_syntax_error_is_a_usage_error(tmp_path):
     assert result.exit_code == 2 and "not a fake GPU description" in result.output
 
 
-@pytest.mark.xfail(strict=True, reason="fake.py _device_from_entry: `mig.get` on a non-mapping `mig:` raises "
-                                       "AttributeError, which cli.py build_backend does not catch")
 @pytest.mark.parametrize("mig", ["true", '"yes"', "[1]"])
 def test_mig_that_is_not_a_mapping_is_a_usage_error(tmp_path, mig):
     f = tmp_path / "mig.yaml"
@@ -202,16 +185,12 @@ def test_mig_that_is_not_a_mapping_is_a_usage_error(tmp_path, mig):
     assert dry_run(f).exit_code == 2
 
 
-@pytest.mark.xfail(strict=True, reason="fake.py _device_from_entry: compute: [9] -> compute[1] IndexError, not "
-                                       "caught by cli.py build_backend")
 def test_compute_with_one_number_is_a_usage_error(tmp_path):
     f = tmp_path / "cc.yaml"
     f.write_text("gpus: [{compute: [9]}]")
     assert dry_run(f).exit_code == 2
 
 
-@pytest.mark.xfail(strict=True, reason="int(float('inf')) raises OverflowError (not a ValueError), not caught "
-                                       "by cli.py build_backend")
 @pytest.mark.parametrize("name,text", [("inf.yaml", "gpus: [{memory_mib: .inf}]"),
                                        ("inf.json", '{"gpus": [{"memory_mib": Infinity}]}')])
 def test_infinite_numbers_are_a_usage_error(tmp_path, name, text):
@@ -220,16 +199,12 @@ def test_infinite_numbers_are_a_usage_error(tmp_path, name, text):
     assert dry_run(f).exit_code == 2
 
 
-@pytest.mark.xfail(strict=True, reason="json.loads of a deeply nested file raises RecursionError, not caught by "
-                                       "cli.py build_backend")
 def test_deeply_nested_json_is_a_usage_error(tmp_path):
     f = tmp_path / "deep.json"
     f.write_text('{"gpus": ' + "[" * 100_000 + "]" * 100_000 + "}")
     assert dry_run(f).exit_code == 2
 
 
-@pytest.mark.xfail(strict=True, reason="fake.py FakeBackend.from_dict: no bound on `count` (count: 100000000 "
-                                       "builds 1e8 GpuDevices: minutes and gigabytes before anything is said)")
 def test_absurd_gpu_count_is_refused_quickly(tmp_path):
     f = tmp_path / "huge.yaml"
     f.write_text("gpus: [{count: 100000000}]")
@@ -242,25 +217,17 @@ def test_absurd_gpu_count_is_refused_quickly(tmp_path):
     assert rc == 7
 
 
-@pytest.mark.xfail(strict=True, reason="fake.py FakeBackend.from_dict checks duplicate indices but not duplicate "
-                                       "UUIDs: the inventory then lists one UUID twice (health and the scheduler "
-                                       "match by UUID) and GpuHealthy says 'all 1 GPUs healthy' for 2 GPUs")
 def test_duplicate_uuids_in_a_description_are_refused():
     with pytest.raises(ValueError):
         FakeBackend.from_dict({"gpus": [{"uuid": "GPU-x"}, {"uuid": "GPU-x"}]})
 
 
-@pytest.mark.xfail(strict=True, reason="fake.py _device_from_entry accepts memory_mib < 0 (published as "
-                                       "memoryMiB -5 in the inventory) and count < 0 (silently no GPU)")
 @pytest.mark.parametrize("entry", [{"memory_mib": -5}, {"count": -1}])
 def test_negative_memory_or_count_is_refused(entry):
     with pytest.raises(ValueError):
         FakeBackend.from_dict({"gpus": [entry]})
 
 
-@pytest.mark.xfail(strict=True, reason="fake.py cuda_version: an unquoted YAML `cuda_driver: 12.8` is a float and "
-                                       "is read as NVML's integer form: 12.8 // 1000 -> labels "
-                                       "nvidia.com/cuda.runtime.major=0, minor=0")
 def test_unquoted_cuda_driver_version_gives_the_right_labels(tmp_path):
     f = tmp_path / "cuda.yaml"
     f.write_text("cuda_driver: 12.8\ngpus: [{}]")
@@ -321,10 +288,6 @@ def dgx_agent(clock: FakeClock, interval_s: float = 10.0) -> tuple[Agent, FakeBa
     return Agent(b, p, HealthTracker(clock=clock.now), interval_s=interval_s, clock=clock), b, p
 
 
-@pytest.mark.xfail(strict=True, reason="publisher.py plan_patches removes every key listed in "
-                                       "gpupool.io/agent-labels that the report lacks, whatever its prefix: a "
-                                       "corrupted list makes the agent delete kubernetes.io/hostname (or, under "
-                                       "the own-node admission policy, get 403 on every metadata patch)")
 def test_owned_labels_annotation_naming_foreign_keys_never_removes_them(api):
     api.node["metadata"]["annotations"][ANN_OWNED_LABELS] = "kubernetes.io/hostname,nvidia.com/gpu.product"
     clock = FakeClock()
@@ -333,10 +296,6 @@ def test_owned_labels_annotation_naming_foreign_keys_never_removes_them(api):
     assert api.node["metadata"]["labels"].get("kubernetes.io/hostname") == "gpu-1"
 
 
-@pytest.mark.xfail(strict=True, reason="publisher.py NodePublisher.publish: the status patch is only sent after "
-                                       "the metadata patch succeeded; a refused metadata patch (403 from the "
-                                       "admission policy, 422 annotation too large) means GpuHealthy never "
-                                       "reaches the Node")
 def test_refused_metadata_patch_still_publishes_conditions(api):
     real = api.call
 
@@ -420,8 +379,6 @@ def test_inventory_of_64_gpus_with_7_mig_devices_fits_the_annotation_limit():
     assert total < 256 * 1024 // 2  # well under the API server's 256 KiB for all annotations
 
 
-@pytest.mark.xfail(strict=True, reason="cli.py: --interval has no floor (0.0001ms is accepted); the agent then "
-                                       "GETs its Node in a tight loop (one GET per round)")
 def test_sub_millisecond_interval_is_refused():
     result = invoke("--backend", "fake", "--fake-file", str(DGX), "--dry-run", "--interval", "0.0001ms")
     assert result.exit_code == 2

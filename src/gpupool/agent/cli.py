@@ -6,7 +6,8 @@
     gpupool agent --dry-run         # print the report as JSON; no API server needed, nothing written
 
 Exit codes: 0 success (or stopped by SIGTERM / SIGINT); 1 ``--once`` could not publish; 2 bad usage (a flag
-value, a missing node name, an unreadable fake file, no usable kubeconfig); 3 the GPU driver cannot be read
+value such as an ``--interval`` under 1 s, a missing node name, an unreadable or invalid fake file: the
+message names the file and the field, no usable kubeconfig); 3 the GPU driver cannot be read
 (``--backend nvml``: NVML not loadable, no driver, no GPU; the message says what to check).
 
 Registered on the ``gpupool`` CLI through ``gpupool.cli.EXTENSION_MODULES``.
@@ -30,6 +31,11 @@ __all__ = ["register", "build_backend", "build_agent", "DRIVER_HINT"]
 log = logging.getLogger("gpupool.agent")
 
 MIG_STRATEGIES = ("none", "single", "mixed")
+MIN_INTERVAL_S = 1.0
+"""Shortest ``--interval``: every round GETs the Node, so a shorter one only loads the API server (XID, ECC
+and reset events start a round at once whatever the interval)."""
+MAX_INTERVAL_S = 86400.0
+"""Longest ``--interval`` (a day): condition heartbeats and liveness need rounds."""
 DRIVER_HINT = ("check that the NVIDIA driver is loaded (`nvidia-smi` works on the node), that libnvidia-ml.so.1 "
                "is visible to this process (in a pod: runtimeClassName nvidia, or the nvidia runtime with "
                "NVIDIA_VISIBLE_DEVICES=all and NVIDIA_DRIVER_CAPABILITIES including utility), and that the "
@@ -59,8 +65,11 @@ def build_backend(kind: str, fake_file: Path | None) -> Any:
             raise UsageError(f"{fake_file}: no such file")
         try:
             return FakeBackend.from_file(fake_file)  # a description, or an NVML recording (nvml.json)
-        except (OSError, ValueError, KeyError, TypeError, BackendError) as exc:
-            raise UsageError(f"{fake_file}: not a fake GPU description: {exc}") from None
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError,
+                RecursionError, BackendError) as exc:  # FakeBackend raises ValueError; the rest: a safety net
+            message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            prefix = f"{fake_file}: not a fake GPU description"
+            raise UsageError(message if message.startswith(prefix) else f"{prefix}: {message}") from None
     if kind == "nvml":
         try:
             from gpupool.agent.nvml import NvmlBackend
@@ -125,7 +134,7 @@ def register(app: typer.Typer) -> None:
             "--fake-file", metavar="FILE", dir_okay=False, show_default=False,
             help="With --backend fake: a YAML/JSON GPU description or an NVML recording (nvml.json).")] = None,
         interval: Annotated[str, typer.Option(
-            metavar="DURATION", help="Time between rounds (10s, 1m, 500ms). Driver events (XID, ECC, reset) "
+            metavar="DURATION", help="Time between rounds (10s, 1m; at least 1s). Driver events (XID, ECC, reset) "
                                      "are published at once, between rounds.")] = "10s",
         metrics_bind_address: Annotated[str, typer.Option(
             "--metrics-bind-address", metavar="HOST:PORT",
@@ -164,6 +173,10 @@ def register(app: typer.Typer) -> None:
             interval_s = parse_duration(interval, "--interval")
         except ConfigError as exc:
             _fail(str(exc))
+        if not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
+            _fail(f"--interval {interval}: must be between {MIN_INTERVAL_S:g}s and {MAX_INTERVAL_S / 3600:g}h "
+                  "(each round reads the Node from the API server; driver events are published at once "
+                  "anyway)")
         if mig_strategy not in MIG_STRATEGIES:
             _fail(f"MIG strategy {mig_strategy!r}: expected none, single or mixed")
         if once and dry_run:

@@ -53,6 +53,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import threading
 import time
 import types
@@ -61,6 +63,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..model import MAX_GPUS_PER_NODE, MAX_MEMORY_MIB
 from .backend import (
     TOPOLOGY_LEVELS,
     BackendError,
@@ -92,11 +95,32 @@ def architecture_from_compute(major: int, minor: int) -> str:
             12: "blackwell", 13: "rubin"}.get(major, "undefined" if major else "")
 
 
-def cuda_version(value: int | str) -> str:
-    """NVML's CUDA driver version (``13000``, i.e. 1000 * major + 10 * minor) as ``"13.0"``; strings pass."""
+def cuda_version(value: int | float | str) -> str:
+    """The CUDA driver version as ``"major.minor"``: NVML's integer form (``13000``, i.e. 1000 * major + 10 *
+    minor) -> ``"13.0"``; a small integer is a major version (``12`` -> ``"12.0"``); a float (an unquoted YAML
+    ``12.8``) or a string ``"12.8"`` is major.minor as written; ``""`` (unknown) passes. ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"CUDA version {value!r}: expected \"12.8\" or NVML's 12080")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"CUDA version {value!r}: expected \"12.8\" or NVML's 12080")
+        if value >= 1000 and value.is_integer():
+            return cuda_version(int(value))
+        text = repr(value)
+        if not re.fullmatch(r"\d+\.\d+", text):
+            raise ValueError(f"CUDA version {value!r}: expected \"12.8\" or NVML's 12080")
+        return text
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"CUDA version {value!r}: must not be negative")
+        return f"{value // 1000}.{(value % 1000) // 10}" if value >= 1000 else f"{value}.0"
     if isinstance(value, str):
-        return value
-    return f"{value // 1000}.{(value % 1000) // 10}"
+        text = value.strip()
+        if re.fullmatch(r"\d{1,9}", text):
+            return cuda_version(int(text))
+        if text == "" or re.fullmatch(r"\d{1,9}(\.\d{1,9}){1,2}", text):
+            return text
+    raise ValueError(f"CUDA version {value!r}: expected \"12.8\" or NVML's 12080")
 
 
 def _is_error(value: Any) -> bool:
@@ -139,18 +163,35 @@ class FakeBackend:
     @classmethod
     def from_file(cls, path: str | Path, clock: Callable[[], float] = time.time) -> FakeBackend:
         """A description (``.yaml``/``.yml``/``.json``) or an NVML recording (see the module docstring)."""
-        text = Path(path).read_text()
-        if str(path).endswith((".yaml", ".yml")):
-            import yaml
+        where = f"{path}: not a fake GPU description"
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{where}: not UTF-8 text ({exc})") from None
+        try:
+            if str(path).endswith((".yaml", ".yml")):
+                import yaml
 
-            doc = yaml.safe_load(text)
-        else:
-            doc = json.loads(text)
+                try:
+                    doc = yaml.safe_load(text)
+                except yaml.YAMLError as exc:
+                    raise ValueError(f"YAML syntax error: {exc}") from None
+            else:
+                doc = json.loads(text, parse_constant=_no_constant)
+        except RecursionError:
+            raise ValueError(f"{where}: nested too deeply") from None
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
         if not isinstance(doc, Mapping):
-            raise ValueError(f"{path}: not a GPU description (a mapping with 'gpus')")
-        if _looks_recorded(doc):
-            return cls.from_recording(doc, clock=clock)
-        return cls.from_dict(doc, clock=clock)
+            raise ValueError(f"{where}: expected a mapping with 'gpus', got {type(doc).__name__}")
+        try:
+            if _looks_recorded(doc):
+                return cls.from_recording(doc, clock=clock)
+            return cls.from_dict(doc, clock=clock)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        except (KeyError, TypeError, IndexError, AttributeError, OverflowError, RecursionError) as exc:
+            raise ValueError(f"{where}: {type(exc).__name__}: {exc}") from None
 
     @classmethod
     def from_nvml_recording(cls, path: str | Path, clock: Callable[[], float] = time.time) -> FakeBackend:
@@ -175,42 +216,86 @@ class FakeBackend:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], clock: Callable[[], float] = time.time) -> FakeBackend:
-        """The compact description format of the module docstring."""
+        """The compact description format of the module docstring. Every field is checked: ValueError names
+        the field (``gpus[2].memory_mib: ...``) on a wrong type, a negative or absurd number (more than
+        :data:`~gpupool.model.MAX_GPUS_PER_NODE` GPUs, memory above :data:`~gpupool.model.MAX_MEMORY_MIB`), a
+        duplicate index or UUID."""
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"GPU description: expected a mapping with 'gpus', got {type(doc).__name__}")
         if "gpus" not in doc:
             raise ValueError("GPU description: 'gpus' is required")
-        node = str(doc.get("node", "fake"))
-        defaults = dict(doc.get("defaults") or {})
-        entries: list[dict[str, Any]] = []
-        for raw in doc["gpus"]:
-            entry = {**defaults, **dict(raw)}
-            for _ in range(int(entry.pop("count", 1))):
-                entries.append(dict(entry))
+        gpus = doc["gpus"]
+        if not isinstance(gpus, list | tuple):
+            raise ValueError(f"gpus: expected a list of GPU entries, got {_kind(gpus)}")
+        node = _text_field(doc.get("node", "fake"), "node")
+        defaults = doc.get("defaults")
+        if defaults is None:
+            defaults = {}
+        if not isinstance(defaults, Mapping):
+            raise ValueError(f"defaults: expected a mapping of GPU fields, got {_kind(defaults)}")
+        entries: list[tuple[dict[str, Any], dict[str, str]]] = []
+        for n, raw in enumerate(gpus):
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"gpus[{n}]: expected a mapping of GPU fields, got {_kind(raw)}")
+            entry = {**defaults, **raw}
+            names = {k: (f"gpus[{n}].{k}" if k in raw else f"defaults.{k}") for k in entry}
+            count = _int(entry.pop("count", 1), names.get("count", "count"), 0, MAX_GPUS_PER_NODE)
+            if len(entries) + count > MAX_GPUS_PER_NODE:
+                raise ValueError(f"gpus[{n}]: more than {MAX_GPUS_PER_NODE} GPUs in all (the most a node may "
+                                 "have)")
+            if count > 1 and "uuid" in entry:
+                raise ValueError(f"{names['uuid']}: one UUID for {count} GPUs (count)")
+            entries.extend((dict(entry), names) for _ in range(count))
         devices, samples = [], {}
         next_index = 0
-        for entry in entries:
-            index = int(entry.get("index", next_index))
+        seen_index: set[int] = set()
+        seen_uuid: dict[str, str] = {}
+        for entry, names in entries:
+            index = _int(entry.get("index", next_index), names.get("index", "index"), 0, _MAX_INDEX)
+            if index in seen_index:
+                raise ValueError(f"GPU description: two GPUs with the same index {index}")
+            seen_index.add(index)
             next_index = index + 1
-            devices.append(_device_from_entry(node, index, entry))
-            if entry.get("sample"):
-                samples[index] = entry["sample"]
+            d = _device_from_entry(node, index, entry, names)
+            for u, what in [(d.uuid, f"GPU {index}")] + [(m.uuid, f"GPU {index} MIG device") for m in
+                                                          d.mig_instances]:
+                if u in seen_uuid:
+                    raise ValueError(f"gpus: UUID {u!r} of {what} is already that of {seen_uuid[u]}")
+                seen_uuid[u] = what
+            devices.append(d)
+            sample = entry.get("sample")
+            if sample is not None:
+                samples[index] = _sample_fields(sample, names.get("sample", "sample"))
         by_index = {d.index: d for d in devices}
-        if len(by_index) != len(devices):
-            raise ValueError("GPU description: two GPUs with the same index")
         groups = _nvlink_groups(doc.get("nvlink"), sorted(by_index))
         for group in groups:
             for i in group:
                 peers = tuple(by_index[j].pci_bus_id for j in group if j != i)
                 by_index[i] = dataclasses.replace(by_index[i], nvlink_peers=peers)
         topology = _default_topology(list(by_index.values()))
-        for override in doc.get("topology") or []:
-            i, j = sorted(int(x) for x in override["gpus"])
-            level = str(override["level"]).upper()
+        overrides = doc.get("topology") or []
+        if not isinstance(overrides, list | tuple):
+            raise ValueError(f"topology: expected a list of {{gpus: [i, j], level: ...}}, got {_kind(overrides)}")
+        for n, override in enumerate(overrides):
+            where = f"topology[{n}]"
+            if not isinstance(override, Mapping):
+                raise ValueError(f"{where}: expected a mapping {{gpus: [i, j], level: ...}}, got {_kind(override)}")
+            pair = override.get("gpus")
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise ValueError(f"{where}.gpus: expected two GPU indices, got {pair!r}")
+            i, j = sorted(_int(x, f"{where}.gpus", 0, _MAX_INDEX) for x in pair)
+            if i == j or i not in by_index or j not in by_index:
+                raise ValueError(f"{where}.gpus: {list(pair)} are not two GPUs of this description")
+            level = str(_text_field(override.get("level"), f"{where}.level")).upper()
             if level not in TOPOLOGY_LEVELS:
                 raise ValueError(f"GPU description: topology level {level!r} is not one of {TOPOLOGY_LEVELS}")
             topology[(i, j)] = level
-        cuda = doc.get("cuda_driver", "12.8")
-        driver = DriverInfo(driver=str(doc.get("driver", "570.124.06")), cuda_driver=cuda_version(cuda),
-                            nvml=str(doc.get("nvml", "")))
+        try:
+            cuda = cuda_version(doc.get("cuda_driver", "12.8"))
+        except ValueError as exc:
+            raise ValueError(f"cuda_driver: {exc}") from None
+        driver = DriverInfo(driver=_text_field(doc.get("driver", "570.124.06"), "driver"), cuda_driver=cuda,
+                            nvml=_text_field(doc.get("nvml", ""), "nvml"))
         return cls(driver, by_index.values(), topology, samples, clock=clock)
 
     # -- GpuBackend ------------------------------------------------------------------------------------
@@ -317,13 +402,101 @@ class FakeBackend:
 _SAMPLE_FIELDS = {f.name for f in dataclasses.fields(GpuSample)} - {"index", "uuid", "time"}
 
 
-def _sample_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+_MAX_INDEX = 1023
+"""Largest GPU index (or minor number) a description may give."""
+
+_SAMPLE_KINDS: dict[str, tuple[str, float, float]] = {
+    "util_gpu": ("float", 0, 100), "util_memory": ("float", 0, 100),
+    "memory_used_mib": ("int", 0, MAX_MEMORY_MIB), "memory_free_mib": ("int", 0, MAX_MEMORY_MIB),
+    "power_w": ("float", 0, 1e6), "temperature_c": ("float", -273.15, 1000),
+    "ecc_volatile_uncorrected": ("int", 0, 2**63), "remapped_rows": ("rows", 0, 2**31),
+    "retired_pages_pending": ("bool", 0, 0), "throttle_reasons": ("int", 0, 2**64 - 1), "lost": ("bool", 0, 0),
+}
+"""How each :class:`GpuSample` field is checked: kind, lowest, highest."""
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__) + \
+        (f" ({value!r})" if isinstance(value, bool | int | float | str | list) and len(repr(value)) < 40 else "")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a GPU description may hold")
+
+
+def _int(value: Any, where: str, low: int, high: int) -> int:
+    """``value`` as an int in ``[low, high]``; a whole finite float or a string of digits is accepted."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{where}: expected a whole number, got {_kind(value)}")
+    if isinstance(value, str):
+        if not re.fullmatch(r"\s*-?\d{1,20}\s*", value):
+            raise ValueError(f"{where}: expected a whole number, got {_kind(value)}")
+        value = int(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise ValueError(f"{where}: expected a whole number, got {value!r}")
+        value = int(value)
+    if not low <= value <= high:
+        raise ValueError(f"{where}: {value} is out of range ({low} .. {high})")
+    return value
+
+
+def _float(value: Any, where: str, low: float, high: float) -> float:
+    """``value`` as a finite float in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: expected a number, got {_kind(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: {value!r} is not a finite number")
+    if not low <= value <= high:
+        raise ValueError(f"{where}: {value:g} is out of range ({low:g} .. {high:g})")
+    return value
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: expected true or false, got {_kind(value)}")
+    return value
+
+
+def _text_field(value: Any, where: str, max_len: int = 1024) -> str:
+    """A scalar as text (a YAML number or string); a mapping, list or nothing is refused."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError(f"{where}: expected text, got {_kind(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: expected text, got {value!r}")
+    text = str(value)
+    if len(text) > max_len:
+        raise ValueError(f"{where}: longer than {max_len} characters")
+    return text
+
+
+def _sample_fields(fields: Mapping[str, Any], where: str = "sample") -> dict[str, Any]:
+    """GpuSample fields, checked (type and range; None where the field may be unsupported)."""
+    if not isinstance(fields, Mapping):
+        raise ValueError(f"{where}: expected a mapping of GpuSample fields, got {_kind(fields)}")
     unknown = set(fields) - _SAMPLE_FIELDS
     if unknown:
-        raise ValueError(f"unknown GpuSample field(s): {sorted(unknown)}")
-    out = dict(fields)
-    if out.get("remapped_rows") is not None:
-        out["remapped_rows"] = tuple(int(x) for x in out["remapped_rows"])
+        raise ValueError(f"unknown GpuSample field(s): {sorted(map(str, unknown))}")
+    out: dict[str, Any] = {}
+    for key, value in fields.items():
+        kind, low, high = _SAMPLE_KINDS.get(key, ("any", 0, 0))
+        w = f"{where}.{key}"
+        if value is None and key not in ("throttle_reasons", "lost"):
+            out[key] = None
+        elif kind == "float":
+            out[key] = _float(value, w, low, high)
+        elif kind == "int":
+            out[key] = _int(value, w, int(low), int(high))
+        elif kind == "bool":
+            out[key] = _bool(value, w)
+        elif kind == "rows":
+            if not isinstance(value, list | tuple) or len(value) != 4:
+                raise ValueError(f"{w}: expected [correctable, uncorrectable, pending, failed], got {_kind(value)}")
+            out[key] = tuple(_int(x, w, int(low), int(high)) for x in value)
+        else:
+            out[key] = value
     return out
 
 
@@ -338,28 +511,54 @@ def _looks_recorded(doc: Mapping[str, Any]) -> bool:
     return isinstance(gpus, list) and bool(gpus) and isinstance(gpus[0], Mapping) and "cuda_cc" in gpus[0]
 
 
-def _profiles(raw: Any) -> tuple[MigProfile, ...]:
+def _profiles(raw: Any, where: str = "mig_profiles") -> tuple[MigProfile, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise ValueError(f"{where}: expected a list of profiles, got {_kind(raw)}")
     out = []
-    for p in raw or ():
+    for n, p in enumerate(raw):
         if isinstance(p, MigProfile):
             out.append(p)
             continue
-        out.append(MigProfile(id=int(p["id"]), name=_profile_name(p["name"]), slices=int(p["slices"]),
-                              instances=int(p["instances"]), memory_mib=int(p["memory_mib"]),
-                              sms=int(p.get("sms", 0))))
+        w = f"{where}[{n}]"
+        if not isinstance(p, Mapping):
+            raise ValueError(f"{w}: expected a mapping {{id, name, slices, instances, memory_mib}}, got {_kind(p)}")
+        for key in ("id", "name", "slices", "instances", "memory_mib"):
+            if key not in p:
+                raise ValueError(f"{w}.{key}: required")
+        out.append(MigProfile(id=_int(p["id"], f"{w}.id", 0, 2**31),
+                              name=_profile_name(_text_field(p["name"], f"{w}.name")),
+                              slices=_int(p["slices"], f"{w}.slices", 1, 64),
+                              instances=_int(p["instances"], f"{w}.instances", 0, 64),
+                              memory_mib=_int(p["memory_mib"], f"{w}.memory_mib", 0, MAX_MEMORY_MIB),
+                              sms=_int(p.get("sms", 0), f"{w}.sms", 0, 1 << 20)))
     return tuple(out)
 
 
-def _mig_instances(d: GpuDevice, raw: Iterable[MigInstance | Mapping[str, Any]]) -> tuple[MigInstance, ...]:
+def _mig_instances(d: GpuDevice, raw: Iterable[MigInstance | Mapping[str, Any]],
+                   where: str = "mig.instances") -> tuple[MigInstance, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise ValueError(f"{where}: expected a list of MIG devices, got {_kind(raw)}")
     profiles = {p.name: p for p in d.mig_profiles}
     out = []
     for n, m in enumerate(raw):
         if not isinstance(m, MigInstance):
-            name = str(m["profile"])
+            w = f"{where}[{n}]"
+            if not isinstance(m, Mapping):
+                raise ValueError(f"{w}: expected a mapping {{profile, start, size}}, got {_kind(m)}")
+            if "profile" not in m:
+                raise ValueError(f"{w}.profile: required")
+            name = _text_field(m["profile"], f"{w}.profile")
             p = profiles.get(name)
-            m = MigInstance(profile=name, start=int(m.get("start", 0)),
-                            size=int(m.get("size", p.slices if p else 1)), uuid=str(m.get("uuid", "")),
-                            memory_mib=int(m.get("memory_mib", p.memory_mib if p else 0)))
+            uuid = m.get("uuid", "")
+            m = MigInstance(profile=name, start=_int(m.get("start", 0), f"{w}.start", 0, 63),
+                            size=_int(m.get("size", p.slices if p else 1), f"{w}.size", 1, 64),
+                            uuid=_text_field(uuid, f"{w}.uuid") if uuid is not None else "",
+                            memory_mib=_int(m.get("memory_mib", p.memory_mib if p else 0), f"{w}.memory_mib", 0,
+                                            MAX_MEMORY_MIB))
         if m.profile not in profiles and profiles:
             raise ValueError(f"GPU {d.index}: MIG profile {m.profile!r} not among {sorted(profiles)}")
         if not m.uuid:
@@ -370,27 +569,49 @@ def _mig_instances(d: GpuDevice, raw: Iterable[MigInstance | Mapping[str, Any]])
     return tuple(out)
 
 
-def _device_from_entry(node: str, index: int, e: Mapping[str, Any]) -> GpuDevice:
-    compute = tuple(int(x) for x in e.get("compute", (0, 0)))
-    mig = e.get("mig") or {}
+def _device_from_entry(node: str, index: int, e: Mapping[str, Any],
+                       names: Mapping[str, str] | None = None) -> GpuDevice:
+    names = names or {}
+
+    def w(key: str) -> str:
+        return names.get(key, key)
+
+    compute_raw = e.get("compute", (0, 0))
+    if not isinstance(compute_raw, list | tuple) or len(compute_raw) != 2:
+        raise ValueError(f"{w('compute')}: expected [major, minor] (such as [9, 0]), got {_kind(compute_raw)}")
+    compute = (_int(compute_raw[0], w("compute"), 0, 99), _int(compute_raw[1], w("compute"), 0, 99))
+    mig = e.get("mig")
+    if mig is None:
+        mig = {}
+    if not isinstance(mig, Mapping):
+        raise ValueError(f"{w('mig')}: expected a mapping {{enabled: true, instances: [...]}}, got {_kind(mig)}")
+    uuid = e.get("uuid")
+    if uuid is not None:
+        uuid = _text_field(uuid, w("uuid"))
+        if not uuid.strip():
+            raise ValueError(f"{w('uuid')}: empty")
+    numa = e.get("numa_node")
+    numa = None if numa is None else _int(numa, w("numa_node"), -1, _MAX_INDEX)
+    arch = e.get("architecture")
     d = GpuDevice(
         index=index,
-        uuid=str(e.get("uuid") or f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'gpupool/{node}/{index}')}"),
-        name=str(e.get("name", "NVIDIA H100 80GB HBM3")),
-        memory_mib=int(e.get("memory_mib", 81559)),
-        minor=int(e.get("minor", index)),
-        compute=(compute[0], compute[1]),
-        architecture=str(e.get("architecture") or architecture_from_compute(*compute)),
-        pci_bus_id=str(e.get("pci_bus_id") or f"00000000:{0x18 + 0x10 * index:02X}:00.0"),
-        numa_node=None if e.get("numa_node") is None else int(e["numa_node"]),
-        mig_enabled=bool(mig.get("enabled", False)),
-        mig_profiles=_profiles(e.get("mig_profiles")),
-        power_limit_w=float(e.get("power_limit_w", 0.0)),
-        serial=str(e.get("serial", "")),
-        vbios=str(e.get("vbios", "")),
+        uuid=uuid or f"GPU-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, f'gpupool/{node}/{index}')}",
+        name=_text_field(e.get("name", "NVIDIA H100 80GB HBM3"), w("name")),
+        memory_mib=_int(e.get("memory_mib", 81559), w("memory_mib"), 0, MAX_MEMORY_MIB),
+        minor=_int(e.get("minor", index), w("minor"), -1, _MAX_INDEX),
+        compute=compute,
+        architecture=_text_field(arch, w("architecture")) if arch else architecture_from_compute(*compute),
+        pci_bus_id=_text_field(e.get("pci_bus_id") or f"00000000:{0x18 + 0x10 * index:02X}:00.0", w("pci_bus_id")),
+        numa_node=None if numa is None or numa < 0 else numa,
+        mig_enabled=_bool(mig.get("enabled", False), f"{w('mig')}.enabled"),
+        mig_profiles=_profiles(e.get("mig_profiles"), w("mig_profiles")),
+        power_limit_w=_float(e.get("power_limit_w", 0.0), w("power_limit_w"), 0, 1e6),
+        serial=_text_field(e.get("serial", ""), w("serial")),
+        vbios=_text_field(e.get("vbios", ""), w("vbios")),
     )
     if d.mig_enabled:
-        d = dataclasses.replace(d, mig_instances=_mig_instances(d, mig.get("instances") or ()))
+        d = dataclasses.replace(d, mig_instances=_mig_instances(d, mig.get("instances") or (),
+                                                                f"{w('mig')}.instances"))
     return d
 
 
@@ -399,7 +620,9 @@ def _nvlink_groups(spec: Any, indices: list[int]) -> list[list[int]]:
         return []
     if spec == "all":
         return [indices] if len(indices) > 1 else []
-    groups = [[int(i) for i in g] for g in spec]
+    if not isinstance(spec, list | tuple) or not all(isinstance(g, list | tuple) for g in spec):
+        raise ValueError(f"nvlink: expected \"all\" or groups of GPU indices ([[0, 1], [2, 3]]), got {_kind(spec)}")
+    groups = [[_int(i, f"nvlink[{n}]", 0, _MAX_INDEX) for i in g] for n, g in enumerate(spec)]
     for g in groups:
         if set(g) - set(indices):
             raise ValueError(f"GPU description: nvlink group {g} names GPUs that do not exist")

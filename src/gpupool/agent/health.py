@@ -24,18 +24,23 @@ check, which marks a GPU unhealthy on every critical XID except the application 
   ``ThermalThrottle`` and a message naming the bits: it is slow, not broken, and a scheduler that excluded
   throttled GPUs would empty a hot rack. Software power capping (0x4) and idle (0x1) are normal, not noted.
 * A ``reset`` event clears what is sticky; the next samples decide afresh.
+* **Events for GPUs not on this node** are ignored (logged once per UUID): the tracker knows the node's GPUs
+  from :meth:`HealthTracker.set_devices` (the agent calls it after each discovery; ``devices=`` at
+  construction) and from the samples it has seen. An event naming a MIG device counts for its GPU. A tracker
+  that knows no GPU yet (never told, never sampled) takes events as they come.
 
 The first fault found wins the reason; ``since`` is when the GPU's (healthy, reason) last changed.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..k8s.telemetry import APPLICATION_XIDS
-from .backend import GpuEvent, GpuSample
+from .backend import GpuDevice, GpuEvent, GpuSample
 from .report import COND_GPU_HEALTHY, Condition, GpuHealth
 
 __all__ = ["THROTTLE_BITS", "THROTTLE_NOTED", "XID_MEANINGS", "HealthTracker", "condition", "driver_failure_condition",
@@ -64,6 +69,8 @@ XID_MEANINGS: dict[int, str] = {
     140: "unrecovered ECC error",
 }
 """What NVIDIA's XID catalogue (docs.nvidia.com/deploy/xid-errors) says the common XIDs mean, shortened."""
+
+log = logging.getLogger("gpupool.agent.health")
 
 THROTTLE_BITS: dict[int, str] = {
     0x1: "GPU idle", 0x2: "applications clocks setting", 0x4: "SW power cap", 0x8: "HW slowdown",
@@ -97,25 +104,68 @@ class _State:
 
 class HealthTracker:
     """Keeps each GPU's health across observations. ``clock``: seconds since the epoch (``time.time``), used
-    where an event or sample carries no time; ``ignore_xids``: XIDs that leave a GPU healthy."""
+    where an event or sample carries no time; ``ignore_xids``: XIDs that leave a GPU healthy; ``devices``:
+    the node's GPUs (:class:`GpuDevice` objects or UUIDs; see :meth:`set_devices`)."""
 
     def __init__(self, clock: Callable[[], float] = time.time,
-                 ignore_xids: Iterable[int] = APPLICATION_XIDS) -> None:
+                 ignore_xids: Iterable[int] = APPLICATION_XIDS,
+                 devices: Iterable[GpuDevice | str] | None = None) -> None:
         self.clock = clock
         self.ignore_xids = frozenset(ignore_xids)
         self._gpus: dict[str, _State] = {}
+        self._devices: set[str] = set()  # GPU UUIDs of this node (discovery)
+        self._parent: dict[str, str] = {}  # MIG device UUID -> its GPU's UUID
+        self._warned: set[str] = set()
+        self.ignored_events = 0  # events for a UUID not on this node
+        if devices is not None:
+            self.set_devices(devices)
+
+    def set_devices(self, devices: Iterable[GpuDevice | str]) -> None:
+        """The node's GPUs as discovered (:class:`GpuDevice` objects, whose MIG devices count for them, or
+        GPU UUIDs): events for other UUIDs are ignored from now on."""
+        uuids: set[str] = set()
+        parent: dict[str, str] = {}
+        for d in devices:
+            if isinstance(d, str):
+                uuids.add(d)
+                continue
+            uuids.add(d.uuid)
+            for m in getattr(d, "mig_instances", ()) or ():
+                if m.uuid:
+                    parent[m.uuid] = d.uuid
+        self._devices, self._parent = uuids, parent
 
     def _state(self, uuid: str) -> _State:
         return self._gpus.setdefault(uuid, _State())
 
+    def _event_uuid(self, uuid: str, known: set[str]) -> str | None:
+        """The GPU an event's UUID names, or None (logged once) when it is not on this node."""
+        uuid = self._parent.get(uuid, uuid)
+        if not known or uuid in known:
+            return uuid
+        self.ignored_events += 1
+        if uuid not in self._warned:
+            self._warned.add(uuid)
+            log.warning("event for GPU %s ignored: not a GPU of this node (%d known)", uuid, len(known))
+        return None
+
     def observe(self, samples: Iterable[GpuSample] = (), events: Iterable[GpuEvent] = ()) -> dict[str, GpuHealth]:
-        """Apply events (in time order) then samples; the health of every GPU seen so far, by UUID."""
+        """Apply events (in time order) then samples; the health of every GPU seen so far, by UUID. Events for
+        a UUID that is not among the node's GPUs (:meth:`set_devices`, the samples seen) are ignored."""
         now = self.clock()
         reset: set[str] = set()
         sampled: set[str] = set()
+        samples = list(samples)
+        known = self._devices | {u for u, st in self._gpus.items() if st.index >= 0} | {s.uuid for s in samples
+                                                                                        if s.uuid}
         for ev in sorted(events, key=lambda e: e.time):
             if not ev.uuid:
                 continue
+            uuid = self._event_uuid(ev.uuid, known)
+            if uuid is None:
+                continue
+            if uuid != ev.uuid:
+                ev = GpuEvent(uuid, ev.kind, ev.code, ev.time, ev.detail)
             st = self._state(ev.uuid)
             t = ev.time or now
             if ev.kind == "reset":

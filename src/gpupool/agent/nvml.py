@@ -2,7 +2,11 @@
 
 Every NVML call goes through :meth:`NvmlBackend._call`: ``NVMLError_NotSupported`` (and, for optional
 queries, ``FunctionNotFound`` of an older driver) gives None / nothing; ``NVMLError_GpuIsLost`` marks the GPU
-lost in a sample; any other NVML error raises :class:`~gpupool.agent.backend.BackendError` naming the call.
+lost in a sample; any other NVML error raises :class:`~gpupool.agent.backend.BackendError` naming the call,
+except in a sample's optional readings (temperature, power, ECC...): there an error of one GPU's call gives
+None for that field (logged once), and only a driver failure (uninitialised, driver not loaded, library
+missing or mismatched) fails the sample. An event whose device's UUID cannot be read is attributed through
+``nvmlDeviceGetIndex`` to the UUID discovered for that index.
 
 NVML calls used (``nvml.h``; NVIDIA NVML API reference, "Device Queries", "MIG", "Event Handling"):
 ``nvmlInit`` / ``nvmlShutdown``, ``nvmlSystemGetDriverVersion`` / ``GetCudaDriverVersion`` /
@@ -24,6 +28,7 @@ NVSwitch join every switch-attached GPU); topology: ``nvmlDeviceGetTopologyCommo
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 import types
 from collections.abc import Callable
@@ -38,6 +43,12 @@ _TOPOLOGY = {0: "SAME", 10: "SINGLE", 20: "MULTIPLE", 30: "HOSTBRIDGE", 40: "NOD
 """``nvmlGpuTopologyLevel_t`` -> :data:`~gpupool.agent.backend.TOPOLOGY_LEVELS` (INTERNAL = the same board)."""
 
 _INVALID_GI = 0xFFFFFFFF
+
+_NODE_ERRORS = ("NVML_ERROR_UNINITIALIZED", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIBRARY_NOT_FOUND",
+                "NVML_ERROR_LIB_RM_VERSION_MISMATCH")
+"""NVML errors that mean the driver, not one GPU's sensor, cannot be read: a sample fails on them."""
+
+log = logging.getLogger("gpupool.agent.nvml")
 
 
 class _Missing(Exception):
@@ -71,6 +82,7 @@ class NvmlBackend:
         self._known: dict[int, GpuDevice] = {}  # last read of each GPU, kept for one that is lost later
         self._event_set: Any = None
         self._registered: set[int] = set()
+        self._field_errors: set[tuple[int, str]] = set()  # (index, call) whose error was logged
         self._open = False
         self._call("nvmlInit")
         self._open = True
@@ -288,17 +300,17 @@ class NvmlBackend:
         h = self._handle(i)
         uuid = self._uuids.get(i) or _text(self._call("nvmlDeviceGetUUID", h))
         self._uuids[i] = uuid
-        util = self._maybe("nvmlDeviceGetUtilizationRates", h)
-        mem = self._maybe("nvmlDeviceGetMemoryInfo", h)
-        power = self._maybe("nvmlDeviceGetPowerUsage", h)
-        temp = self._maybe("nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
-        ecc = self._maybe("nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                          nv.NVML_VOLATILE_ECC)
-        rows = self._maybe("nvmlDeviceGetRemappedRows", h)
-        retired = self._maybe("nvmlDeviceGetRetiredPagesPendingStatus", h)
-        reasons = self._maybe("nvmlDeviceGetCurrentClocksEventReasons", h) \
+        util = self._reading(i, "nvmlDeviceGetUtilizationRates", h)
+        mem = self._reading(i, "nvmlDeviceGetMemoryInfo", h)
+        power = self._reading(i, "nvmlDeviceGetPowerUsage", h)
+        temp = self._reading(i, "nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
+        ecc = self._reading(i, "nvmlDeviceGetTotalEccErrors", h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                            nv.NVML_VOLATILE_ECC)
+        rows = self._reading(i, "nvmlDeviceGetRemappedRows", h)
+        retired = self._reading(i, "nvmlDeviceGetRetiredPagesPendingStatus", h)
+        reasons = self._reading(i, "nvmlDeviceGetCurrentClocksEventReasons", h) \
             if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons") \
-            else self._maybe("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+            else self._reading(i, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
         return GpuSample(
             index=i, uuid=uuid, time=now,
             util_gpu=None if util is None else float(util.gpu),
@@ -312,6 +324,22 @@ class NvmlBackend:
             retired_pages_pending=None if retired is None else bool(retired),
             throttle_reasons=int(reasons or 0),
         )
+
+    def _reading(self, index: int, name: str, *args: Any) -> Any:
+        """An optional reading of GPU ``index`` for a sample: None where NotSupported, and None (logged once
+        until it answers again) on any other error of that one call; only a lost GPU
+        (``NVML_ERROR_GPU_IS_LOST``) or a driver failure (:data:`_NODE_ERRORS`) raises, failing the sample."""
+        try:
+            value = self._maybe(name, *args)
+        except BackendError as e:
+            if any(hasattr(self.nv, code) and self._is(e, code) for code in ("NVML_ERROR_GPU_IS_LOST", *_NODE_ERRORS)):
+                raise
+            if (index, name) not in self._field_errors:
+                self._field_errors.add((index, name))
+                log.warning("GPU %d: %s (the reading is left out until it answers)", index, e)
+            return None
+        self._field_errors.discard((index, name))
+        return value
 
     def _events_ready(self) -> Any:
         nv = self.nv
@@ -351,10 +379,7 @@ class NvmlBackend:
                     return out
                 raise
             wait_ms = 0
-            try:
-                uuid = _text(self._call("nvmlDeviceGetUUID", data.device))
-            except BackendError:
-                uuid = ""
+            uuid = self._event_uuid(data.device)
             etype = int(data.eventType)
             gi = int(getattr(data, "gpuInstanceId", _INVALID_GI))
             detail = f"gpu instance {gi}" if gi != _INVALID_GI else ""
@@ -363,6 +388,23 @@ class NvmlBackend:
                                     detail=detail))
             elif etype & nv.nvmlEventTypeDoubleBitEccError:
                 out.append(GpuEvent(uuid=uuid, kind="ecc_dbe", time=self._clock(), detail=detail))
+
+    def _event_uuid(self, handle: Any) -> str:
+        """The UUID of an event's device; where it cannot be read (the GPU is failing), the UUID discovered
+        for its index (``nvmlDeviceGetIndex``); ``""`` when neither answers."""
+        try:
+            return _text(self._call("nvmlDeviceGetUUID", handle))
+        except BackendError as e:
+            error = str(e)
+        try:
+            index = int(self._call("nvmlDeviceGetIndex", handle))
+        except (BackendError, TypeError, ValueError) as e:
+            log.warning("event on a device whose UUID and index cannot be read: %s; %s", error, e)
+            return ""
+        uuid = self._uuids.get(index) or (self._known[index].uuid if index in self._known else "")
+        if not uuid:
+            log.warning("event on GPU %d, whose UUID was never read: %s", index, error)
+        return uuid
 
     def close(self) -> None:
         if not self._open:

@@ -2,6 +2,9 @@
 
 * **Labels**: the agent owns the keys listed in the Node's :data:`~gpupool.agent.report.ANN_OWNED_LABELS`
   annotation (comma-separated). It sets and updates those, and removes an owned key the report no longer has.
+  Only keys under ``nvidia.com/`` and ``gpupool.io/`` (:data:`AGENT_PREFIXES`) are ever set or removed: a key
+  with another prefix in the annotation (corrupted, or edited by hand) is not the agent's and is left alone
+  (and dropped from the annotation); a report label with another prefix is dropped as invalid.
   A key the report has that is already on the Node but *not* owned (GPU Feature Discovery set it, or a person)
   is left as it is, value included, and not claimed: the agent never duplicates or overrides another owner.
 * **Annotations**: :data:`~gpupool.agent.report.ANN_GPU_INVENTORY` (:func:`~gpupool.agent.report.inventory_json`,
@@ -20,7 +23,9 @@ Errors: 409, 429, 5xx answers and transport errors (refused, reset, timeout) are
 backoff and jitter (``retries`` attempts in all; urllib3 also retries connection errors underneath, see
 :func:`gpupool.k8s.wire.configure`); 403 / 404 / 422 are not retried. :meth:`NodePublisher.publish` never
 raises: a failed publish is logged, counted in :attr:`NodePublisher.failures` and returns False, and the
-agent loop tries again next round.
+agent loop tries again next round. A refused metadata patch (403 from an admission policy, 422 for an
+annotation too large) does not hold back the conditions: the status patch is still sent (the publish counts
+as a failure, :attr:`NodePublisher.last_error` says why).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from kubernetes.client.exceptions import ApiException
 from gpupool.agent.report import ANN_GPU_INVENTORY, ANN_OWNED_LABELS, NodeReport, inventory_json
 from gpupool.k8s import wire
 
-__all__ = ["NodePublisher", "Plan", "plan_patches", "rfc3339", "valid_label"]
+__all__ = ["AGENT_PREFIXES", "NodePublisher", "Plan", "agent_label", "plan_patches", "rfc3339", "valid_label"]
 
 log = logging.getLogger("gpupool.agent.publisher")
 
@@ -92,10 +97,25 @@ class Plan:
         return self.metadata is None and self.status is None
 
 
+AGENT_PREFIXES = ("nvidia.com", "gpupool.io")
+"""The only label prefixes the agent ever sets or removes (GFD's ``nvidia.com/`` labels and its own)."""
+
+
+def agent_label(key: str) -> bool:
+    """True for a label key under one of :data:`AGENT_PREFIXES` (``nvidia.com/gpu.product``), the only keys
+    the agent may set or remove."""
+    prefix, slash, _ = key.partition("/")
+    return bool(slash) and prefix in AGENT_PREFIXES
+
+
 def owned_labels(annotations: Mapping[str, str] | None) -> set[str]:
-    """The label keys the agent set, from the :data:`ANN_OWNED_LABELS` annotation (empty when absent)."""
+    """The label keys the agent set, from the :data:`ANN_OWNED_LABELS` annotation (empty when absent). A key
+    outside :data:`AGENT_PREFIXES` (a corrupted or edited annotation naming ``kubernetes.io/hostname``) is
+    never the agent's: left out."""
     raw = (annotations or {}).get(ANN_OWNED_LABELS) or ""
-    return {k.strip() for k in raw.split(",") if k.strip()}
+    if not isinstance(raw, str):
+        return set()
+    return {k.strip() for k in raw.split(",") if k.strip() and agent_label(k.strip())}
 
 
 def plan_patches(node: Mapping[str, Any], report: NodeReport, now: float, heartbeat_s: float = 300.0) -> Plan:
@@ -113,7 +133,7 @@ def plan_patches(node: Mapping[str, Any], report: NodeReport, now: float, heartb
     owned_after: set[str] = set()
     for key, value in report.labels.items():
         value = str(value)
-        if not valid_label(key, value):
+        if not valid_label(key, value) or not agent_label(key):
             plan.invalid[key] = value
             continue
         if key in labels and key not in owned:
@@ -238,19 +258,27 @@ class NodePublisher:
         the Node is read again. Never raises: errors are logged and give False.
         """
         first = [dict(node)] if node is not None else []
+        refused: list[ApiException] = []  # the metadata patch of the last attempt, refused (403, 422...)
 
         def attempt() -> bool:
+            refused.clear()
             current = first.pop() if first else self.read_node()
             plan = plan_patches(current, report, self.clock(), self.heartbeat_s)
             self.last_plan = plan
             self._note(plan)
             wrote = False
             if plan.metadata is not None:
-                raw = wire.call(self.api, "PATCH", NODE_PATH, plan.metadata, content_type=wire.MERGE_PATCH,
-                                path_params={"name": self.node_name}, timeout=self.timeout_s)
-                self.node = json.loads(raw)
-                self.writes += 1
-                wrote = True
+                try:
+                    raw = wire.call(self.api, "PATCH", NODE_PATH, plan.metadata, content_type=wire.MERGE_PATCH,
+                                    path_params={"name": self.node_name}, timeout=self.timeout_s)
+                except ApiException as exc:
+                    if exc.status in RETRY_STATUS or exc.status == 404:
+                        raise
+                    refused.append(exc)  # the conditions still go out (GpuHealthy must reach the Node)
+                else:
+                    self.node = json.loads(raw)
+                    self.writes += 1
+                    wrote = True
             if plan.status is not None:
                 raw = wire.call(self.api, "PATCH", STATUS_PATH, plan.status, content_type=wire.STRATEGIC_PATCH,
                                 path_params={"name": self.node_name}, timeout=self.timeout_s)
@@ -260,6 +288,12 @@ class NodePublisher:
             return wrote
 
         result = self._with_retries("publish", attempt)
+        if result is not None and refused:
+            exc = refused[0]
+            self.failures += 1
+            self.last_error = f"{exc.status} {exc.reason}: {_message(exc)}"
+            log.warning("node %s: metadata patch (labels, inventory) refused: %s; the conditions were still "
+                        "published", self.node_name, self.last_error)
         return bool(result) if result is not None else False
 
     # ------------------------------------------------------------------ helpers

@@ -6,7 +6,9 @@
 * at start (and again after a ``reset`` event or when a GPU's MIG mode / MIG devices changed) it runs
   discovery (``discover(backend)``, :mod:`gpupool.agent.discovery`) and reads the cluster's RuntimeClasses;
 * each round: ``backend.sample()`` and the events gathered since the last round go to
-  ``tracker.observe(samples, events) -> {uuid: GpuHealth}`` (:mod:`gpupool.agent.health`); the Node is read
+  ``tracker.observe(samples, events) -> {uuid: GpuHealth}`` (:mod:`gpupool.agent.health`; the events with
+  no samples when the sample failed: they are never dropped); after each discovery the tracker's
+  ``set_devices(devices)`` (where it has one) tells it the node's GPUs; the Node is read
   once (``publisher.refresh()``) for its allocatable; the validator (:mod:`gpupool.agent.validate`) checks the
   stack; the :class:`~gpupool.agent.report.NodeReport` (GFD labels + ``gpupool.io/gpu-stack-ready``, the
   inventory annotation, conditions ``GpuHealthy`` and ``GpuStackReady``) is built and published; the metrics
@@ -194,6 +196,9 @@ class Agent:
         if devices is None:
             devices = self.backend.devices()
         self._mig = _mig_signature(devices)
+        set_devices = getattr(self.tracker, "set_devices", None)
+        if set_devices is not None:  # events for a UUID not on this node are then ignored
+            set_devices(devices)
         try:
             self.driver = self.backend.driver()
         except BackendError:
@@ -234,12 +239,13 @@ class Agent:
         except BackendError as exc:
             samples, driver_error = None, str(exc)
             log.warning("sample failed: %s", exc)
-        if samples is not None:
-            try:
-                self.health = dict(self.tracker.observe(samples, events))
-            except Exception as exc:  # noqa: BLE001
-                self.errors += 1
-                log.exception("health tracking failed: %s", exc)
+        # events are observed even when the sample failed: an XID that came with a failing NVML (a GPU
+        # falling off the bus often answers Unknown first) keeps the GPU marked until a reset
+        try:
+            self.health = dict(self.tracker.observe(samples if samples is not None else [], events))
+        except Exception as exc:  # noqa: BLE001
+            self.errors += 1
+            log.exception("health tracking failed: %s", exc)
         if any(e.kind == "reset" for e in events) or (samples is not None and self._mig_changed()):
             try:
                 self.discover()
