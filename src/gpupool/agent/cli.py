@@ -114,6 +114,18 @@ def build_agent(backend: Any, publisher: Any, interval_s: float, mig_strategy: s
                  mig_strategy=mig_strategy)
 
 
+def _one_round(agent: Any, gpus: Any) -> Any:
+    """One round of ``agent`` (discovery on the first), the backend closed after it; exit 3 without a driver."""
+    from gpupool.agent.backend import BackendError
+
+    try:
+        return agent.round()
+    except BackendError as exc:
+        _fail(f"discovery failed: {exc}; {DRIVER_HINT}", 3)
+    finally:
+        gpus.close()
+
+
 def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -197,12 +209,7 @@ def register(app: typer.Typer) -> None:
 
         if dry_run:
             agent = build_agent(gpus, None, interval_s, mig_strategy, host_root=host_root)
-            try:
-                report = agent.round()
-            except BackendError as exc:
-                _fail(f"discovery failed: {exc}; {DRIVER_HINT}", 3)
-            finally:
-                gpus.close()
+            report = _one_round(agent, gpus)
             typer.echo(json.dumps(report_json(report), indent=2, sort_keys=False))
             return
 
@@ -226,12 +233,7 @@ def register(app: typer.Typer) -> None:
         exporter = _exporter() if address else None
         agent = build_agent(gpus, publisher, interval_s, mig_strategy, exporter, host_root=host_root)
         if once:
-            try:
-                report = agent.round()
-            except BackendError as exc:
-                _fail(f"discovery failed: {exc}; {DRIVER_HINT}", 3)
-            finally:
-                gpus.close()
+            report = _one_round(agent, gpus)
             ok = publisher.failures == 0
             typer.echo(json.dumps({"node": node_name, "written": agent.published > 0, "ok": ok,
                                    "error": publisher.last_error or None,
