@@ -91,7 +91,16 @@ def validate_custom(obj: dict) -> None:
 
 
 def example_objects() -> list[tuple[str, dict]]:
-    return [(str(p.relative_to(ROOT)), d) for p in sorted(EXAMPLES.rglob("*.yaml")) for d in _docs(p.read_text())]
+    """Every object under examples/k8s/ (a kustomization.yaml is build input, not an object)."""
+    return [(str(p.relative_to(ROOT)), d) for p in sorted(EXAMPLES.rglob("*.yaml")) if p.name != "kustomization.yaml"
+            for d in _docs(p.read_text())]
+
+
+def kustomize_image() -> str:
+    """The image deploy/kustomization.yaml's `images:` makes of the name `gpupool` (set there, once)."""
+    (entry,) = [i for i in yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["images"]
+                if i["name"] == "gpupool"]
+    return f"{entry['newName']}@{entry['digest']}" if "digest" in entry else f"{entry['newName']}:{entry['newTag']}"
 
 
 # ---------------------------------------------------------------------- deploy/
@@ -101,7 +110,7 @@ def test_every_rendered_object_is_valid_kubernetes_1_30():
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted(["Namespace", "CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount",
                             "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Deployment",
-                            "Service"])
+                            "Service", "PodDisruptionBudget", "NetworkPolicy"])
     assert sorted(o["kind"] for o in rendered_agent()) == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding", "DaemonSet"])
@@ -131,7 +140,7 @@ def test_deployment_runs_two_leader_electing_replicas_with_probes():
     assert pod["serviceAccountName"] == _one(objs, "ServiceAccount")["metadata"]["name"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
-    assert c["image"] == "gpupool:0.1.0"
+    assert c["image"] == kustomize_image() and c["image"].startswith("REGISTRY/gpupool:")
     assert c["args"][0] == "scheduler" and "--leader-elect" in c["args"]
     port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -462,8 +471,12 @@ def test_extender_example_matches_the_extender():
 def test_dockerfile_builds_a_non_root_gpupool_image():
     lines = [ln.strip() for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.strip()
              and not ln.lstrip().startswith("#")]
-    assert lines[0] == "FROM python:3.11-slim"
-    assert any(ln.startswith("RUN pip install .") for ln in lines)
+    assert re.fullmatch(r"FROM python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?", lines[0]), lines[0]
+    # dependencies only from the lock file, with hashes; gpupool itself without resolving or fetching anything
+    assert "RUN pip install --require-hashes --no-deps -r requirements/image.lock" in lines
+    assert any(ln.startswith("RUN pip install --no-deps --no-build-isolation --no-index .") for ln in lines)
+    assert lines.index("COPY requirements/image.lock ./requirements/image.lock") < lines.index(
+        "RUN pip install --require-hashes --no-deps -r requirements/image.lock")
     user = [ln for ln in lines if ln.startswith("USER ")][-1].split()[1]
     assert user.split(":")[0] not in ("root", "0")
     assert lines[[i for i, ln in enumerate(lines) if ln.startswith("ENTRYPOINT")][-1]] == 'ENTRYPOINT ["gpupool"]'
@@ -487,7 +500,7 @@ def test_agent_daemonset_runs_on_gpu_nodes_with_least_host_access():
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
     assert pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
-    assert c["image"] == "gpupool:0.1.0"  # pinned like the scheduler's Deployment
+    assert c["image"] == kustomize_image()  # the scheduler's image, set once in the kustomization
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
@@ -547,3 +560,139 @@ def test_agent_rbac_is_its_own_node_only():
 def test_agent_policy_is_in_the_kustomization():
     kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
     assert {"agent/rbac.yaml", "agent/admission-policy.yaml", "agent/daemonset.yaml"} <= set(kust["resources"])
+
+
+# ---------------------------------------------------------------------- what an admin asks of the scheduler
+def _scheduler_labels(objs) -> dict[str, str]:
+    return _one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    assert set(selector) == {"matchLabels"}, selector
+    return selector["matchLabels"].items() <= labels.items()
+
+
+@needs_kubectl
+def test_pdb_lets_one_scheduler_replica_go_at_a_time():
+    objs = rendered()
+    pdb = _one(objs, "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1"
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert _one(objs, "Deployment")["spec"]["replicas"] == 2  # so one stays (and holds the Lease)
+    assert _selects(pdb["spec"]["selector"], _scheduler_labels(objs))
+    assert not _selects(pdb["spec"]["selector"], _one(rendered_agent(), "DaemonSet")["spec"]["template"]["metadata"][
+        "labels"])
+
+
+@needs_kubectl
+def test_scheduler_runs_at_system_cluster_critical():
+    pod = _one(rendered(), "Deployment")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert "system-cluster-critical" in (DEPLOY / "README.md").read_text()
+
+
+@needs_kubectl
+def test_networkpolicy_opens_only_the_metrics_port_to_labelled_scrapers():
+    objs = rendered()
+    np = _one(objs, "NetworkPolicy")
+    spec = np["spec"]
+    assert _selects(spec["podSelector"], _scheduler_labels(objs))
+    # Ingress only: the scheduler's own calls (apiserver, DNS, telemetry) are outgoing and stay open.
+    assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec
+    (rule,) = spec["ingress"]
+    (peer,) = rule["from"]
+    assert peer == {"namespaceSelector": {}, "podSelector": {"matchLabels": {"gpupool.io/metrics-scraper": "true"}}}
+    (port,) = rule["ports"]
+    (c,) = _one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert port == {"protocol": "TCP", "port": "metrics"} and set(ports) == {"metrics"}
+    # the probes use that port (they come from the node, which NetworkPolicies leave open: deploy/README.md)
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert c[probe]["httpGet"]["port"] == "metrics"
+    readme = (DEPLOY / "README.md").read_text()
+    assert "gpupool.io/metrics-scraper" in readme and "probe" in readme
+
+
+IMAGE_LINE = re.compile(r"^\s*(?:-\s*)?image:\s*[\"']?([^\s\"'#]+)", re.MULTILINE)
+
+
+def _manifest_files() -> list[Path]:
+    return sorted([*DEPLOY.rglob("*.yaml"), *EXAMPLES.rglob("*.yaml")])
+
+
+def test_gpupool_image_is_set_once_by_kustomize():
+    """Manifests name the image `gpupool` only; its registry and tag come from deploy/kustomization.yaml's
+    `images:`, the one `images:` under deploy/ and examples/k8s/."""
+    with_images = [p for p in _manifest_files() if p.name == "kustomization.yaml"
+                   and (yaml.safe_load(p.read_text()) or {}).get("images")]
+    assert with_images == [DEPLOY / "kustomization.yaml"]
+    (entry,) = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["images"]
+    assert entry["name"] == "gpupool" and entry["newName"] == "REGISTRY/gpupool"
+    assert "digest" in entry or re.fullmatch(r"\d+\.\d+\.\d+", str(entry["newTag"]))
+    for path in _manifest_files():
+        for image in IMAGE_LINE.findall(path.read_text()):
+            if "gpupool" in image:
+                assert image == "gpupool", f"{path.relative_to(ROOT)}: {image} (set it in deploy/kustomization.yaml)"
+    assert "kustomize edit" not in (DEPLOY / "README.md").read_text()  # kubectl users have no kustomize binary
+
+
+def _is_floating(image: str) -> bool:
+    if "@sha256:" in image:
+        return False
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:  # no tag at all (the colon was a registry port, or absent)
+        return True
+    return tag == "latest" or not re.search(r"\d", tag)
+
+
+def test_no_floating_image_tags():
+    assert _is_floating("busybox") and _is_floating("nvcr.io/x/y:latest") and _is_floating("localhost:5000/y")
+    assert _is_floating("python:slim") and not _is_floating("python:3.11.14-slim-bookworm")
+    assert not _is_floating("y@sha256:" + "0" * 64) and not _is_floating("nvcr.io/nvidia/pytorch:24.05-py3")
+    for path in _manifest_files():
+        for image in IMAGE_LINE.findall(path.read_text()):
+            if image != "gpupool":  # the kustomize name, replaced by REGISTRY/gpupool:TAG (test above)
+                assert not _is_floating(image), f"{path.relative_to(ROOT)}: floating image {image}"
+    assert not _is_floating(kustomize_image())
+    base = next(ln for ln in (ROOT / "Dockerfile").read_text().splitlines() if ln.startswith("FROM "))
+    assert not _is_floating(base.split()[1]) and re.search(r":3\.11\.\d+-", base), base
+
+
+@needs_kubectl
+def test_rendered_images_are_the_kustomize_image():
+    images = [c["image"] for o in rendered_all() if o["kind"] in ("Deployment", "DaemonSet")
+              for c in o["spec"]["template"]["spec"]["containers"]]
+    assert images and set(images) == {kustomize_image()}
+
+
+@needs_kubectl
+def test_extender_example_takes_the_scheduler_image():
+    """`kubectl apply -k examples/k8s/extender/`: deploy/ plus the extender, whose image is the scheduler's."""
+    out = subprocess.run(["kubectl", "kustomize", str(EXAMPLES / "extender")], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    objs = _docs(out.stdout)
+    ext = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupool-extender")
+    assert ext["spec"]["template"]["spec"]["containers"][0]["image"] == kustomize_image()
+    assert {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"} >= {
+        ext["spec"]["template"]["spec"]["serviceAccountName"]}
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_image_lock_pins_every_dependency_with_hashes():
+    """requirements/image.lock (what the Dockerfile installs): one exact version and its hashes per package,
+    covering pyproject.toml's dependencies and build requirements."""
+    import tomllib
+
+    text = (ROOT / "requirements" / "image.lock").read_text()
+    reqs = re.findall(r"^([A-Za-z0-9_.-]+)==([^\s\\]+) \\\n((?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", text,
+                      re.MULTILINE)
+    names = {re.sub(r"[-_.]+", "-", n).lower() for n, _, _ in reqs}
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith((" ", "#"))]
+    assert len(lines) == len(reqs), "a requirement without == and hashes"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    wanted = [*project["project"]["dependencies"], *project["build-system"]["requires"]]
+    for req in wanted:
+        name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0]).lower()
+        assert name in names, f"{name} (pyproject.toml) is not in requirements/image.lock: regenerate it"

@@ -2,8 +2,9 @@
 
 The engine (:mod:`gpupool.engine`) does no I/O; these modules are the only place that knows the
 Kubernetes spellings. Every label, annotation and resource name gpupool reads or writes is a constant
-here, so the scheduler, the extender and the tests agree on one spelling (sources:
-/work/shared/reference/k8s-gpu-conventions.md).
+here, so the scheduler, the extender and the tests agree on one spelling (sources: the public docs and
+source of NVIDIA KAI-Scheduler, HAMi, Volcano, Kueue, kubernetes-sigs/scheduler-plugins, NVIDIA
+k8s-device-plugin / GPU Feature Discovery, dcgm-exporter and Alibaba's FGD simulator).
 
 * :mod:`gpupool.k8s.requests`: a pod (as the API returns it, a dict) -> :class:`~gpupool.model.PodRequest`,
   its gang and its queue; :class:`~gpupool.k8s.requests.RequestParseError` names the field at fault.

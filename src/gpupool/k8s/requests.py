@@ -1,7 +1,9 @@
 """Pods (as the API returns them, plain dicts) -> what they ask of gpupool.
 
 A cluster switching to gpupool keeps its manifests, so every spelling platform teams already use is
-read here (sources in /work/shared/reference/k8s-gpu-conventions.md):
+read here (sources: the public docs and source of NVIDIA KAI-Scheduler, HAMi, Volcano, Kueue,
+kubernetes-sigs/scheduler-plugins, NVIDIA k8s-device-plugin / GPU Feature Discovery and Alibaba's FGD
+simulator; the constants are in :mod:`gpupool.k8s`):
 
 ============================================  ===============================================
 spelling                                      meaning in gpupool
