@@ -299,3 +299,211 @@ def test_downsample_keeps_ends():
     x = np.arange(10_000, dtype=float)
     xs, ys = report.downsample(x, x * 2, max_points=100)
     assert len(xs) <= 100 and xs[0] == 0 and xs[-1] == 9_999 and np.array_equal(ys, xs * 2)
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 13: help at 80 columns, output paths checked first, progress, Ctrl-C, --wide
+
+
+def _commands() -> list[list[str]]:
+    import typer.main
+
+    group = typer.main.get_command(app)
+    return [[]] + [[name] for name in group.commands]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cmd", _commands(), ids=lambda c: " ".join(c) or "gpupool")
+def test_help_fits_80_columns_and_cuts_no_option(cmd):
+    import typer.main
+
+    result = runner.invoke(app, [*cmd, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "…" not in text and "<bool>" not in text
+    too_long = [line for line in text.splitlines() if len(line) > 80]
+    assert not too_long, too_long
+    command = typer.main.get_command(app)
+    if cmd:
+        command = command.commands[cmd[0]]  # type: ignore[attr-defined]
+    for param in command.params:
+        for opt in param.opts + param.secondary_opts:
+            assert opt in text, opt
+
+
+def test_subcommand_short_help_option():
+    for cmd in _commands()[1:]:
+        assert runner.invoke(app, [*cmd, "-h"], env={"COLUMNS": "80"}).exit_code == 0
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail the test if a trace is loaded: output paths must be checked before."""
+    import gpupool.cli as cli
+
+    def boom(*_a, **_k):
+        raise AssertionError("the trace was loaded before the output paths were checked")
+
+    monkeypatch.setattr(cli, "_load", boom)
+    monkeypatch.setattr(cli, "load_jobs", boom)
+
+
+def _bad_outputs(tmp_path: Path) -> list[tuple[str, str]]:
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    a_dir = tmp_path / "adir"
+    a_dir.mkdir()
+    return [
+        ("--out", "/proc/x"), ("--json", "/proc/x/r.json"), ("--json", "/proc/x"),
+        ("--out", str(a_file)), ("--out", str(a_file / "sub")), ("--json", str(a_file / "r.json")),
+        ("--json", str(a_dir)),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["pods", "jobs-philly"])
+def test_unwritable_output_paths_fail_at_once_exit_2(tmp_path, mode, no_loading):
+    import time
+
+    repo = Path(__file__).resolve().parents[1]
+    trace = tmp_path / "philly.csv"
+    trace.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 10:00:00,60,1,60,a\n")
+    base = (["compare", "--jobs", str(trace), "--cluster", str(repo / "examples" / "clusters" / "small.yaml")]
+            if mode != "pods" else ["compare", "-p", "best-fit"])
+    for flag, value in _bad_outputs(tmp_path):
+        start = time.monotonic()
+        result = runner.invoke(app, [*base, flag, value])
+        elapsed = time.monotonic() - start
+        assert result.exit_code == 2, (flag, value, result.output)
+        assert elapsed < 1.0
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and flag in lines[0], lines
+        assert "Traceback" not in result.output
+
+
+def test_missing_json_parent_is_created(tiny, tmp_path):
+    nodes, pods = tiny
+    js = tmp_path / "new" / "dir" / "r.json"
+    result = invoke("simulate", "--nodes", nodes, "--pods", pods, "-p", "best-fit", "--json", js, "-q")
+    assert result.exit_code == 0, result.output
+    assert json.loads(js.read_text())["results"]
+    assert not [p for p in js.parent.iterdir() if p.name.startswith(".gpupool-write-test")]
+
+
+def _interrupt_after_first(monkeypatch, module: str, attr: str) -> None:
+    import importlib
+
+    mod = importlib.import_module(module)
+    real = getattr(mod, attr)
+    calls = {"n": 0}
+
+    def run(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mod, attr, run)
+
+
+def test_ctrl_c_writes_the_finished_runs_exit_130(tiny, tmp_path, monkeypatch):
+    _interrupt_after_first(monkeypatch, "gpupool.sim.inflation", "run_inflation")
+    nodes, pods = tiny
+    js, out = tmp_path / "r.json", tmp_path / "plots"
+    result = invoke("compare", "--nodes", nodes, "--pods", pods, "-p", "best-fit,spread,fgd",
+                    "--json", js, "--out", out)
+    assert result.exit_code == 130, result.output
+    doc = json.loads(js.read_text())
+    assert doc["interrupted"] is True and doc["runs_planned"] == 3
+    assert [r["policy"] for r in doc["results"]] == ["best-fit"]
+    assert "best-fit" in result.stdout and "spread" not in result.stdout.split("why")[0]
+    assert "interrupted (Ctrl-C) after 1 of 3 runs" in result.output
+    assert (out / "unallocated_gpus.png").exists()
+
+
+def test_ctrl_c_before_any_run_writes_nothing(tiny, tmp_path, monkeypatch):
+    import gpupool.sim.inflation as inflation
+
+    def stop(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inflation, "run_inflation", stop)
+    nodes, pods = tiny
+    js = tmp_path / "r.json"
+    result = invoke("compare", "--nodes", nodes, "--pods", pods, "-p", "best-fit,spread", "--json", js)
+    assert result.exit_code == 130
+    assert "nothing written" in result.output and not js.exists()
+
+
+def test_ctrl_c_in_a_job_comparison(tmp_path, monkeypatch):
+    _interrupt_after_first(monkeypatch, "gpupool.sim.jobs", "run_jobs")
+    repo = Path(__file__).resolve().parents[1]
+    trace = tmp_path / "philly.csv"
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    rows += [f"2017-10-01 10:{i:02d}:00,600,1,600,a" for i in range(10)]
+    trace.write_text("\n".join(rows) + "\n")
+    js = tmp_path / "jobs.json"
+    result = invoke("compare", "--jobs", trace, "--cluster", repo / "examples" / "clusters" / "small.yaml",
+                    "--json", js)
+    assert result.exit_code == 130, result.output
+    doc = json.loads(js.read_text())
+    assert doc["interrupted"] is True and len(doc["results"]) == 1
+    assert "interrupted (Ctrl-C) after 1 of" in result.output
+
+
+def test_progress_lines_when_not_a_terminal(capsys):
+    from gpupool.cli import _RunProgress
+
+    now = [0.0]
+    with _RunProgress(4, quiet=False, interval=15.0, clock=lambda: now[0], tty=False) as progress:
+        progress.begin(0, "fgd (seed 42)")
+        now[0] = 10.0
+        progress.update(0.5)  # before the interval: silent
+        now[0] = 20.0
+        progress.update(1.0)
+        now[0] = 25.0
+        progress.update(1.5)  # 5 s after the last line: silent
+        now[0] = 40.0
+        progress.begin(2, "spread (seed 42)")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "progress: fgd (seed 42) [1/4]: 1.0/4 runs (25%), elapsed 20s, ETA 1m00s",
+        "progress: spread (seed 42) [3/4]: 2.0/4 runs (50%), elapsed 40s, ETA 40s",
+    ]
+
+
+def test_progress_quiet_and_terminal_write_no_lines(capsys):
+    from gpupool.cli import _RunProgress
+
+    for kwargs in ({"quiet": True, "tty": False}, {"quiet": True, "tty": True}):
+        with _RunProgress(2, interval=0.0, **kwargs) as progress:
+            progress.begin(0, "x")
+            progress.update(1.0)
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_lines_in_a_real_run(tiny, monkeypatch):
+    import gpupool.cli as cli
+
+    monkeypatch.setattr(cli, "LOG_PROGRESS_INTERVAL_S", 0.0)
+    nodes, pods = tiny
+    result = invoke("compare", "--nodes", nodes, "--pods", pods, "-p", "best-fit,spread")
+    assert result.exit_code == 0, result.output
+    progress = [line for line in result.output.splitlines() if line.startswith("progress: ")]
+    assert progress and all("ETA" in line and "elapsed" in line and "/2 runs" in line for line in progress)
+    quiet = invoke("compare", "--nodes", nodes, "--pods", pods, "-p", "best-fit,spread", "-q")
+    assert "progress: " not in quiet.output
+
+
+def test_wide_is_passed_to_the_table(tiny, monkeypatch):
+    seen = {}
+    real = report.results_table
+
+    def spy(summary, protocol, title="", *, wide=False):
+        seen["wide"] = wide
+        return real(summary, protocol, title, **({"wide": wide} if "wide" in real.__code__.co_varnames else {}))
+
+    monkeypatch.setattr(report, "results_table", spy)
+    nodes, pods = tiny
+    assert invoke("simulate", "--nodes", nodes, "--pods", pods, "-p", "best-fit", "--wide").exit_code == 0
+    assert seen == {"wide": True}
+    assert invoke("simulate", "--nodes", nodes, "--pods", pods, "-p", "best-fit").exit_code == 0
+    assert seen == {"wide": False}

@@ -22,7 +22,10 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import os
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
@@ -32,7 +35,15 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from gpupool import __version__, report
 from gpupool.model import GpupoolError, NodeSpec, PodRequest
@@ -51,8 +62,17 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # Plain click help: wrapped to the terminal (at most 100 columns), nothing cut with "…", no <bool>
+    # placeholders for flags. The commands added by EXTENSION_MODULES inherit these settings.
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
+
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), once the finished runs are written."""
+
+LOG_PROGRESS_INTERVAL_S = 15.0
+"""Seconds between two progress lines on stderr when it is not a terminal."""
 
 
 class Protocol(StrEnum):
@@ -82,7 +102,7 @@ PodsOpt = Annotated[
 ProtocolOpt = Annotated[
     Protocol,
     typer.Option(
-        "--protocol", case_sensitive=False,
+        "--protocol", case_sensitive=False, metavar="inflation|replay",
         help="inflation: the FGD paper's workload inflation (pods shuffled and resampled up to --ratio x "
              "GPU capacity, placed one by one, never leave). replay: the trace replayed in time with "
              "arrivals and departures.",
@@ -106,7 +126,7 @@ RatioOpt = Annotated[
 OutOpt = Annotated[
     Path | None,
     typer.Option(
-        "--out", metavar="DIR", file_okay=False, show_default=False,
+        "--out", metavar="DIR", show_default=False,
         help="Write PNG plots here (created if needed): allocation_vs_arrived.png (inflation) or "
              "allocation_over_time.png (replay), and unallocated_gpus.png.",
     ),
@@ -121,7 +141,13 @@ JsonOpt = Annotated[
 ]
 QuietOpt = Annotated[
     bool,
-    typer.Option("--quiet", "-q", help="No progress bar (it is also off when stdout is not a terminal)."),
+    typer.Option("--quiet", "-q", help="No progress: neither the bar (terminal) nor the progress lines "
+                 f"written to stderr every {LOG_PROGRESS_INTERVAL_S:g} s when it is not a terminal."),
+]
+WideOpt = Annotated[
+    bool,
+    typer.Option("--wide", help="Print the table at its full width (no abbreviated numbers or headers, "
+                 "no dropped columns), wider than the terminal if need be."),
 ]
 
 
@@ -142,7 +168,7 @@ JobsOpt = Annotated[
 ]
 FormatOpt = Annotated[
     JobFormat | None,
-    typer.Option("--format", case_sensitive=False, show_default=False,
+    typer.Option("--format", case_sensitive=False, show_default=False, metavar="philly|itp",
                  help="Format of --jobs (default: detected from its header).", rich_help_panel="Job traces"),
 ]
 ClusterOpt = Annotated[
@@ -307,15 +333,188 @@ def _accepts_progress(func: Callable[..., Any]) -> bool:
     return "progress" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def _probe_dir(directory: Path) -> str | None:
+    """Why files cannot be created in ``directory`` (created if needed), or None when they can."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".gpupool-write-test-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _check_outputs(out: Path | None, json_file: str | None, plots: Sequence[str]) -> None:
+    """Fail (exit 2, one line) before any work when an output path cannot be written.
+
+    ``--out DIR`` is created if needed and must take new files; none of its ``plots`` may be a directory.
+    ``--json FILE``: its parent directory is created if needed and must take new files; an existing FILE
+    must be a writable regular file. Nothing is left behind but the directories created.
+    """
+    if json_file and json_file != "-":
+        path = Path(json_file)
+        if path.is_dir():
+            _fail(f"--json {path}: is a directory; give a file name")
+        why = _probe_dir(path.parent)
+        if why is not None:
+            _fail(f"--json {path}: cannot write in {path.parent}: {why}")
+        if path.exists():
+            try:
+                with path.open("a", encoding="utf-8"):
+                    pass
+            except OSError as exc:
+                _fail(f"--json {path}: cannot write: {exc.strerror or exc}")
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            _fail(f"--out {out}: exists and is not a directory")
+        why = _probe_dir(out)
+        if why is not None:
+            _fail(f"--out {out}: cannot write plots there: {why}")
+        for name in plots:
+            if (out / name).is_dir():
+                _fail(f"--out {out}: {name} is a directory; cannot write the plot")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+class _RunProgress:
+    """Progress of ``total`` runs: a rich bar with ETA when stderr is a terminal, else one line on stderr
+    at most every ``interval`` seconds (what, runs done/total, elapsed, ETA); nothing when ``quiet``."""
+
+    def __init__(self, total: int, *, quiet: bool, interval: float | None = None,
+                 clock: Callable[[], float] | None = None, tty: bool | None = None) -> None:
+        self.total = total
+        self.clock = clock or time.monotonic
+        self.interval = LOG_PROGRESS_INTERVAL_S if interval is None else interval
+        clock = self.clock
+        self.start = self.last_line = clock()
+        self.description = "simulating"
+        self.done = 0.0
+        tty = sys.stderr.isatty() if tty is None else tty
+        self.bar = not quiet and tty
+        self.lines = not quiet and not tty
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=True, disable=not self.bar,
+        )
+        self.task = self.progress.add_task(self.description, total=total)
+
+    def __enter__(self) -> _RunProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(None, None, None)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+    def begin(self, k: int, description: str) -> None:
+        """Run ``k`` (0-based) starts."""
+        self.description = f"{description} [{k + 1}/{self.total}]"
+        self.update(k, description=self.description)
+
+    def update(self, done: float, description: str | None = None) -> None:
+        """``done`` runs (fractional) are finished."""
+        self.done = done
+        if self.bar:
+            if description is None:
+                self.progress.update(self.task, completed=done)
+            else:
+                self.progress.update(self.task, completed=done, description=description)
+        if self.lines:
+            now = self.clock()
+            if now - self.last_line >= self.interval:
+                self.last_line = now
+                sys.stderr.write(self.line(now) + "\n")
+                sys.stderr.flush()
+
+    def line(self, now: float) -> str:
+        elapsed = now - self.start
+        fraction = self.done / self.total if self.total else 1.0
+        eta = _duration(elapsed * (1 - fraction) / fraction) if fraction > 0 else "unknown"
+        return (f"progress: {self.description}: {self.done:.1f}/{self.total} runs ({fraction:.0%}), "
+                f"elapsed {_duration(elapsed)}, ETA {eta}")
+
+
+def _run_all(items: Sequence[tuple[str, int]], run_one: Callable[[str, int, Callable[[int, int], None]], Any],
+             *, quiet: bool, errors: tuple[type[BaseException], ...]) -> tuple[list[Any], bool]:
+    """``run_one(policy, seed, tick)`` for every item, with progress. Returns the finished results and
+    whether Ctrl-C stopped the loop (the results then hold only the runs that finished)."""
+    results: list[Any] = []
+    with _RunProgress(len(items), quiet=quiet) as progress:
+        try:
+            for k, (name, s) in enumerate(items):
+                progress.begin(k, f"{name} (seed {s})")
+
+                def tick(done: int, total: int, k: int = k) -> None:
+                    progress.update(k + (done / total if total else 1.0))
+
+                try:
+                    results.append(run_one(name, s, tick))
+                except errors as exc:
+                    progress.stop()
+                    _fail(f"{name} (seed {s}): {exc}", code=1)
+                progress.update(k + 1)
+        except KeyboardInterrupt:
+            progress.stop()
+            return results, True
+    return results, False
+
+
+def _interrupted(done: int, total: int, wrote: bool) -> NoReturn:
+    if done:
+        what = "the table and the outputs above hold" if wrote else "the table above holds"
+        typer.echo(f"interrupted (Ctrl-C) after {done} of {total} runs: {what} only the finished runs",
+                   err=True)
+    else:
+        typer.echo(f"interrupted (Ctrl-C) before the first of {total} runs finished: nothing written", err=True)
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _table_kwargs(func: Callable[..., Any], wide: bool) -> dict[str, Any]:
+    try:
+        accepts = "wide" in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        accepts = False
+    return {"wide": wide} if accepts else {}
+
+
+def _print_table(console: Console, table: Any, wide: bool) -> None:
+    if not wide:
+        console.print(table)
+        return
+    narrow = console.width  # as wide as the table wants, even past the terminal
+    console.width = max(narrow, console.measure(table).maximum)
+    try:
+        console.print(table)
+    finally:
+        console.width = narrow
+
+
 def _execute(
     *, policies: Sequence[str], nodes: Path | None, pods: Path | None, protocol: Protocol,
     seed: Sequence[str] | None, ratio: float, out: Path | None, json_file: str | None, quiet: bool,
+    wide: bool = False,
 ) -> None:
     policy_names = _check_policies(policies)
     seeds = _parse_seeds(seed)
     if not (math.isfinite(ratio) and ratio > 0):
         _fail(f"--ratio must be a finite number > 0, got {ratio}")
     proto = protocol.value
+    plot_names = (["allocation_vs_arrived.png"] if proto == "inflation" else ["allocation_over_time.png"])
+    _check_outputs(out, json_file, [*plot_names, "unallocated_gpus.png"])
     if proto == "replay":
         runner = _replay_runner()
     else:
@@ -323,44 +522,32 @@ def _execute(
     node_list, pod_list = _load(nodes, pods)
 
     console = Console(width=None if sys.stdout.isatty() else 200)
-    show_progress = not quiet and sys.stdout.isatty()
-    runs: list[report.Run] = []
-    total_runs = len(policy_names) * len(seeds)
-    progress = Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-        TimeElapsedColumn(), console=console, transient=True, disable=not show_progress,
-    )
     pass_progress = proto == "inflation" or _accepts_progress(runner)
     gpus = sum(n.gpu_count for n in node_list)
-    with progress:
-        task = progress.add_task("simulating", total=total_runs)
-        for i, name in enumerate(policy_names):
-            for j, s in enumerate(seeds):
-                k = i * len(seeds) + j
-                progress.update(task, completed=k, description=f"{name} (seed {s}) [{k + 1}/{total_runs}]")
+    convert = report.run_from_inflation if proto == "inflation" else report.run_from_replay
 
-                def tick(done: int, total: int, k: int = k) -> None:
-                    progress.update(task, completed=k + (done / total if total else 1.0))
+    def run_one(name: str, s: int, tick: Callable[[int, int], None]) -> report.Run:
+        kwargs: dict[str, Any] = {"seed": s}
+        if proto == "inflation":
+            kwargs["ratio"] = ratio
+        if pass_progress:
+            kwargs["progress"] = tick
+        return convert(runner(node_list, pod_list, name, **kwargs), capacity_gpus=gpus)
 
-                kwargs: dict[str, Any] = {"seed": s}
-                if proto == "inflation":
-                    kwargs["ratio"] = ratio
-                if pass_progress:
-                    kwargs["progress"] = tick
-                try:
-                    res = runner(node_list, pod_list, name, **kwargs)
-                except (GpupoolError, ValueError) as exc:
-                    progress.stop()
-                    _fail(f"{name} (seed {s}): {exc}", code=1)
-                convert = report.run_from_inflation if proto == "inflation" else report.run_from_replay
-                runs.append(convert(res, capacity_gpus=gpus))
-        progress.update(task, completed=total_runs)
-
+    items = [(name, s) for name in policy_names for s in seeds]
+    runs, interrupted = _run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError))
+    if interrupted and not runs:
+        _interrupted(0, len(items), False)
+    if interrupted:  # the title names the seeds of the finished runs only
+        seeds = list(dict.fromkeys(s for _, s in items[:len(runs)]))
     summary = report.summarize(runs)
     nodes_label = str(nodes) if nodes is not None else "embedded"
     pods_label = str(pods) if pods is not None else "embedded"
     doc = report.json_document(proto, nodes_label, pods_label, ratio if proto == "inflation" else None,
                                runs, summary)
+    if interrupted:
+        doc["interrupted"] = True
+        doc["runs_planned"] = len(items)
 
     to_stdout = json_file == "-"
     if to_stdout:
@@ -373,7 +560,8 @@ def _execute(
             + f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
             + (" (mean ± std)" if len(seeds) > 1 else "")
         )
-        console.print(report.results_table(summary, proto, title))
+        _print_table(console, report.results_table(summary, proto, title,
+                                                   **_table_kwargs(report.results_table, wide)), wide)
         if len(summary) > 1:
             best = report.best_line(summary, proto)
             if best:
@@ -408,13 +596,15 @@ def _execute(
             _fail(f"cannot write plots to {out}: {exc.strerror or exc}", code=1)
     for path in written:
         typer.echo(f"wrote {path}", err=to_stdout)
+    if interrupted:
+        _interrupted(len(runs), len(items), bool(written))
 
 
 def _execute_jobs(
     *, policies: Sequence[str], jobs: Path, fmt: JobFormat | None, cluster: Path | None, queues: Path | None,
     seed: Sequence[str] | None, out: Path | None, json_file: str | None, quiet: bool, checkpoint: float,
     node_mtbf: float | None, gpu_mtbf: float | None, repair: float, elastic: float, gpu_speed: str,
-    max_jobs: int | None,
+    max_jobs: int | None, wide: bool = False,
 ) -> None:
     """``simulate``/``compare`` on a job trace: the pool scheduler's job-level policies."""
     from gpupool.clusterspec import load_cluster_yaml
@@ -445,6 +635,7 @@ def _execute_jobs(
         _fail(f"--gpu-speed must be 'none' or 'catalog', got {gpu_speed!r}")
     if max_jobs is not None and max_jobs < 1:
         _fail(f"--max-jobs must be >= 1, got {max_jobs}")
+    _check_outputs(out, json_file, ["jct_distribution.png", "queue_share.png"])
     try:
         node_list = load_cluster_yaml(cluster)
         tree = load_queues_yaml(queues) if queues is not None else None
@@ -471,32 +662,22 @@ def _execute_jobs(
                           node_mtbf_h=node_mtbf, gpu_mtbf_h=gpu_mtbf, repair_h=repair, elastic_fraction=elastic,
                           gpu_speed=gpu_speed)
     console = Console(width=None if sys.stdout.isatty() else 200)
-    show_progress = not quiet and sys.stdout.isatty()
-    progress = Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-        TimeElapsedColumn(), console=console, transient=True, disable=not show_progress,
-    )
-    runs: list[report.JobRun] = []
-    total_runs = len(names) * len(seeds)
-    with progress:
-        task = progress.add_task("simulating", total=total_runs)
-        for i, name in enumerate(names):
-            for j, s in enumerate(seeds):
-                k = i * len(seeds) + j
-                progress.update(task, completed=k, description=f"{name} (seed {s}) [{k + 1}/{total_runs}]")
 
-                def tick(done: int, total: int, k: int = k) -> None:
-                    progress.update(task, completed=k + (done / total if total else 1.0))
+    def run_one(name: str, s: int, tick: Callable[[int, int], None]) -> report.JobRun:
+        return report.run_from_jobs(run_jobs(node_list, records, name, seed=s, queues=tree, config=config,
+                                             progress=tick))
 
-                try:
-                    res = run_jobs(node_list, records, name, seed=s, queues=tree, config=config, progress=tick)
-                except (GpupoolError, ValueError, KeyError) as exc:
-                    progress.stop()
-                    _fail(f"{name} (seed {s}): {exc}", code=1)
-                runs.append(report.run_from_jobs(res))
-        progress.update(task, completed=total_runs)
+    items = [(name, s) for name in names for s in seeds]
+    runs, interrupted = _run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError, KeyError))
+    if interrupted and not runs:
+        _interrupted(0, len(items), False)
+    if interrupted:  # the title names the seeds of the finished runs only
+        seeds = list(dict.fromkeys(s for _, s in items[:len(runs)]))
     summary = report.summarize_jobs(runs)
     doc = report.jobs_json_document(str(jobs), str(cluster), str(queues) if queues else None, runs, summary)
+    if interrupted:
+        doc["interrupted"] = True
+        doc["runs_planned"] = len(items)
     to_stdout = json_file == "-"
     if to_stdout:
         sys.stdout.write(report.dumps(doc))
@@ -505,7 +686,7 @@ def _execute_jobs(
         title = (f"job trace {jobs} ({len(records):,} jobs) on {cluster} ({len(node_list):,} nodes, {gpus:,} GPUs)"
                  f", queues: {queues or 'one per trace queue'}, seed{'s' if len(seeds) > 1 else ''} "
                  f"{', '.join(map(str, seeds))}" + (" (mean ± std)" if len(seeds) > 1 else ""))
-        console.print(report.jobs_table(summary, title))
+        _print_table(console, report.jobs_table(summary, title, **_table_kwargs(report.jobs_table, wide)), wide)
         unfinished = sum(len(r.record["unfinished"]) for r in runs)
         if unfinished:
             first = next(u for r in runs for u in r.record["unfinished"])
@@ -529,6 +710,8 @@ def _execute_jobs(
             _fail(f"cannot write plots to {out}: {exc.strerror or exc}", code=1)
     for path in written:
         typer.echo(f"wrote {path}", err=to_stdout)
+    if interrupted:
+        _interrupted(len(runs), len(items), bool(written))
 
 
 def _job_only_flags(jobs: Path | None, **given: Any) -> None:
@@ -567,7 +750,7 @@ def _root(
     """GPU pool orchestrator: compare GPU placement policies on public cluster traces."""
 
 
-@app.command("policies")
+@app.command("policies", short_help="List the placement policies: name, kind, description.")
 def policies_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the list as JSON instead of a table.")] = False,
 ) -> None:
@@ -579,7 +762,7 @@ def policies_cmd(
     Console(width=None if sys.stdout.isatty() else 160).print(report.policies_table(rows))
 
 
-@app.command("simulate")
+@app.command("simulate", short_help="Run one policy on a pod trace, or on a job trace (--jobs).")
 def simulate_cmd(
     policy: Annotated[
         str, typer.Option("--policy", "-p", metavar="NAME", help="Policy to run (see `gpupool policies`).")
@@ -592,6 +775,7 @@ def simulate_cmd(
     out: OutOpt = None,
     json_file: JsonOpt = None,
     quiet: QuietOpt = False,
+    wide: WideOpt = False,
     jobs: JobsOpt = None,
     fmt: FormatOpt = None,
     cluster: ClusterOpt = None,
@@ -614,16 +798,17 @@ def simulate_cmd(
         _pod_only_flags(nodes, pods, protocol, ratio)
         _execute_jobs(policies=[policy], jobs=jobs, fmt=fmt, cluster=cluster, queues=queues, seed=seed, out=out,
                       json_file=json_file, quiet=quiet, checkpoint=checkpoint, node_mtbf=node_mtbf,
-                      gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed, max_jobs=max_jobs)
+                      gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed, max_jobs=max_jobs,
+                      wide=wide)
         return
     _job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
                              "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
                              "--max-jobs": max_jobs, "--elastic-fraction": elastic})
     _execute(policies=[policy], nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
-             out=out, json_file=json_file, quiet=quiet)
+             out=out, json_file=json_file, quiet=quiet, wide=wide)
 
 
-@app.command("compare")
+@app.command("compare", short_help="Compare several policies on the same trace and seeds.")
 def compare_cmd(
     policies: Annotated[
         list[str] | None,
@@ -640,6 +825,7 @@ def compare_cmd(
     out: OutOpt = None,
     json_file: JsonOpt = None,
     quiet: QuietOpt = False,
+    wide: WideOpt = False,
     jobs: JobsOpt = None,
     fmt: FormatOpt = None,
     cluster: ClusterOpt = None,
@@ -665,14 +851,14 @@ def compare_cmd(
         _execute_jobs(policies=_split(policies) or list(DEFAULT_JOB_POLICIES), jobs=jobs, fmt=fmt, cluster=cluster,
                       queues=queues, seed=seed, out=out, json_file=json_file, quiet=quiet, checkpoint=checkpoint,
                       node_mtbf=node_mtbf, gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed,
-                      max_jobs=max_jobs)
+                      max_jobs=max_jobs, wide=wide)
         return
     _job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
                              "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
                              "--max-jobs": max_jobs, "--elastic-fraction": elastic})
     names = _split(policies) or list(REGISTRY)
     _execute(policies=names, nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
-             out=out, json_file=json_file, quiet=quiet)
+             out=out, json_file=json_file, quiet=quiet, wide=wide)
 
 
 EXTENSION_MODULES = ("gpupool.k8s.scheduler_cli", "gpupool.k8s.extender_cli", "gpupool.sim.jobs_cli",
