@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -325,105 +327,183 @@ def dumps(doc: Any) -> str:
 
 
 def _fmt(mean: float, std: float, n_seeds: int, *, pct: bool = False, digits: int = 1,
-         thousands: bool = False) -> str:
+         thousands: bool = False, unit: bool = True) -> str:
+    """``mean`` (± ``std`` over several seeds) as table text; ``pct``: a fraction shown in percent, with the
+    ``%`` sign unless ``unit`` is False (the header names the unit)."""
     if mean is None or not math.isfinite(mean):
         return "—"
     scale = 100.0 if pct else 1.0
-    unit = "%" if pct else ""
+    sign = "%" if pct and unit else ""
     if thousands:
         text = f"{mean * scale:,.0f}"
     else:
         text = f"{mean * scale:.{digits}f}"
     if n_seeds > 1 and std is not None and math.isfinite(std):
         spread = f"{std * scale:,.0f}" if thousands else f"{std * scale:.{digits}f}"
-        return f"{text} ± {spread}{unit}"
-    return text + unit
+        return f"{text} ± {spread}{sign}"
+    return text + sign
 
 
-def policies_table(rows: Sequence[dict[str, str]]) -> Table:
-    """The ``gpupool policies`` table: name, kind, description."""
+@dataclass
+class _Col:
+    """One column of a :class:`FitTable`: ``header`` (units in it, not in the cells), ``cells`` (one text
+    per row), ``bold`` (rows highlighted as best), ``priority`` (0 is never dropped; the highest number
+    goes first when the table does not fit, the rightmost first among equals), ``name`` for the note."""
+
+    header: str
+    cells: list[str]
+    priority: int
+    bold: list[bool] = field(default_factory=list)
+    name: str = ""
+    left: bool = False
+
+
+class FitTable:
+    """A rich renderable table that fits the width it is rendered at.
+
+    Numbers are never wrapped or cut (no ``47.…``): when all columns do not fit, the least important ones
+    are left out, and a note line under the table names them and says that ``--wide`` or ``--json`` shows
+    them. ``wide=True`` keeps every column (cells then wrap at spaces where the width is too small, but
+    are not cut). Build a table for a given width with :meth:`build`.
+    """
+
+    def __init__(self, title: str, columns: Sequence[_Col], n_rows: int, wide: bool = False,
+                 styles: Sequence[dict[str, str]] = ()) -> None:
+        self.title = title
+        self.columns = list(columns)
+        self.n_rows = n_rows
+        self.wide = wide
+        self.styles = list(styles)
+
+    def _table(self, cols: Sequence[_Col], wrap: bool) -> Table:
+        table = Table(title=self.title or None, title_justify="left")
+        for c in cols:
+            if c.priority == 0:
+                table.add_column(c.header, style="bold", no_wrap=True)
+            elif c.left:
+                table.add_column(c.header, overflow="fold")
+            else:
+                table.add_column(c.header, justify="right", no_wrap=not wrap, overflow="fold")
+        for i in range(self.n_rows):
+            cells: list[Any] = []
+            for c in cols:
+                style = "bold green" if c.bold and c.bold[i] else ""
+                if self.styles and i < len(self.styles):
+                    style = self.styles[i].get(c.name, style)
+                cells.append(Text(c.cells[i], style=style) if c.priority else c.cells[i])
+            table.add_row(*cells)
+        return table
+
+    @staticmethod
+    def _width(console: Console, table: Table) -> int:
+        return Measurement.get(console, console.options.update_width(100_000), table).maximum
+
+    def build(self, width: int | None, console: Console | None = None) -> tuple[Table, list[str]]:
+        """The table for ``width`` columns (None: every column) and the names of the columns left out."""
+        if width is None or self.wide:
+            return self._table(self.columns, wrap=True), []
+        console = console or Console(width=width)
+        kept = list(self.columns)
+        dropped: list[_Col] = []
+        while True:
+            table = self._table(kept, wrap=False)
+            if self._width(console, table) <= width:
+                return table, [c.name for c in sorted(dropped, key=self.columns.index)]
+            candidates = [c for c in kept if c.priority > 1]
+            if not candidates:
+                # even the essential columns do not fit: wrap cells at spaces (never cut them)
+                return self._table(kept, wrap=True), [c.name for c in sorted(dropped, key=self.columns.index)]
+            worst = max(candidates, key=lambda c: (c.priority, kept.index(c)))
+            kept.remove(worst)
+            dropped.append(worst)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        table, dropped = self.build(width, console)
+        yield table
+        if dropped:
+            yield Text(f"{len(dropped)} column{'s' if len(dropped) > 1 else ''} left out to fit {width} columns: "
+                       f"{', '.join(dropped)}; --wide or --json shows {'them' if len(dropped) > 1 else 'it'}",
+                       style="dim")
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        table, _ = self.build(options.max_width, console)
+        return Measurement.get(console, options, table)
+
+
+def _best_flags(summary: Sequence[dict[str, Any]], key: str, better: int, skip: bool = False) -> list[bool]:
+    values = [e[key] for e in summary if math.isfinite(e.get(key, NAN))]
+    if not better or skip or not values or len(summary) < 2:
+        return [False] * len(summary)
+    best = max(values) if better > 0 else min(values)
+    return [math.isfinite(e.get(key, NAN)) and math.isclose(e[key], best) for e in summary]
+
+
+def _metric_column(summary: Sequence[dict[str, Any]], header: str, key: str, better: int, priority: int,
+                   name: str, scale: float = 1.0, skip_best: bool = False, missing: str | None = None,
+                   **fmt: Any) -> _Col:
+    cells = []
+    for e in summary:
+        value = e.get(key, NAN)
+        std = e.get(f"{key}_std")
+        if missing is not None and not math.isfinite(value):
+            cells.append(missing)
+            continue
+        cells.append(_fmt(value * scale, std * scale if std is not None else std, e["n_seeds"], unit=False, **fmt))
+    return _Col(header, cells, priority, _best_flags(summary, key, better, skip_best), name)
+
+
+def policies_table(rows: Sequence[dict[str, str]], wide: bool = False) -> Table:
+    """The ``gpupool policies`` table: name, kind, description (descriptions wrap at word boundaries;
+    ``wide`` is accepted for symmetry with the other tables, nothing is left out here)."""
     table = Table(title="Placement policies", title_justify="left")
     table.add_column("policy", style="bold", no_wrap=True)
     table.add_column("kind", no_wrap=True)
-    table.add_column("description")
+    table.add_column("description", overflow="fold")
     styles = {"default": "bold green", "baseline": "yellow", "GPU-aware": "cyan"}
     for row in rows:
         table.add_row(row["name"], Text(row["kind"], style=styles.get(row["kind"], "")), row["description"])
     return table
 
 
-def results_table(summary: Sequence[dict[str, Any]], protocol: str, title: str = "") -> Table:
+def results_table(summary: Sequence[dict[str, Any]], protocol: str, title: str = "", *,
+                  wide: bool = False) -> FitTable:
     """One row per policy, side by side; mean (± sample std when several seeds). Best values in bold.
 
     Inflation columns: GPU allocation when arrived demand reaches 100 % of capacity, final allocation,
-    unallocated and fragmented GPUs, failed pods, arrived demand at the first failure, load imbalance
-    (CV of per-node GPU allocation) and decisions/s. Replay shows the time-weighted mean, the peak and
-    the last-arrival GPU allocation, and mean and p95 pending time, instead of the arrival-based columns.
+    unallocated GPUs, GPUs held but unused (whole GPUs handed to fractional pods; only when some policy
+    has them), fragmented GPUs, failed pods, arrived demand at the first failure, load imbalance (CV of
+    per-node GPU allocation) and decisions/s. Replay shows the time-weighted mean, the peak and the
+    last-arrival GPU allocation, and mean and p95 pending time, instead of the arrival-based columns.
+    The table fits the width it is printed at (see :class:`FitTable`); ``wide`` keeps every column.
     """
-    table = Table(title=title or None, title_justify="left")
-    # (header, key, better, format kwargs); better: +1 higher is better, -1 lower, 0 no highlight
-    cols: list[tuple[str, str, int, dict]] = [
-        ("policy", "policy", 0, {}),
-    ]
-    if protocol == "inflation":
-        cols += [
-            ("GPU alloc\n@100% arrived", "gpu_allocation_ratio_at_100", 1, {"pct": True}),
-            ("final\nGPU alloc", "gpu_allocation_ratio", 1, {"pct": True}),
-        ]
-    else:
-        cols += [
-            ("mean GPU alloc\n(over time)", "mean_gpu_allocation", 1, {"pct": True}),
-            ("peak\nGPU alloc", "peak_gpu_allocation", 1, {"pct": True}),
-            ("GPU alloc at\nlast arrival", "gpu_allocation_ratio", 1, {"pct": True}),
-        ]
-    cols += [
-        ("unallocated\nGPUs", "unallocated_gpus", -1, {}),
-        ("fragmented\nGPUs", "fragmented_gpus", -1, {}),
-        ("failed\npods", "failed_pods", -1, {"digits": 0}),
-    ]
-    if protocol == "inflation":
-        cols.append(("first failure at\n(% arrived)", "first_failure_arrived", 1, {"pct": True}))
-    else:
-        cols += [
-            ("mean\npending (s)", "mean_pending_s", -1, {}),
-            ("p95\npending (s)", "p95_pending_s", -1, {}),
-        ]
-    cols += [
-        ("load imbalance\n(CV)", "load_imbalance", -1, {"digits": 3}),
-        ("decisions/s", "decisions_per_second", 0, {"thousands": True}),
-    ]
-    for header, key, _, _ in cols:
-        if key == "policy":
-            table.add_column(header, style="bold", no_wrap=True)
-        else:
-            table.add_column(header, justify="right")
+    cols = [_Col("policy", [e["policy"] for e in summary], 0, name="policy")]
 
-    best: dict[str, float] = {}
-    for _, key, better, _ in cols:
-        if better == 0:
-            continue
-        values = [e[key] for e in summary if math.isfinite(e[key])]
-        if key == "first_failure_arrived":
-            # a policy without any failure beats every first failure; highlight only if all failed
-            if any(not math.isfinite(e[key]) for e in summary):
-                continue
-        if values and len(summary) > 1:
-            best[key] = max(values) if better > 0 else min(values)
+    def add(header: str, key: str, better: int, priority: int, name: str, **kw: Any) -> None:
+        cols.append(_metric_column(summary, header, key, better, priority, name, **kw))
 
-    for entry in summary:
-        n = entry["n_seeds"]
-        cells: list[Any] = []
-        for _, key, _, kwargs in cols:
-            if key == "policy":
-                cells.append(entry["policy"])
-                continue
-            text = _fmt(entry[key], entry.get(f"{key}_std"), n, **kwargs)
-            if key == "first_failure_arrived" and not math.isfinite(entry[key]):
-                text = "none"
-            is_best = key in best and math.isfinite(entry[key]) and math.isclose(entry[key], best[key])
-            cells.append(Text(text, style="bold green" if is_best else ""))
-        table.add_row(*cells)
-    return table
+    if protocol == "inflation":
+        add("alloc @100%\narrived (%)", "gpu_allocation_ratio_at_100", 1, 1, "GPU alloc @100% arrived", pct=True)
+        add("final\nalloc (%)", "gpu_allocation_ratio", 1, 3, "final GPU alloc", pct=True)
+    else:
+        add("mean\nalloc (%)", "mean_gpu_allocation", 1, 1, "mean GPU alloc", pct=True)
+        add("peak\nalloc (%)", "peak_gpu_allocation", 1, 4, "peak GPU alloc", pct=True)
+        add("alloc @last\narrival (%)", "gpu_allocation_ratio", 1, 3, "GPU alloc at last arrival", pct=True)
+    add("unalloc.\nGPUs", "unallocated_gpus", -1, 2, "unallocated GPUs")
+    if any(e.get("idle_reserved_gpus", NAN) > 0.05 for e in summary):
+        add("held,\nunused", "idle_reserved_gpus", -1, 4, "GPUs held but unused")
+    add("frag.\nGPUs", "fragmented_gpus", -1, 5, "fragmented GPUs")
+    add("failed\npods", "failed_pods", -1, 2, "failed pods", digits=0)
+    if protocol == "inflation":
+        # a policy without any failure beats every first failure; highlight only if all failed
+        add("1st fail\n(% arr.)", "first_failure_arrived", 1, 3, "first failure (% arrived)", pct=True,
+            skip_best=any(not math.isfinite(e["first_failure_arrived"]) for e in summary), missing="none")
+    else:
+        add("mean\npend (s)", "mean_pending_s", -1, 3, "mean pending (s)")
+        add("p95\npend (s)", "p95_pending_s", -1, 5, "p95 pending (s)")
+    add("imbal.\n(CV)", "load_imbalance", -1, 6, "load imbalance (CV)", digits=3)
+    add("dec/s", "decisions_per_second", 0, 7, "decisions/s", thousands=True)
+    return FitTable(title, cols, len(summary), wide=wide)
 
 
 def why_lines(summary: Sequence[dict[str, Any]], protocol: str, max_lines: int = 4,
@@ -491,7 +571,17 @@ def best_line(summary: Sequence[dict[str, Any]], protocol: str, margin: float = 
 
 
 # --------------------------------------------------------------------------------------------------
-# Plots (matplotlib, Agg canvas; no pyplot global state)
+# Plots (matplotlib, Agg canvas; no pyplot global state). Each ``plot_*`` writes the figure its
+# ``*_figure`` builder returns; titles name the trace (file stem), the seeds, the ratio and the protocol
+# when given; legends sit outside the data.
+
+PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+    "#000000", "#f0027f", "#08306b", "#e6ab02", "#67001f", "#66c2a5", "#6a3d9a", "#a6cee3", "#b2df8a", "#fdbf6f",
+)
+"""20 distinct colours: tab10, then ten that differ from every tab10 colour (black, magenta, navy, gold...)."""
+
+OTHER_COLOR = "#d9d9d9"
 
 
 def _figure(width: float = 8.0, height: float = 5.0):
@@ -504,47 +594,122 @@ def _figure(width: float = 8.0, height: float = 5.0):
 
 
 def _line_style(i: int) -> dict[str, Any]:
-    """Distinct colour/line-style pairs for up to 30 lines (tab10 colours, then dash-dot, then dotted)."""
-    from matplotlib import colormaps
+    """A distinct colour for each of the first 20 lines (:data:`PALETTE`; the second ten also dashed), then
+    the colours again dotted and dash-dotted: every pair of the first 60 lines differs."""
+    return {"color": PALETTE[i % len(PALETTE)], "linestyle": ("-", "--", ":")[(i // 10) % 3] if i < 30
+            else ("-.", ":", "--")[(i // 20) % 3]}
 
-    return {"color": colormaps["tab10"](i % 10), "linestyle": ("-", "-.", ":")[(i // 10) % 3]}
+
+def _seeds_text(seeds: Iterable[int]) -> str:
+    seeds = sorted(set(int(s) for s in seeds))
+    if not seeds:
+        return ""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if len(seeds) > 5 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}–{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds))
 
 
-def _first_seed_runs(runs: Sequence[Run]) -> list[Run]:
-    seen: dict[str, Run] = {}
+def plot_context(trace: str | Path | None = None, seeds: Iterable[int] = (), ratio: float | None = None,
+                 protocol: str | None = None) -> str:
+    """The second title line of a plot: ``trace <stem> · seed(s) ... · ratio r · <protocol> protocol``
+    (parts that are not known are left out)."""
+    parts = []
+    if trace:
+        parts.append(f"trace {Path(str(trace)).stem}")
+    seeds_text = _seeds_text(seeds)
+    if seeds_text:
+        parts.append(seeds_text)
+    if ratio is not None and math.isfinite(ratio):
+        parts.append(f"ratio {ratio:g}")
+    if protocol:
+        parts.append(f"{protocol} protocol")
+    return " · ".join(parts)
+
+
+def _title(fig: Any, main: str, context: str) -> None:
+    fig.suptitle(f"{main}\n{context}" if context else main, fontsize=11)
+
+
+def _legend_outside(fig: Any, handles: Sequence[Any], labels: Sequence[str], title: str | None = None,
+                    below: bool = False) -> None:
+    """One figure legend outside every axes: at the right, or ``below`` the axes in columns."""
+    if not handles:
+        return
+    if below:
+        fig.legend(handles, labels, loc="outside lower center", fontsize=8, title=title, title_fontsize=8,
+                   ncol=min(3, len(handles)))
+    else:
+        fig.legend(handles, labels, loc="outside right upper", fontsize=8, title=title, title_fontsize=8,
+                   ncol=2 if len(handles) > 24 else 1)
+
+
+def _first_seed_runs(runs: Sequence[Any]) -> list[Any]:
+    seen: dict[str, Any] = {}
     for run in runs:
         seen.setdefault(run.policy, run)
     return list(seen.values())
 
 
-def plot_allocation_vs_arrived(runs: Sequence[Run], path: Path) -> Path:
-    """GPU allocation (%) against arrived GPU demand (% of capacity), one line per policy (each
-    policy's first seed), with the ideal y = x dashed up to 100 %."""
-    fig = _figure()
-    ax = fig.add_subplot()
+def _run_seeds(runs: Sequence[Any]) -> list[int]:
+    return [int(r.record["seed"]) for r in runs if r.record.get("seed") is not None]
+
+
+def allocation_vs_arrived_figure(runs: Sequence[Run], *, trace: str | Path | None = None,
+                                 ratio: float | None = None) -> Any:
+    """The figure of :func:`plot_allocation_vs_arrived`: the whole curve on the left, a zoom near 100 %
+    arrived on the right (where the best policies part), one legend outside both."""
+    fig = _figure(12.0, 5.2)
+    ax, zoom = fig.subplots(1, 2, width_ratios=[3, 2])
     xmax = 100.0
+    near: list[float] = []
     for i, run in enumerate(_first_seed_runs(runs)):
         if len(run.curve_x) == 0:
             continue
-        ax.plot(100 * run.curve_x, 100 * run.curve_y, label=f"{run.policy} (seed {run.seed})", linewidth=1.4,
-                **_line_style(i))
-        xmax = max(xmax, float(100 * run.curve_x.max()))
-    ax.plot([0, 100, xmax], [0, 100, 100], linestyle="--", color="grey", linewidth=1, label="ideal")
+        x, y = 100 * run.curve_x, 100 * run.curve_y
+        for a in (ax, zoom):
+            a.plot(x, y, label=f"{run.policy} (seed {run.seed})", linewidth=1.4, **_line_style(i))
+        xmax = max(xmax, float(x.max()))
+    lo_x, hi_x = 90.0, min(xmax, 110.0) if xmax > 100 else 100.0
+    for run in _first_seed_runs(runs):
+        x, y = 100 * run.curve_x, 100 * run.curve_y
+        sel = (x >= lo_x) & (x <= hi_x)
+        near.extend(y[sel].tolist())
+    for a in (ax, zoom):
+        a.plot([0, 100, xmax], [0, 100, 100], linestyle="--", color="grey", linewidth=1, label="ideal")
+        a.grid(alpha=0.3)
     ax.set_xlim(0, xmax)
     ax.set_ylim(0, 105)
+    ax.axvspan(lo_x, hi_x, color="grey", alpha=0.08)
     ax.set_xlabel("arrived GPU demand (% of cluster GPU capacity)")
     ax.set_ylabel("GPU allocation (% of capacity)")
-    ax.set_title("GPU allocation vs arrived demand (inflation)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right", ncol=2 if len(runs) > 6 else 1)
-    fig.savefig(path)
+    ax.set_title("whole run", fontsize=9)
+    zoom.set_xlim(lo_x, hi_x)
+    if near:
+        ylo, yhi = min(near), max(near)
+        pad = max(0.5, 0.1 * (yhi - ylo))
+        zoom.set_ylim(max(0.0, ylo - pad), min(101.0, yhi + pad))
+    zoom.axvline(100, color="grey", linewidth=0.8)
+    zoom.set_xlabel("arrived GPU demand (%)")
+    zoom.set_title(f"zoom: {lo_x:.0f}–{hi_x:.0f}% arrived", fontsize=9)
+    _title(fig, "GPU allocation vs arrived demand", plot_context(trace, _run_seeds(runs), ratio, "inflation"))
+    handles, labels = ax.get_legend_handles_labels()
+    _legend_outside(fig, handles, labels)
+    return fig
+
+
+def plot_allocation_vs_arrived(runs: Sequence[Run], path: Path, *, trace: str | Path | None = None,
+                               ratio: float | None = None) -> Path:
+    """GPU allocation (%) against arrived GPU demand (% of capacity), one line per policy (each
+    policy's first seed), with the ideal y = x dashed up to 100 % and a zoom near 100 % arrived."""
+    allocation_vs_arrived_figure(runs, trace=trace, ratio=ratio).savefig(path)
     return path
 
 
-def plot_allocation_over_time(runs: Sequence[Run], path: Path) -> Path:
-    """GPU allocation (%) over trace time, one line per policy (each policy's first seed); the y axis
-    stops a little above the highest allocation reached (at most 105 %)."""
-    fig = _figure()
+def allocation_over_time_figure(runs: Sequence[Run], *, trace: str | Path | None = None) -> Any:
+    """The figure of :func:`plot_allocation_over_time`."""
+    fig = _figure(10.0, 5.0)
     ax = fig.add_subplot()
     tmax = max((float(r.curve_x.max()) for r in runs if len(r.curve_x)), default=0.0)
     unit, div = ("days", 86400.0) if tmax > 2 * 86400 else ("hours", 3600.0) if tmax > 2 * 3600 else ("s", 1.0)
@@ -557,19 +722,23 @@ def plot_allocation_over_time(runs: Sequence[Run], path: Path) -> Path:
     ax.set_ylim(0, min(105.0, max(1.0, 1.15 * ymax)))  # zoom in on lightly loaded replays
     ax.set_xlabel(f"trace time ({unit})")
     ax.set_ylabel("GPU allocation (% of capacity)")
-    ax.set_title("GPU allocation over time (replay)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right", ncol=2 if len(runs) > 6 else 1)
-    fig.savefig(path)
+    _title(fig, "GPU allocation over time", plot_context(trace, _run_seeds(runs), None, "replay"))
+    _legend_outside(fig, *ax.get_legend_handles_labels())
+    return fig
+
+
+def plot_allocation_over_time(runs: Sequence[Run], path: Path, *, trace: str | Path | None = None) -> Path:
+    """GPU allocation (%) over trace time, one line per policy (each policy's first seed); the y axis
+    stops a little above the highest allocation reached (at most 105 %)."""
+    allocation_over_time_figure(runs, trace=trace).savefig(path)
     return path
 
 
-def plot_unallocated(summary: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Stacked bars per policy (means over seeds) of the GPU capacity no pod uses at the end of the run:
-    fragmented free GPUs (free share the typical pods cannot use), other free GPUs, and GPUs held but
-    unused (whole GPUs handed to fractional pods, ``k8s-default``). The std over seeds of the unallocated
-    GPUs is drawn as an error bar."""
-    fig = _figure(max(6.0, 0.7 * len(summary) + 2), 4.8)
+def unallocated_figure(summary: Sequence[dict[str, Any]], *, trace: str | Path | None = None,
+                       ratio: float | None = None, protocol: str | None = None) -> Any:
+    """The figure of :func:`plot_unallocated`."""
+    fig = _figure(max(7.0, 0.7 * len(summary) + 3), 5.0)
     ax = fig.add_subplot()
     names = [e["policy"] for e in summary]
     x = np.arange(len(names))
@@ -579,20 +748,38 @@ def plot_unallocated(summary: Sequence[dict[str, Any]], path: Path) -> Path:
 
     unalloc, frag, idle = col("unallocated_gpus"), col("fragmented_gpus"), col("idle_reserved_gpus")
     frag = np.minimum(frag, unalloc)
-    err = np.array([e["unallocated_gpus_std"] if e["n_seeds"] > 1 else 0.0 for e in summary], dtype=float)
+    err = np.array([e.get("unallocated_gpus_std", 0.0) if e["n_seeds"] > 1 else 0.0 for e in summary], dtype=float)
     err = np.nan_to_num(err)
-    ax.bar(x, frag, width=0.7, color="#de2d26", label="free, fragmented")
-    ax.bar(x, unalloc - frag, bottom=frag, width=0.7, color="#9ecae1", label="free, usable",
-           yerr=err if err.any() else None, capsize=3)
-    if idle.any():
-        ax.bar(x, idle, bottom=unalloc, width=0.7, color="#fd8d3c", hatch="//",
-               label="held but unused (whole GPU for a fraction)")
+    has_idle = bool((idle > 0.05).any())
+    width = 0.4 if has_idle else 0.7
+    left = x - width / 2 if has_idle else x
+    ax.bar(left, frag, width=width, color="#de2d26", label="unallocated: free, fragmented")
+    bars = ax.bar(left, unalloc - frag, bottom=frag, width=width, color="#9ecae1", label="unallocated: free, usable",
+                  yerr=err if err.any() else None, capsize=3)
+    # the number on each bar is the table's "unalloc. GPUs"
+    ax.bar_label(bars, labels=[_fmt(v, NAN, 1) for v in unalloc], fontsize=7, padding=2)
+    if has_idle:
+        held = ax.bar(x + width / 2, idle, width=width, color="#fd8d3c", hatch="//",
+                      label="held but unused (whole GPU for a fraction; not unallocated)")
+        ax.bar_label(held, labels=[_fmt(v, NAN, 1) if v > 0.05 else "" for v in idle], fontsize=7, padding=2)
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("GPUs")
-    ax.set_title("GPUs not used by any pod at the end of the run (lower is better)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path)
+    _title(fig, "GPUs not used by any pod at the end of the run (lower is better)",
+           plot_context(trace, [s for e in summary for s in e.get("seeds", [])], ratio, protocol))
+    _legend_outside(fig, *ax.get_legend_handles_labels(), below=True)
+    return fig
+
+
+def plot_unallocated(summary: Sequence[dict[str, Any]], path: Path, *, trace: str | Path | None = None,
+                     ratio: float | None = None, protocol: str | None = None) -> Path:
+    """Bars per policy (means over seeds) of the GPU capacity no pod uses at the end of the run.
+
+    The stacked bar is the table's unallocated GPUs (its number is written on top): fragmented free GPUs
+    (free share the typical pods cannot use) and other free GPUs, with the std over seeds as an error bar.
+    GPUs held but unused (whole GPUs handed to fractional pods, ``k8s-default``) are not free, so they are
+    a separate bar beside it (the table's "held, unused" column), not stacked on it."""
+    unallocated_figure(summary, trace=trace, ratio=ratio, protocol=protocol).savefig(path)
     return path
 
 
@@ -612,6 +799,9 @@ JOB_METRIC_KEYS = (
     "energy_kwh",
     "events_per_second",
     "lost_gpu_hours",
+    "failure_events",
+    "job_failures",
+    "restarts",
     "worst_quota_deficit",
     "longest_quota_shortfall_s",
     "unfinished_jobs",
@@ -664,43 +854,39 @@ def summarize_jobs(runs: Sequence[JobRun]) -> list[dict[str, Any]]:
     return out
 
 
-def jobs_table(summary: Sequence[dict[str, Any]], title: str = "") -> Table:
-    """One row per job-level policy: JCT, queueing delay, makespan, utilization, fairness, preemptions,
-    deadlocks, energy, events/s; mean (± std over seeds). Best values in bold green."""
-    table = Table(title=title or None, title_justify="left")
-    cols: list[tuple[str, str, int, dict]] = [
-        ("mean JCT\n(h)", "mean_jct_s", -1, {"scale": 1 / 3600}),
-        ("p95 JCT\n(h)", "p95_jct_s", -1, {"scale": 1 / 3600}),
-        ("mean queueing\ndelay (h)", "mean_queueing_delay_s", -1, {"scale": 1 / 3600, "digits": 2}),
-        ("makespan\n(days)", "makespan_s", -1, {"scale": 1 / 86400}),
-        ("GPU\nutilization", "gpu_utilization", 1, {"pct": True}),
-        ("Jain\nfairness", "jain_fairness", 1, {"digits": 3}),
-        ("worst quota\ndeficit", "worst_quota_deficit", -1, {"pct": True}),
-        ("longest quota\nshortfall (h)", "longest_quota_shortfall_s", -1, {"scale": 1 / 3600}),
-        ("preemptions", "preemptions", 0, {"digits": 0, "thousands": True}),
-        ("deadlocks", "deadlocks", -1, {"digits": 0}),
-        ("energy\n(MWh)", "energy_kwh", -1, {"scale": 1 / 1000}),
-        ("events/s", "events_per_second", 0, {"digits": 0, "thousands": True}),
-    ]
-    table.add_column("policy", style="bold", no_wrap=True)
-    for header, _, _, _ in cols:
-        table.add_column(header, justify="right")
-    best: dict[str, float] = {}
-    for _, key, better, _ in cols:
-        values = [e[key] for e in summary if math.isfinite(e[key])]
-        if better and values and len(summary) > 1:
-            best[key] = max(values) if better > 0 else min(values)
-    for entry in summary:
-        cells: list[Any] = [entry["policy"]]
-        for _, key, _, kw in cols:
-            kw = dict(kw)
-            scale = kw.pop("scale", 1.0)
-            std = entry.get(f"{key}_std")
-            text = _fmt(entry[key] * scale, std * scale if std is not None else std, entry["n_seeds"], **kw)
-            is_best = key in best and math.isfinite(entry[key]) and math.isclose(entry[key], best[key])
-            cells.append(Text(text, style="bold green" if is_best else ""))
-        table.add_row(*cells)
-    return table
+def _failures_injected(summary: Sequence[dict[str, Any]]) -> bool:
+    keys = ("failure_events", "job_failures", "restarts", "lost_gpu_hours")
+    return any(math.isfinite(e.get(k, NAN)) and e.get(k, NAN) > 0 for e in summary for k in keys)
+
+
+def jobs_table(summary: Sequence[dict[str, Any]], title: str = "", *, wide: bool = False) -> FitTable:
+    """One row per job-level policy: JCT, queueing delay, makespan, utilization, fairness, quota deficit
+    and shortfall, preemptions, deadlocks, energy, events/s; with failure injection (any run had node/GPU
+    failures) also the failures, the jobs they killed, the restarts and the GPU-hours lost. Mean (± std
+    over seeds); best values in bold green. Fits the width it is printed at (:class:`FitTable`)."""
+    cols = [_Col("policy", [e["policy"] for e in summary], 0, name="policy")]
+
+    def add(header: str, key: str, better: int, priority: int, name: str, **kw: Any) -> None:
+        cols.append(_metric_column(summary, header, key, better, priority, name, **kw))
+
+    add("mean\nJCT (h)", "mean_jct_s", -1, 1, "mean JCT (h)", scale=1 / 3600)
+    add("p95\nJCT (h)", "p95_jct_s", -1, 4, "p95 JCT (h)", scale=1 / 3600)
+    add("mean\nwait (h)", "mean_queueing_delay_s", -1, 2, "mean queueing delay (h)", scale=1 / 3600, digits=2)
+    add("makespan\n(d)", "makespan_s", -1, 3, "makespan (days)", scale=1 / 86400)
+    add("GPU\nutil (%)", "gpu_utilization", 1, 1, "GPU utilization", pct=True)
+    add("Jain", "jain_fairness", 1, 3, "Jain fairness", digits=3)
+    add("quota\ndeficit (%)", "worst_quota_deficit", -1, 4, "worst quota deficit", pct=True)
+    add("longest\nshortf. (h)", "longest_quota_shortfall_s", -1, 6, "longest quota shortfall (h)", scale=1 / 3600)
+    add("pre-\nempt.", "preemptions", 0, 5, "preemptions", digits=0, thousands=True)
+    add("dead-\nlocks", "deadlocks", -1, 6, "deadlocks", digits=0)
+    add("energy\n(MWh)", "energy_kwh", -1, 5, "energy (MWh)", scale=1 / 1000)
+    if _failures_injected(summary):
+        add("node/GPU\nfailures", "failure_events", 0, 4, "node/GPU failures", digits=0, thousands=True)
+        add("jobs\nkilled", "job_failures", -1, 3, "jobs killed by failures", digits=0, thousands=True)
+        add("re-\nstarts", "restarts", -1, 5, "restarts", digits=0, thousands=True)
+        add("lost\nGPU-h", "lost_gpu_hours", -1, 2, "lost GPU-hours", digits=0, thousands=True)
+    add("events/s", "events_per_second", 0, 7, "events/s", digits=0, thousands=True)
+    return FitTable(title, cols, len(summary), wide=wide)
 
 
 def jobs_json_document(jobs: str, cluster: str, queues: str | None, runs: Sequence[JobRun],
@@ -710,14 +896,11 @@ def jobs_json_document(jobs: str, cluster: str, queues: str | None, runs: Sequen
                      "results": [r.record for r in runs], "summary": list(summary)})
 
 
-def plot_jct_cdf(runs: Sequence[JobRun], path: Path) -> Path:
-    """Empirical CDF of job completion time (log x axis, hours), one line per policy (first seed)."""
-    fig = _figure()
+def jct_cdf_figure(runs: Sequence[JobRun], *, trace: str | Path | None = None) -> Any:
+    """The figure of :func:`plot_jct_cdf`."""
+    fig = _figure(10.0, 5.0)
     ax = fig.add_subplot()
-    seen: dict[str, JobRun] = {}
-    for run in runs:
-        seen.setdefault(run.policy, run)
-    for i, run in enumerate(seen.values()):
+    for i, run in enumerate(_first_seed_runs(runs)):
         jct = np.sort(run.jct[np.isfinite(run.jct)]) / 3600.0
         if len(jct) == 0:
             continue
@@ -727,44 +910,97 @@ def plot_jct_cdf(runs: Sequence[JobRun], path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (hours, log scale)")
     ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT distribution")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.savefig(path)
+    _title(fig, "JCT distribution", plot_context(trace, _run_seeds(runs), None, "jobs"))
+    _legend_outside(fig, *ax.get_legend_handles_labels())
+    return fig
+
+
+def plot_jct_cdf(runs: Sequence[JobRun], path: Path, *, trace: str | Path | None = None) -> Path:
+    """Empirical CDF of job completion time (log x axis, hours), one line per policy (first seed)."""
+    jct_cdf_figure(runs, trace=trace).savefig(path)
     return path
 
 
-def plot_queue_share(runs: Sequence[JobRun], path: Path, max_queues: int = 10) -> Path:
-    """GPUs held per queue over time (stacked), one panel per policy (first seed); the largest
-    ``max_queues`` queues by GPU-time, the rest summed as "other"."""
-    seen: dict[str, JobRun] = {}
-    for run in runs:
-        seen.setdefault(run.policy, run)
-    panels = [r for r in seen.values() if len(r.share_times)]
-    fig = _figure(9.0, 2.6 * max(1, len(panels)) + 0.6)
+def _queue_colors(names: Sequence[str]) -> dict[str, str]:
+    """A colour per queue name (grey is kept for "other")."""
+    palette = [c for c in PALETTE if c != "#7f7f7f"]
+    return {name: palette[i % len(palette)] for i, name in enumerate(names)}
+
+
+def queue_share_figure(runs: Sequence[JobRun], *, trace: str | Path | None = None, max_queues: int = 10) -> Any:
+    """The figure of :func:`plot_queue_share`."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    panels = [r for r in _first_seed_runs(runs) if len(r.share_times)]
+    fig = _figure(11.0, 2.6 * max(1, len(panels)) + 0.9)
+    context = plot_context(trace, _run_seeds(runs), None, "jobs")
     if not panels:
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, "no queue samples", ha="center", va="center")
-        fig.savefig(path)
-        return path
+        _title(fig, "GPUs per queue over time", context)
+        return fig
+    # one queue order and colour for every panel: the largest queues by GPU-time over all policies
+    names = list(panels[0].queue_names)
+    total = np.zeros(len(names))
+    for run in panels:
+        if run.share_alloc.ndim == 2 and run.share_alloc.shape[1] == len(names):
+            total += run.share_alloc.sum(axis=0)
+    order = [int(k) for k in np.argsort(-total, kind="stable")]
+    top, rest = order[:max_queues], order[max_queues:]
+    colors = _queue_colors([names[k] for k in top])
     axes = fig.subplots(len(panels), 1, squeeze=False, sharex=True)[:, 0]
+    any_fair = any_quota = False
     for ax, run in zip(axes, panels, strict=True):
         t = run.share_times
         unit, div = ("days", 86400.0) if t.max(initial=0) > 2 * 86400 else ("hours", 3600.0)
         alloc = run.share_alloc
-        order = np.argsort(-alloc.sum(axis=0), kind="stable")
-        top = order[:max_queues]
-        rest = order[max_queues:]
-        series = [alloc[:, k] for k in top]
-        labels = [run.queue_names[k] for k in top]
-        if len(rest):
-            series.append(alloc[:, rest].sum(axis=1))
-            labels.append("other")
-        ax.stackplot(t / div, *series, labels=labels, step="post")
+        fair = run.share_fair if run.share_fair.shape == alloc.shape else None
+        qinfo = run.record.get("queues") or {}
+        quota = np.array([float((qinfo.get(n) or {}).get("quota_gpus", NAN)) for n in run.queue_names])
+        groups = [[k] for k in top] + ([rest] if rest else [])
+        labels = [names[k] for k in top] + (["other"] if rest else [])
+        series = [alloc[:, g].sum(axis=1) for g in groups]
+        ax.stackplot(t / div, *series, labels=labels, step="post",
+                     colors=[colors[n] for n in labels if n != "other"] + ([OTHER_COLOR] if rest else []))
+        base = np.zeros(len(t))
+        for g, label, s in zip(groups, labels, series, strict=True):
+            color = "#555555" if label == "other" else colors[label]
+            # reference lines drawn on the band's own base: the band's top edge against its fair share / quota
+            if fair is not None:
+                ax.step(t / div, base + fair[:, g].sum(axis=1), where="post", color=color, linestyle="--",
+                        linewidth=0.9)
+                any_fair = True
+            q = quota[g]
+            if np.isfinite(q).all() and len(q):
+                ax.step(t / div, base + q.sum(), where="post", color=color, linestyle=":", linewidth=0.9)
+                any_quota = True
+            base = base + s
         ax.set_ylabel("GPUs held")
-        ax.set_title(f"{run.policy}: GPUs per queue over time", fontsize=9)
+        ax.set_title(f"{run.policy} (seed {run.record.get('seed')})", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.set_xlabel(f"trace time ({unit})")
-    axes[0].legend(fontsize=7, loc="upper right", ncol=2)
-    fig.savefig(path)
+    axes[-1].set_xlabel(f"trace time ({unit})")
+    handles: list[Any] = [Patch(color=colors[n]) for n in labels if n != "other"]
+    if rest:
+        handles.append(Patch(color=OTHER_COLOR))
+    legend_labels = list(labels)
+    if any_fair:
+        handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.9))
+        legend_labels.append("fair share (dashed, on the band's base)")
+    if any_quota:
+        handles.append(Line2D([], [], color="black", linestyle=":", linewidth=0.9))
+        legend_labels.append("quota (dotted, on the band's base)")
+    _legend_outside(fig, handles, legend_labels, title="queue")
+    _title(fig, "GPUs per queue over time", context)
+    return fig
+
+
+def plot_queue_share(runs: Sequence[JobRun], path: Path, max_queues: int = 10, *,
+                     trace: str | Path | None = None) -> Path:
+    """GPUs held per queue over time (stacked), one panel per policy (first seed); the largest
+    ``max_queues`` queues by GPU-time over all policies, the rest summed as "other" (grey). Each band has
+    its fair share (dashed) and quota (dotted) drawn on the band's own base, so that the band's top edge
+    above or below the line is the queue above or below its share; one legend outside the panels."""
+    queue_share_figure(runs, trace=trace, max_queues=max_queues).savefig(path)
     return path
