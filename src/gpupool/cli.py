@@ -587,11 +587,15 @@ def _execute(
     if out is not None:
         try:
             out.mkdir(parents=True, exist_ok=True)
+            trace = pods if pods is not None else "openb (embedded)"
             if proto == "inflation":
-                written.append(report.plot_allocation_vs_arrived(runs, out / "allocation_vs_arrived.png"))
+                written.append(report.plot_allocation_vs_arrived(runs, out / "allocation_vs_arrived.png",
+                                                                 trace=trace, ratio=ratio))
             else:
-                written.append(report.plot_allocation_over_time(runs, out / "allocation_over_time.png"))
-            written.append(report.plot_unallocated(summary, out / "unallocated_gpus.png"))
+                written.append(report.plot_allocation_over_time(runs, out / "allocation_over_time.png",
+                                                                trace=trace))
+            written.append(report.plot_unallocated(summary, out / "unallocated_gpus.png", trace=trace,
+                                                   ratio=ratio if proto == "inflation" else None, protocol=proto))
         except OSError as exc:
             _fail(f"cannot write plots to {out}: {exc.strerror or exc}", code=1)
     for path in written:
@@ -704,8 +708,8 @@ def _execute_jobs(
     if out is not None:
         try:
             out.mkdir(parents=True, exist_ok=True)
-            written.append(report.plot_jct_cdf(runs, out / "jct_distribution.png"))
-            written.append(report.plot_queue_share(runs, out / "queue_share.png"))
+            written.append(report.plot_jct_cdf(runs, out / "jct_distribution.png", trace=jobs))
+            written.append(report.plot_queue_share(runs, out / "queue_share.png", trace=jobs))
         except OSError as exc:
             _fail(f"cannot write plots to {out}: {exc.strerror or exc}", code=1)
     for path in written:
