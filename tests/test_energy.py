@@ -97,11 +97,11 @@ def test_vectorized_helpers_match_scalar_ones() -> None:
 def test_mixed_models_cluster_idle_power() -> None:
     nodes = load_cluster_yaml(EXAMPLES / "mixed-models.yaml")
     names = gpu_models_of(nodes)
-    assert len(names) == 144
-    # idle W: 32 H100 x 70 + 32 A100-80GB x 55 + 16 L40S x 22 + 32 L4 x 16 + 16 T4 x 10 + 16 V100M32 x 40 = 5,664 W
-    assert idle_energy_kwh(names, 3600.0) == pytest.approx(5.664)
-    # at full load: 32 x 700 + 32 x 400 + 16 x 350 + 32 x 72 + 16 x 70 + 16 x 300 = 49,024 W
-    assert job_energy_kwh(names, 1.0, 3600.0) == pytest.approx(49.024)
+    assert len(names) == 176
+    # idle W: 32 H100 x 70 + 32 A100-80GB x 55 + 16 L40S x 22 + 32 L4 x 16 + 16 T4 x 10 + 48 V100M32 x 40 = 6,944 W
+    assert idle_energy_kwh(names, 3600.0) == pytest.approx(6.944)
+    # at full load: 32 x 700 + 32 x 400 + 16 x 350 + 32 x 72 + 16 x 70 + 48 x 300 = 58,624 W
+    assert job_energy_kwh(names, 1.0, 3600.0) == pytest.approx(58.624)
     # the lowest-power models per GPU at full load, as a lowest-power policy would rank them
     per_gpu = {m: gpu_power_w(m, 1.0) for m in dict.fromkeys(names)}
     assert sorted(per_gpu, key=per_gpu.__getitem__)[:2] == ["T4", "L4"]
