@@ -1185,8 +1185,9 @@ def test_connections_are_reused_for_bindings_events_and_conditions(h):
     assert s.recorder.flush(10)
     wait_for(lambda: len([e for e in h.objects(EVENTS) if e["reason"] == "Scheduled"]) == pods, what="events")
     used = h.connections - before
-    # binders + event writers + condition writers + one per watch + lists/read-backs: far below one per request
-    limit = s.config.bind_workers + s.recorder.workers + 2 + len(s.reflectors) + 4
+    # binders + eviction workers + event writers + condition/status writers + one per watch + lists/read-backs (the
+    # pool size the scheduler asks for): far below one per request
+    limit = s.config.bind_workers + s.config.evict_workers + s.recorder.workers + 2 + len(s.reflectors) + 4
     assert used <= limit, f"{used} connections for {pods} bindings (limit {limit})"
     made = sum(p.num_connections for p in h.api.rest_client.pool_manager.pools._container.values())
     assert made <= limit
