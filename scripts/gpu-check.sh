@@ -113,7 +113,7 @@ if kill -0 "$AGENT_PID" 2>/dev/null; then stop_rc=124; else wait "$AGENT_PID" ||
 AGENT_PID=""
 echo "  /healthz $healthz, /readyz $readyz, exit after SIGTERM: $stop_rc"
 if [ "$metrics_ok" = 1 ]; then
-  grep -E '^DCGM_FI_DEV_(GPU_TEMP|POWER_USAGE|FB_USED|FB_FREE|GPU_UTIL|XID_ERRORS)' "$WORK/metrics.txt" | sed 's/^/  /' | head -20
+  grep -E '^DCGM_FI_DEV_(GPU_TEMP|POWER_USAGE|FB_USED|FB_FREE|GPU_UTIL|XID_ERRORS)' "$WORK/metrics.txt" | sed 's/^/  /' | awk 'NR <= 20'  # awk reads to the end: no SIGPIPE under pipefail
 else
   echo "  no DCGM_FI_DEV_GPU_TEMP on /metrics; agent log:" >&2
   tail -20 "$WORK/agent.log" >&2
