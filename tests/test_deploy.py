@@ -113,7 +113,7 @@ def test_every_rendered_object_is_valid_kubernetes_1_30():
                             "Service", "PodDisruptionBudget", "NetworkPolicy"])
     assert sorted(o["kind"] for o in rendered_agent()) == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding", "DaemonSet"])
+        "ValidatingAdmissionPolicyBinding", "DaemonSet", "NetworkPolicy"])
     cluster_scoped = ("Namespace", "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
                       "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
     for obj in rendered_all():
@@ -696,3 +696,17 @@ def test_image_lock_pins_every_dependency_with_hashes():
     for req in wanted:
         name = re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[; ]", req, maxsplit=1)[0]).lower()
         assert name in names, f"{name} (pyproject.toml) is not in requirements/image.lock: regenerate it"
+
+
+def test_agent_metrics_port_is_closed_but_to_scrapers():
+    """The agent's unauthenticated /metrics (0.0.0.0:9400) takes ingress only from labelled scrapers."""
+    (pol,) = [o for o in rendered_agent() if o["kind"] == "NetworkPolicy"]
+    (ds,) = [o for o in rendered_agent() if o["kind"] == "DaemonSet"]
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in pol["spec"]["podSelector"]["matchLabels"].items())
+    assert pol["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = pol["spec"]["ingress"]
+    scrapers = {"matchLabels": {"gpupool.io/metrics-scraper": "true"}}
+    assert rule["from"] == [{"namespaceSelector": {}, "podSelector": scrapers}]
+    ports = {p["name"] for c in ds["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+    assert [p["port"] for p in rule["ports"]] == ["metrics"] and "metrics" in ports
