@@ -51,14 +51,14 @@ class FakeKubelet(threading.Thread):
                     name = p["metadata"]["name"]
                     if p["metadata"].get("deletionTimestamp"):
                         if name not in self.stuck:
-                            self._delete(name)
+                            self._remove(name)
                     elif p["spec"].get("nodeName") and (p.get("status") or {}).get("phase") == "Pending":
                         self._phase(name, "Running")
             except Exception:  # noqa: BLE001 - a busy apiserver: look again
                 pass
             self._halt.wait(0.1)
 
-    def _delete(self, name: str) -> None:
+    def _remove(self, name: str) -> None:
         try:
             drain(self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0, _preload_content=False))
             self.deleted.append((time.monotonic(), name))
