@@ -670,6 +670,8 @@ def test_extender_example_takes_the_scheduler_image():
     """`kubectl apply -k examples/k8s/extender/`: deploy/ plus the extender, whose image is the scheduler's."""
     out = subprocess.run(["kubectl", "kustomize", str(EXAMPLES / "extender")], capture_output=True, text=True,
                          timeout=60)
+    if 'unknown field "replacements"' in out.stderr:  # kustomize < 4.5 (kubectl < 1.24, e.g. Debian 12's 1.20)
+        pytest.skip("this kubectl's kustomize predates `replacements` (the example needs kubectl >= 1.24)")
     assert out.returncode == 0, out.stderr
     objs = _docs(out.stdout)
     ext = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupool-extender")
