@@ -154,7 +154,6 @@ class _Held:
     node: str
     since: float
     pid: int | None
-    reported: bool = False
 
 
 @dataclass
@@ -327,12 +326,16 @@ class PoolDriver:
             if (rec.counted or key in model.assumed) and rec.info is not None:
                 name = self._name_of(rec)
                 if name is not None:
-                    self.info.setdefault(name, _JobInfo()).members.add(key)
-                    self.job_of[key] = name
+                    self._register(key, name)
                     names.add(name)
         for name in sorted(names):  # a fixed order: job numbers (tie-breaks among equal victims) do not vary
             self._reconcile(name, None, now)
         self._pending_names = set()
+
+    def _register(self, key: str, name: str) -> None:
+        """Pod ``key`` is a member of job ``name``."""
+        self.info.setdefault(name, _JobInfo()).members.add(key)
+        self.job_of[key] = name
 
     def _name_of(self, rec: Any) -> str | None:
         """Job name of a pod record if it is a pool pod (ours, whole GPUs, in a leaf queue), else None."""
@@ -349,7 +352,7 @@ class PoolDriver:
         return info.pod_group or rec.key
 
     # ------------------------------------------------------------------ the cycle
-    def cycle(self, out: list[Any], units: Sequence[Any], prepare: Callable[[], Any] | None = None) -> Any:
+    def cycle(self, out: list[Any], units: Sequence[Any]) -> Any:
         """Plan one cycle. ``out``: placements already decided (unreadable pods); ``units``: the pending
         units the model grouped (single pods and gangs with their minMember complete). Returns a
         :class:`~gpupool.k8s.snapshot.Plan` with placements, nominations and preemptions."""
@@ -396,8 +399,7 @@ class PoolDriver:
                 if rec is not None:
                     name = self._name_of(rec)
                     if name is not None:
-                        self.info.setdefault(name, _JobInfo()).members.add(key)
-                        self.job_of[key] = name
+                        self._register(key, name)
             if name is not None:
                 touched.add(name)
         model.count_log.clear()
@@ -503,11 +505,10 @@ class PoolDriver:
         model = self.model
         assert pool is not None
         st = model.state
-        info = self.info.setdefault(name, _JobInfo())
         if unit is not None:
             for _, pi in unit.members:
-                info.members.add(pi.key)
-                self.job_of[pi.key] = name
+                self._register(pi.key, name)
+        info = self.info.setdefault(name, _JobInfo())
         held_keys = self._held_keys(name)
         job = self.jobs.get(name)
         gkey = name if (unit is not None and unit.gang is not None) else None
@@ -599,8 +600,7 @@ class PoolDriver:
         job.attained = info.attained
         job.protected_until = info.protected_until
         info.spec = spec
-        pool.submit(job, now)
-        self._backdate(job, min(waiting_since, now))
+        pool.submit(job, now, waiting_since if math.isfinite(waiting_since) else None)
         self.jobs[name] = job
 
     def _place_riders(self, now: float) -> list[Any]:
@@ -625,8 +625,7 @@ class PoolDriver:
                     continue
                 a = d.assignment
                 self._assume(pi.key, a.node_name, now)
-                self.job_of[pi.key] = name
-                self.info.setdefault(name, _JobInfo()).members.add(pi.key)
+                self._register(pi.key, name)
                 nominated = a.node_name in busy
                 if nominated:
                     self.held[pi.key] = _Held(a.node_name, now, None)
@@ -639,18 +638,6 @@ class PoolDriver:
 
     def _alive(self, name: str) -> bool:
         return any(h for h in self.held if self.job_of.get(h) == name)
-
-    def _backdate(self, job: PoolJob, since: float) -> None:
-        """Count the job's wait from when it first waited (reservations), not from this submission."""
-        pool = self.pool
-        assert pool is not None
-        if not math.isfinite(since) or since >= job.pending_since:
-            return
-        job.pending_since = since
-        if pool.cfg.reserve_after_s is not None and job.min_pods * job.gpus_per_pod > 1:
-            import heapq
-
-            heapq.heappush(pool._gangs, (since, job.seq, job))
 
     def _attach(self, name: str, held_keys: Sequence[str], min_member: int, cap: int | None,
                 pending: Sequence[PodInfo], info: _JobInfo, group: Mapping[str, Any] | None, now: float,
@@ -764,8 +751,7 @@ class PoolDriver:
             for a in pods:
                 self._assume(a.pod, a.node_name, now)
                 rec = model.pods[a.pod]
-                self.job_of[a.pod] = job.name
-                self.info.setdefault(job.name, _JobInfo()).members.add(a.pod)
+                self._register(a.pod, job.name)
                 if a.node_name in evicting_nodes:
                     pid = next((e.pid for e in self.evicting.values() if e.node == a.node_name), None)
                     self.held[a.pod] = _Held(a.node_name, now, pid)

@@ -360,18 +360,20 @@ class PoolScheduler(EvictionActions):
     def _set_key(self, job: PoolJob) -> None:
         job.key = (-job.priority, job.level, job.submit_time, job.seq)
 
-    def submit(self, job: PoolJob, now: float) -> None:
-        """Add ``job`` to its leaf queue (waiting). KeyError for an unknown or non-leaf queue."""
+    def submit(self, job: PoolJob, now: float, waiting_since: float | None = None) -> None:
+        """Add ``job`` to its leaf queue (waiting). ``waiting_since``: when it began waiting, if before ``now`` (a
+        driver that learns of a job late: its wait, for reservations, counts from then). KeyError for an unknown
+        or non-leaf queue."""
         job.q = self.tree.leaf_index(job.queue)
         job.seq = self.seq
         self.seq += 1
         job.make_pods()
         self.jobs_by_name[job.name] = job
-        self._enqueue(job, now)
+        self._enqueue(job, now, waiting_since)
 
-    def _enqueue(self, job: PoolJob, now: float) -> None:
+    def _enqueue(self, job: PoolJob, now: float, waiting_since: float | None = None) -> None:
         job.status = PENDING
-        job.pending_since = now
+        job.pending_since = now if waiting_since is None or not waiting_since < now else waiting_since
         job.level = self.order.level(job.attained - job.las_base)
         self._set_key(job)
         grp = self._group(job)
@@ -381,7 +383,7 @@ class PoolScheduler(EvictionActions):
         self.n_pending += 1
         self._fs_dirty = True
         if job.min_pods * job.gpus_per_pod > 1 and self.cfg.reserve_after_s is not None:
-            heapq.heappush(self._gangs, (now, job.seq, job))
+            heapq.heappush(self._gangs, (job.pending_since, job.seq, job))
         if isinstance(self.order, TiresiasOrder) and job.level > 0 and self.order.promote_knob is not None:
             wait = max(self.order.promote_knob * job.run_s, self.order.promote_min_s)
             heapq.heappush(self._promote, (now + wait, job.seq, job))
