@@ -211,7 +211,6 @@ class PoolDriver:
         self.held: dict[str, _Held] = {}
         self.evicting: dict[str, _Evicting] = {}
         self._pid = 0
-        self._preemptions: dict[int, list[str]] = {}  # pid -> victim pod keys still evicting
         self._pending_names: set[str] = set()
         self._denominated: list[str] = []  # nominations that lapsed between cycles (reported with the next plan)
         self._before: tuple[list[float], list[float]] = ([], [])  # (GPUs held, fair share) per queue, cycle start
@@ -414,6 +413,7 @@ class PoolDriver:
         preemptions = healing + self._carry_out(res, now, placements)
         # the part-1 path for shared-GPU pods and gang repairs, after the pool
         elig = model.elig
+        busy = self._evicting_nodes()  # nodes where preempted pods still terminate (no change below)
         for unit in sorted(repair, key=snap._Unit.order) + sorted(legacy, key=snap._Unit.order):
             for _, pi in unit.members:
                 if pi.mig and elig is not None:  # MIG devices being placed count against the node's devices
@@ -431,7 +431,7 @@ class PoolDriver:
                 if p.node is not None:
                     self._assume(p.pod, p.node, now, tuple(p.mig))
                     model.count_log.append(p.pod)  # a repaired gang's pod joins its job's books
-                    if p.node in self._evicting_nodes():
+                    if p.node in busy:
                         self.held[p.pod] = _Held(p.node, now, None)
                         p = snap.Placement(p.pod, p.node, p.gpus, p.gpu_milli, self._held_reason(p.node),
                                            p.gpu_memory_mib, p.mig, p.gang, nominated=True)
@@ -738,9 +738,7 @@ class PoolDriver:
                 pre.grace_s = max(pre.grace_s, grace)
                 pre.victims.append((a.pod, rec.uid))
                 self.evicting[a.pod] = _Evicting(rec.uid, a.node_name, now + grace + self.slack_s, pre.id)
-                self._preemptions.setdefault(pre.id, []).append(a.pod)
-                if a.pod in model.assumed:
-                    model.assumed.pop(a.pod, None)
+                model.assumed.pop(a.pod, None)
                 model._uncount(rec)
                 model.count_log.append(a.pod)
                 self.stats["evictions"] += 1
