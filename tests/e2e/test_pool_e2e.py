@@ -226,8 +226,9 @@ def test_high_priority_gang_preempts(e2e: E2E, kubelet: FakeKubelet, priority_cl
     assert events and all("preempted by" in e["message"] for e in events)
     assert all(e["involvedObject"]["name"].startswith("lo-") for e in events)
     assert len(running(e2e, "lo-")) == 8 - len({e["involvedObject"]["name"] for e in events})
-    nominated = [e for e in lc.events_for(e2e.admin, e2e.ns) if e["reason"] in ("Nominated", "Preempting")]
-    assert nominated or e2e.logs.tail()
+    # the gang was held on the victims' nodes (status.nominatedNodeName, a Nominated Event) while they went
+    lc.wait_for(lambda: {e["involvedObject"]["name"] for e in lc.events_for(e2e.admin, e2e.ns, "Nominated")}
+                >= {"hp-0", "hp-1"}, 10, "Nominated Events on both gang pods")
     no_overallocation(e2e)
 
 
