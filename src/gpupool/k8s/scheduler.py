@@ -504,7 +504,7 @@ class Scheduler:
         self.preemption_outcomes: list[tuple[int, str]] = []  # (preemption id, outcome), in order (tests read it)
         self.cycle_seconds: collections.deque[float] = collections.deque(maxlen=10000)  # recent cycle times
         self._frozen = False
-        self.status_writer = StatusWriter(api_client, self._submit_report, self.config.queue_status_s, _log,
+        self.status_writer = StatusWriter(api_client, self._report_pool.submit, self.config.queue_status_s, _log,
                                           timeout_s=self.config.bind_timeout_s,
                                           pod_groups=self.config.pod_group_status)
         self._skipped: dict[str, str] = {}
@@ -734,12 +734,6 @@ class Scheduler:
         fair = self.pool_driver.fair_shares() if self.pool_driver is not None else None
         self.status_writer.update(self.model, fair or None, force=force)
 
-    def _submit_report(self, fn: Callable[[], None]) -> Any:
-        try:
-            return self._report_pool.submit(fn)
-        except RuntimeError:  # pool shut down (stopping)
-            return None
-
     # -- binding
     def _forget(self, key: str, a: _Assumed) -> None:
         """The binding of ``key`` did not happen: its devices go back to the pool at the next cycle."""
@@ -885,11 +879,7 @@ class Scheduler:
             self._reported[key] = (uid, message, stable, now)
         _log(logging.INFO, "unschedulable", pod=key, reason=message)
         self._post_event(pod, "FailedScheduling", message, "Warning", "Scheduling")
-        if not self._report_pool_closed:
-            try:
-                self._report_pool.submit(self._post_failure, dict(pod), message)
-            except RuntimeError:  # shut down meanwhile
-                pass
+        self._submit_report(self._post_failure, dict(pod), message)
 
     def _post_failure(self, pod: Mapping[str, Any], message: str) -> None:
         """Set ``PodScheduled=False`` (reason ``Unschedulable``, ``message``) unless the pod already says so."""
