@@ -429,7 +429,7 @@ class PoolDriver:
                 if p.node is None and elig is not None:
                     elig.pending_mig.pop(p.pod, None)
                 if p.node is not None:
-                    self._assume(p.pod, p.node, now, tuple(p.mig))
+                    self.model.assume(p.pod, p.node, tuple(p.mig))
                     model.count_log.append(p.pod)  # a repaired gang's pod joins its job's books
                     if p.node in busy:
                         self.held[p.pod] = _Held(p.node, now, None)
@@ -624,7 +624,7 @@ class PoolDriver:
                                               f"{d.reason}", gang=name))
                     continue
                 a = d.assignment
-                self._assume(pi.key, a.node_name, now)
+                self.model.assume(pi.key, a.node_name)
                 self._register(pi.key, name)
                 nominated = a.node_name in busy
                 if nominated:
@@ -680,15 +680,6 @@ class PoolDriver:
             self.pool.elastic_running[job.seq] = job  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ decisions -> Kubernetes
-    def _assume(self, key: str, node: str, now: float, mig: tuple[tuple[str, int], ...] = ()) -> None:
-        from gpupool.k8s.state import Assumption
-
-        model = self.model
-        rec = model.pods[key]
-        model.assumed[key] = Assumption(rec.uid, node, model.clock(), mig=mig)
-        model.pending.pop(key, None)
-        model._last_fail.pop(key, None)
-
     def _evicting_nodes(self) -> Counter:
         return Counter(e.node for e in self.evicting.values())
 
@@ -738,8 +729,7 @@ class PoolDriver:
                 pre.grace_s = max(pre.grace_s, grace)
                 pre.victims.append((a.pod, rec.uid))
                 self.evicting[a.pod] = _Evicting(rec.uid, a.node_name, now + grace + self.slack_s, pre.id)
-                model.assumed.pop(a.pod, None)
-                model._uncount(rec)
+                model.release_evicted(a.pod)
                 model.count_log.append(a.pod)
                 self.stats["evictions"] += 1
         evicting_nodes = self._evicting_nodes()
@@ -747,7 +737,7 @@ class PoolDriver:
         new += [(j, list(j.placed[old:])) for j, old, n in res.resized if n > old]
         for job, pods in new:
             for a in pods:
-                self._assume(a.pod, a.node_name, now)
+                self.model.assume(a.pod, a.node_name)
                 rec = model.pods[a.pod]
                 self._register(a.pod, job.name)
                 if a.node_name in evicting_nodes:
@@ -841,7 +831,7 @@ class PoolDriver:
                 if key in model.assumed:
                     model.forget(key)
                 else:
-                    model._uncount(rec)  # its devices: the failed one stays unhealthy, the others are free
+                    model.release_evicted(key)  # its devices: the failed one stays unhealthy, the others are free
                 model.count_log.append(key)
             if pre.victims:
                 log.warning("pods on a failed GPU evicted", extra={"event": "gpu_heal", "job": name, "why": why[0]})
@@ -940,8 +930,8 @@ class PoolDriver:
             if e is None:
                 continue
             rec = model.pods.get(key)
-            if rec is not None and rec.uid == e.uid and rec.node and not rec.terminal and not rec.counted:
-                model._count(rec)
+            if rec is not None and rec.uid == e.uid:
+                model.recount(key)
                 model.count_log.append(key)
             if protect:
                 self._protect(self.job_of.get(key), now)

@@ -595,6 +595,28 @@ class ClusterModel:
                 self.engine.policy.on_release(state, a)
 
     # ------------------------------------------------------------------ assume / forget
+    def assume(self, key: str, node: str, mig: tuple[tuple[str, int], ...] = ()) -> None:
+        """Pod ``key``, already placed in the state on ``node``, is being bound: it holds its devices and leaves
+        the pending set until the watch shows it bound (:meth:`bound`) or :meth:`forget`."""
+        self.assumed[key] = Assumption(self.pods[key].uid, node, self.clock(), mig=mig)
+        self.pending.pop(key, None)
+        self._last_fail.pop(key, None)
+
+    def release_evicted(self, key: str) -> None:
+        """Pod ``key`` is being evicted and its devices went to its preemptor (already released from the state by
+        the pool scheduler): it leaves the books without a release; it is not counted again while the driver
+        says it is evicting (:meth:`_evicting`)."""
+        self.assumed.pop(key, None)
+        rec = self.pods.get(key)
+        if rec is not None:
+            self._uncount(rec)
+
+    def recount(self, key: str) -> None:
+        """A pod that was to be evicted stays (its eviction was refused or it did not go): counted again."""
+        rec = self.pods.get(key)
+        if rec is not None and rec.node and not rec.terminal and not rec.counted:
+            self._count(rec)
+
     def forget(self, key: str, uid: str | None = None) -> bool:
         """Drop the assumption for ``key`` (its binding failed): its devices are free again and, if it is still
         waiting, it is planned again. Returns whether there was one."""
@@ -790,7 +812,8 @@ class ClusterModel:
         ``usedGPUs``: GPUs its pods and its children's hold (fractions summed; memory-sized shares as their
         fraction of the card; pods being bound included); ``allocatedPods``: its and its children's pods holding
         GPUs or counted; ``pendingPods``: its own pods waiting for gpupool; condition ``Valid`` (False with
-        reason ``InvalidSpec`` when the spec cannot be read). ``fairShare`` is not written yet.
+        reason ``InvalidSpec`` when the spec cannot be read). The pool's figures (fair share, borrowed GPUs) are
+        added by :func:`gpupool.k8s.status.queue_statuses`.
         """
         if self.queues is None:
             return {}
@@ -991,10 +1014,7 @@ class ClusterModel:
                           for _, i in unit.members]
             for p in placed:
                 if p.node is not None:
-                    rec = self.pods[p.pod]
-                    self.assumed[p.pod] = Assumption(rec.uid, p.node, self.clock(), mig=tuple(p.mig))
-                    self.pending.pop(p.pod, None)
-                    self._last_fail.pop(p.pod, None)
+                    self.assume(p.pod, p.node, tuple(p.mig))
                 else:
                     elig.pending_mig.pop(p.pod, None)
                     if single is not None and not p.invalid:
