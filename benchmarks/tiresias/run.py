@@ -1,0 +1,378 @@
+"""Side by side with the Tiresias simulator: the same jobs, the same cluster, JCT = end - submit in both.
+
+    make bench-tiresias                       # = .venv/bin/python benchmarks/tiresias/run.py
+    .venv/bin/python benchmarks/tiresias/run.py --first 1000 --offset 5000 --gpus 384
+
+Steps (all cached under ``~/.cache/gpupool-tiresias``, or ``$GPUPOOL_TIRESIAS_CACHE``):
+
+1. **Peer source**: ``git clone`` of ``SymbioticLab/Tiresias`` (or of ``$TIRESIAS_SRC`` / ``--tiresias-src``:
+   an existing clone or git directory, for machines without GitHub) checked out at the pinned commit
+   :data:`TIRESIAS_COMMIT`; the run refuses a checkout whose HEAD differs or whose files were changed.
+   The peer's code is run from there, unmodified, never copied into this repository.
+2. **Python 2.7 environment**: Tiresias needs Python 2.7 and NumPy < 1.17; ``python2.7 -m pip install
+   --target`` puts NumPy from PyPI in the cache once (``--python2`` / ``$TIRESIAS_PYTHON2`` names the
+   interpreter; default: ``python2.7`` on PATH, then pyenv's 2.7).
+3. **Jobs**: ``--first`` jobs after ``--offset`` of the trace (default: the first 5,000 Philly jobs),
+   converted by ``convert.py`` (whole seconds, rebased to the window's first submission, one queue).
+4. **Peer runs**: ``run_sim.py`` with ``--schedule`` fifo, dlas-gpu (Tiresias-L) and dlas-gpu-gittins
+   (Tiresias-G; see :data:`PEER_SCHEDULES` for why not ``gittins``), cluster spec of 8-GPU nodes for
+   each ``--gpus``; fifo uses the ``yarn`` (node-aware) placement, the others ``count`` (their
+   schedulers count GPUs whatever the scheme). Its constants
+   are its own: 2D-LAS thresholds, Gittins quantum and the job-size prior ``yarn-gput1000.csv``.
+5. **gpupool runs**: :func:`gpupool.sim.jobs.run_jobs` on the same jobs, its model matched to the peer's:
+   no restart overhead, no topology slowdown (every tier's speed factor 1.0), one queue, no failures.
+   ``--gpupool`` lists the job policies (:data:`gpupool.engine.pool.scheduler.JOB_POLICIES`), each
+   optionally with scheduler-config overrides: ``gpupool+thresholds=3250`` runs the ``gpupool``
+   preset with ``PoolConfig.thresholds=(3250,)``.
+6. **Results**: ``benchmarks/results/tiresias_peer.{json,md}``: per policy and cluster mean / p95 / p99
+   / max JCT and makespan (h), preemptions, the window's statistics, the machine, the peer's commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from convert import (  # noqa: E402
+    jct_summary,
+    read_job_log,
+    select_window,
+    trace_stats,
+    write_cluster_spec,
+    write_tiresias_trace,
+)
+
+from _common import json_safe, machine_info  # noqa: E402
+
+TIRESIAS_REPO = "https://github.com/SymbioticLab/Tiresias"
+TIRESIAS_COMMIT = "959f9b08f44fa1b4f2b3aed79b01e4d439264a94"
+"""Pinned peer commit ("add Apache license", the repository's HEAD when this benchmark was written)."""
+NUMPY_SPEC = "numpy<1.17"
+DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "philly_pollux" / "philly.csv"
+PEER_SCHEDULES = {"fifo": ("Tiresias fifo (yarn placement)", "yarn"),
+                  "dlas-gpu": ("Tiresias-L (dlas-gpu, discretized 2D-LAS)", "count"),
+                  "dlas-gpu-gittins": ("Tiresias-G (dlas-gpu-gittins, discretized 2D-Gittins)", "count")}
+"""Tiresias ``--schedule`` -> (label, ``--scheme``). Tiresias-G is ``dlas-gpu-gittins`` (Gittins index
+within the 2D-LAS queues, the paper's discretized 2D-Gittins): at the pinned commit ``--schedule=gittins``
+crashes at its first job (``main`` passes the size prior to ``gittins_sim_jobs`` but never sets
+``JOBS.job_dist_data``, which ``get_gittins_index`` reads)."""
+GPU_MODEL = "V100M16"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPUPOOL_TIRESIAS_CACHE") or Path.home() / ".cache" / "gpupool-tiresias")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _git(*args: str, cwd: Path | None = None) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def fetch_tiresias(source: str, commit: str, cache: Path) -> Path:
+    """A checkout of the peer at ``commit`` under ``cache`` (cloned from ``source`` once); returns its
+    ``simulator/`` folder. Raises RuntimeError when the checkout is not exactly that commit, unchanged."""
+    dest = cache / f"Tiresias-{commit[:12]}"
+    if not (dest / ".git").exists():
+        tmp = Path(tempfile.mkdtemp(prefix="Tiresias-", dir=cache))
+        log(f"cloning {source} -> {dest}")
+        try:
+            _git("clone", "--quiet", "--no-checkout", source, str(tmp / "repo"))
+            _git("checkout", "--quiet", "--detach", commit, cwd=tmp / "repo")
+        except subprocess.CalledProcessError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"cannot get Tiresias {commit} from {source}: {exc.stderr.strip()}") from None
+        (tmp / "repo").rename(dest)
+        tmp.rmdir()
+    head = _git("rev-parse", "HEAD", cwd=dest)
+    if head != commit:
+        raise RuntimeError(f"{dest} is at {head}, not the pinned {commit}; remove it and rerun")
+    dirty = _git("status", "--porcelain", "--untracked-files=no", cwd=dest)
+    if dirty:
+        raise RuntimeError(f"{dest} has local changes (the peer must run unmodified):\n{dirty}")
+    return dest / "simulator"
+
+
+def find_python2(explicit: str | None) -> str:
+    candidates = [explicit, os.environ.get("TIRESIAS_PYTHON2"), shutil.which("python2.7")]
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    candidates += [str(p / "bin" / "python2.7") for p in sorted(pyenv.glob("2.7*"), reverse=True)]
+    for c in candidates:  # a pyenv shim may exist and still fail: ask each one for its version
+        if c and Path(c).exists() and subprocess.run(
+                [c, "-c", "import sys; sys.exit(sys.version_info[:2] != (2, 7))"], capture_output=True).returncode == 0:
+            return c
+    raise RuntimeError("no Python 2.7 found: install one (e.g. `pyenv install 2.7.18`) or pass --python2")
+
+
+def py2_env(python2: str, cache: Path) -> dict[str, str]:
+    """Environment for running the peer: ``PYTHONPATH`` = a ``pip install --target`` of NumPy < 1.17
+    (installed once). Returns the environment and records the versions in ``env['_VERSIONS']``."""
+    site = cache / "py27-site"
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
+    probe = "import sys, numpy; print(sys.version.split()[0] + ' ' + numpy.__version__)"
+    ok = subprocess.run([python2, "-c", probe], env=env, capture_output=True, text=True)
+    if ok.returncode != 0:
+        log(f"installing {NUMPY_SPEC} for {python2} into {site}")
+        subprocess.run([python2, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                        "--only-binary=:all:", "--target", str(site), NUMPY_SPEC], check=True, env=env)
+        ok = subprocess.run([python2, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    env["_VERSIONS"] = ok.stdout.strip()
+    return env
+
+
+def run_peer(sim_dir: str, python2: str, env: dict[str, str], trace: str, gpus: int, gpus_per_node: int,
+             switches: int, schedule: str, work: str) -> dict:
+    """One ``run_sim.py`` run; returns its summary (raises RuntimeError when it fails or loses jobs)."""
+    run_dir = Path(work) / f"tiresias-{gpus}-{schedule}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = write_cluster_spec(run_dir / "cluster_spec.csv", gpus // gpus_per_node, gpus_per_node, switches)
+    label, scheme = PEER_SCHEDULES[schedule]
+    cmd = [python2, "run_sim.py", f"--cluster_spec={spec}", f"--scheme={scheme}", f"--trace_file={trace}",
+           f"--schedule={schedule}", f"--log_path={run_dir / 'log'}"]
+    t0 = time.perf_counter()
+    with (run_dir / "stdout.txt").open("w") as out:  # cwd: run_sim.py reads yarn-gput1000.csv from there
+        rc = subprocess.run(cmd, cwd=sim_dir, env={k: v for k, v in env.items() if not k.startswith("_")},
+                            stdout=out, stderr=subprocess.STDOUT).returncode
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        tail = (run_dir / "stdout.txt").read_text()[-2000:]
+        raise RuntimeError(f"Tiresias {schedule} at {gpus} GPUs failed (exit {rc}):\n{tail}")
+    done = read_job_log(run_dir / "log" / "job.csv")
+    row = {"simulator": "tiresias", "policy": schedule, "label": label, "scheme": scheme, "gpus": gpus,
+           "wall_s": wall, "command": " ".join(cmd[1:]), "finished_jobs": len(done),
+           "job_ids": sorted(j.job_id for j in done)}
+    row.update(jct_summary([j.jct for j in done], [j.submit for j in done], [j.end for j in done]))
+    pre = [j.preemptions for j in done]
+    row.update({"preemptions": int(sum(pre)), "max_preemptions_per_job": int(max(pre))})
+    return row
+
+
+def parse_gpupool_spec(spec: str) -> tuple[str, dict]:
+    """``"name+key=value+..."`` -> (job policy name, PoolConfig overrides); values are Python literals
+    (a number for ``thresholds`` becomes a one-element tuple). Raises ValueError for an unknown field."""
+    from gpupool.engine.pool.scheduler import PoolConfig
+
+    name, *pairs = spec.split("+")
+    known = {f.name for f in fields(PoolConfig)}
+    over = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or key not in known:
+            raise ValueError(f"--gpupool {spec!r}: {pair!r} is not KEY=VALUE with KEY one of {sorted(known)}")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        if key == "thresholds" and not isinstance(value, tuple):
+            value = (value,) if isinstance(value, int | float) else tuple(value)
+        over[key] = value
+    return name, over
+
+
+def matched_config(policy: str, overrides: dict):
+    """gpupool's simulator config matched to the peer: no restart overhead, no topology slowdown."""
+    from gpupool.engine.pool.scheduler import job_policy
+    from gpupool.sim.jobs import JobSimConfig
+    from gpupool.topology import TIERS, TopologyConfig
+
+    _, pool = job_policy(policy)
+    return JobSimConfig(pool=replace(pool, **overrides) if overrides else None, restart_overhead_s=0.0,
+                        topology=TopologyConfig(factors={t: 1.0 for t in TIERS}))
+
+
+def run_gpupool(spec: str, jobs: list, gpus: int, gpus_per_node: int) -> dict:
+    from gpupool.clusterspec import cluster_from_dict
+    from gpupool.sim.jobs import run_jobs
+
+    policy, over = parse_gpupool_spec(spec)
+    nodes = cluster_from_dict({"apiVersion": "gpupool.io/v1alpha1", "kind": "Cluster",
+                               "metadata": {"name": f"peer-{gpus}"},
+                               "spec": {"nodePools": [{"name": "g8", "count": gpus // gpus_per_node,
+                                                       "gpuModel": GPU_MODEL, "gpusPerNode": gpus_per_node,
+                                                       "cpuCores": 128, "memoryGiB": 1024, "nvlink": True}]}})
+    t0 = time.perf_counter()
+    res = run_jobs(nodes, jobs, policy, config=matched_config(policy, over))
+    wall = time.perf_counter() - t0
+    done = [j for j in res.jobs if j["status"] == "finished"]
+    row = {"simulator": "gpupool", "policy": spec, "label": f"gpupool {spec}", "gpus": gpus, "wall_s": wall,
+           "finished_jobs": len(done), "unfinished_jobs": len(res.jobs) - len(done),
+           "job_ids": sorted(j["job_id"] for j in done)}
+    row.update(jct_summary([j["jct"] for j in done], [j["submit"] for j in done], [j["end"] for j in done]))
+    pre = [j["preemptions"] for j in done]
+    row.update({"preemptions": int(sum(pre)), "max_preemptions_per_job": int(max(pre))})
+    return row
+
+
+def _f(x: float, digits: int) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def markdown(report: dict) -> str:
+    sizes = report["gpus"]
+    w = report["window"]
+    m = report["machine"]
+    lines = [
+        "# gpupool vs the Tiresias simulator (same jobs, same cluster)",
+        "",
+        f"Jobs: {w['trace']} jobs {w['offset']:,}..{w['offset'] + w['jobs'] - 1:,} in submission order "
+        f"({w['jobs']:,} jobs, {w['min_gpus']}-{w['max_gpus']} GPUs, {w['gpu_hours']:,.0f} GPU-hours, mean "
+        f"duration {w['mean_duration_h']:.2f} h = the lower bound on mean JCT, submitted over "
+        f"{w['submit_span_h']:,.1f} h). Clusters of {report['gpus_per_node']}-GPU nodes: "
+        + ", ".join(f"{g} GPUs (offered load {w['offered_load'][str(g)]:.2f})" for g in sizes) + ".",
+        f"Peer: Tiresias `simulator/` at {report['tiresias']['commit']} ({report['tiresias']['repo']}), "
+        f"unmodified, Python {report['tiresias']['python2']} / NumPy {report['tiresias']['numpy']}. "
+        "gpupool: matched model (no restart overhead, no topology slowdown, one queue, no failures).",
+        "JCT = end - submit in both; p95/p99 by linear interpolation; makespan = last end - first submission.",
+        f"Machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, NumPy {m['numpy']}; {m['date']}.",
+        f"Command: `{report['command']}`.",
+        "",
+        "| policy | " + " | ".join(f"{g} GPUs mean / p95 / p99 JCT (h), makespan (h)" for g in sizes)
+        + " | preemptions (max per job) |",
+        "|---|" + "---:|" * len(sizes) + "---:|",
+    ]
+    by = {(r["simulator"], r["policy"], r["gpus"]): r for r in report["results"]}
+    keys = list(dict.fromkeys((r["simulator"], r["policy"]) for r in report["results"]))
+    for key in keys:
+        cells, pre, label = [], [], key[1]
+        for g in sizes:
+            r = by.get((*key, g))
+            if r is None:
+                cells.append("—")
+                continue
+            label = r["label"]
+            cells.append(f"{_f(r['mean_jct_h'], 2)} / {_f(r['p95_jct_h'], 2)} / {_f(r['p99_jct_h'], 0)}, "
+                         f"{_f(r['makespan_h'], 0)}")
+            pre.append(f"{r['preemptions']:,} ({r['max_preemptions_per_job']})")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {' / '.join(pre)} |")
+    lines += ["", "Wall time per run (s): " + ", ".join(
+        f"{r['label']} @{r['gpus']}: {r['wall_s']:.0f}" for r in report["results"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", default=str(DEFAULT_TRACE), help="job trace CSV (Philly or ITP format)")
+    p.add_argument("--first", type=int, default=5000, help="jobs in the window (default 5000)")
+    p.add_argument("--offset", type=int, default=0, help="jobs skipped before the window (default 0)")
+    p.add_argument("--max-gpus", type=int, default=None,
+                   help="drop jobs larger than this before windowing (default: keep all)")
+    p.add_argument("--gpus", default="384,320", help="cluster sizes in GPUs, comma list (default 384,320)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--switches", type=int, default=1, help="Tiresias switches (yarn placement stays in one)")
+    p.add_argument("--peer", default=",".join(PEER_SCHEDULES),
+                   help=f"Tiresias schedules, comma list of {', '.join(PEER_SCHEDULES)} ('' for none)")
+    p.add_argument("--gpupool", default="fifo,gpupool",
+                   help="gpupool job policies, comma list, each NAME[+KEY=VALUE...] with PoolConfig overrides "
+                        "(default fifo,gpupool; '' for none)")
+    p.add_argument("--tiresias-src", default=os.environ.get("TIRESIAS_SRC") or TIRESIAS_REPO,
+                   help="where to clone Tiresias from: URL, clone or git dir (default $TIRESIAS_SRC or GitHub)")
+    p.add_argument("--tiresias-commit", default=TIRESIAS_COMMIT)
+    p.add_argument("--python2", default=None, help="Python 2.7 interpreter (default: $TIRESIAS_PYTHON2, PATH, pyenv)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the json and md")
+    p.add_argument("--name", default="tiresias_peer", help="file name stem of the results")
+    p.add_argument("--keep", default=None, help="keep the converted trace and the peer's logs in this folder")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from gpupool.traces import load_jobs
+
+    sizes = [int(g) for g in args.gpus.split(",") if g]
+    if any(g <= 0 or g % args.gpus_per_node for g in sizes):
+        raise SystemExit(f"--gpus: every size must be a positive multiple of {args.gpus_per_node}")
+    peer = [s for s in args.peer.split(",") if s]
+    unknown = set(peer) - set(PEER_SCHEDULES)
+    if unknown:
+        raise SystemExit(f"--peer: unknown {sorted(unknown)}; known: {', '.join(PEER_SCHEDULES)}")
+    ours = [s for s in args.gpupool.split(",") if s]
+    from gpupool.engine.pool.scheduler import JOB_POLICIES
+    for s in ours:
+        if parse_gpupool_spec(s)[0] not in JOB_POLICIES:
+            raise SystemExit(f"--gpupool: unknown policy in {s!r}; known: {', '.join(JOB_POLICIES)}")
+
+    jobs = select_window(load_jobs(args.trace), args.first, args.offset, args.max_gpus)
+    stats = trace_stats(jobs)
+    stats["offered_load"] = {str(g): trace_stats(jobs, g)["offered_load"] for g in sizes}
+    stats.update({"trace": Path(args.trace).name, "offset": args.offset, "max_gpus_filter": args.max_gpus})
+    log(f"window: {stats['jobs']} jobs, {stats['gpu_hours']:,.0f} GPU-h, mean {stats['mean_duration_h']:.2f} h")
+
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tiresias-run-"))
+    work.mkdir(parents=True, exist_ok=True)
+    trace_csv = write_tiresias_trace(jobs, work / "jobs_tiresias.csv")
+    tiresias = {"repo": TIRESIAS_REPO, "source": args.tiresias_src, "commit": args.tiresias_commit}
+    sim_dir = python2 = env = None
+    if peer:
+        sim_dir = fetch_tiresias(args.tiresias_src, args.tiresias_commit, cache)
+        python2 = find_python2(args.python2)
+        env = py2_env(python2, cache)
+        tiresias["python2"], tiresias["numpy"] = env["_VERSIONS"].split()
+        tiresias["checkout"] = str(sim_dir.parent)
+
+    tasks = [("peer", s, g) for g in sizes for s in peer] + [("gpupool", s, g) for g in sizes for s in ours]
+    results = []
+    t0 = time.perf_counter()
+    with cf.ProcessPoolExecutor(max_workers=max(1, args.parallel)) as ex:
+        futs = {}
+        for kind, s, g in tasks:
+            if kind == "peer":
+                f = ex.submit(run_peer, str(sim_dir), python2, env, str(trace_csv.resolve()), g,
+                              args.gpus_per_node, args.switches, s, str(work.resolve()))
+            else:
+                f = ex.submit(run_gpupool, s, jobs, g, args.gpus_per_node)
+            futs[f] = (kind, s, g)
+        for f in cf.as_completed(futs):
+            kind, s, g = futs[f]
+            r = f.result()
+            log(f"{kind} {s} @{g} GPUs: mean {r['mean_jct_h']:.2f} h, p95 {r['p95_jct_h']:.2f} h, "
+                f"p99 {r['p99_jct_h']:.1f} h, makespan {r['makespan_h']:.0f} h ({r['wall_s']:.0f} s)")
+            results.append(r)
+    want = sorted(int(j.line) for j in jobs)
+    for r in results:  # the same jobs finished on both sides
+        ids = [int(str(i).rsplit("-", 1)[-1]) for i in r.pop("job_ids")]
+        r["same_jobs_as_window"] = sorted(ids) == want
+    order = {t: i for i, t in enumerate(tasks)}
+    results.sort(key=lambda r: order[("peer" if r["simulator"] == "tiresias" else "gpupool", r["policy"], r["gpus"])])
+    cmd = "python benchmarks/tiresias/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = {"benchmark": "tiresias_peer", "command": cmd.strip(), "machine": machine_info(), "window": stats,
+              "gpus": sizes, "gpus_per_node": args.gpus_per_node, "tiresias_switches": args.switches,
+              "tiresias": tiresias,
+              "gpupool_model": {"restart_overhead_s": 0.0, "topology_speed_factors": 1.0, "queues": 1,
+                                "failures": None, "gpu_model": GPU_MODEL},
+              "total_wall_s": time.perf_counter() - t0, "results": results}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    (out / f"{args.name}.md").write_text(markdown(report))
+    log(f"wrote {out / (args.name + '.json')} and .md")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    bad = [r["label"] for r in results if not r["same_jobs_as_window"]]
+    if bad:
+        log(f"WARNING: not every job of the window finished in: {', '.join(bad)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
