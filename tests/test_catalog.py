@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +213,35 @@ def test_power_of_opaque_model_is_zero() -> None:
     assert power_w("G2", 0.7) == 0.0
     with pytest.raises(ValueError):
         power_w("G2", 1.5)
+
+
+H200_REFERENCE = Path(__file__).parents[1] / "../shared/reference/nvml-h200"
+
+
+@pytest.mark.skipif(not (H200_REFERENCE / "nvml.json").exists(), reason="../shared/reference/nvml-h200 absent")
+def test_h200_mig_profiles_match_the_real_device() -> None:
+    """Names, instance counts, usable memory (NVML memorySizeMB) and SM counts of the catalog's H200 profiles
+    against the recording of a real H200 (nvml.json) and its ``nvidia-smi mig -lgip`` table."""
+    gpu = json.loads((H200_REFERENCE / "nvml.json").read_text())["gpus"][0]
+    real = {p["name"].removeprefix("MIG "): p for p in gpu["gpu_instance_profiles"].values()}
+    lgip = {}
+    for line in (H200_REFERENCE / "mig-lgip.txt").read_text().splitlines():
+        m = re.match(r"\|\s+\d+\s+MIG (\S+)\s+\d+\s+\d+/(\d+)\s+([\d.]+)\s+\w+\s+(\d+)", line)
+        if m:
+            lgip[m.group(1)] = (int(m.group(2)), round(float(m.group(3)) * 1024), int(m.group(4)))
+    profiles = get_model("H200").mig_profiles
+    assert {p.name for p in profiles} == set(real) - {"1g.18gb+me"}
+    for p in profiles:
+        r = real[p.name]
+        assert (p.max_instances, p.usable_memory_mib, p.sm_count, p.compute_slices) == (
+            r["instanceCount"], r["memorySizeMB"], r["multiprocessorCount"], r["sliceCount"]), p.name
+        assert lgip[p.name] == (p.max_instances, p.usable_memory_mib, p.sm_count), p.name
+        assert p.usable_memory_mib < p.memory_mib  # usable is below the nominal size in the name
+    assert mig_profile("H200", "1g.18gb").usable_memory_mib == 16384
+
+
+def test_h200_usable_mig_memory_below_nominal() -> None:
+    for p in get_model("H200").mig_profiles:
+        assert 0 < p.usable_memory_mib < p.memory_mib and p.sm_count > 0
+    assert [p.sm_count for p in get_model("H200").mig_profiles] == [16, 26, 32, 60, 64, 132]
+    assert all(p.usable_memory_mib == 0 for p in get_model("A100-80GB").mig_profiles)  # not measured there

@@ -25,6 +25,12 @@ Conventions used for every entry (each entry's ``source`` says where its own fig
 * MIG profile ``memory_mib`` is the nominal size in the profile name (``1g.10gb`` -> 10 x 1024 MiB),
   exactly as the NVIDIA MIG user guide / mig-parted names them; the usable size is slightly smaller
   (GFD reports ``nvidia.com/mig-1g.10gb.memory`` = 9728 on A100-80GB, 9984 on H100).
+  ``usable_memory_mib`` and ``sm_count`` carry the measured figures where a real device's profile table is
+  at hand (0 = not measured): for H200 they come from NVML ``nvmlDeviceGetGpuInstanceProfileInfo``
+  (``memorySizeMB``, ``multiprocessorCount``) and ``nvidia-smi mig -lgip`` on a real H200 (driver 580.159.04,
+  ``shared/reference/nvml-h200``): 1g.18gb has 16384 MiB and 16 SMs, 1g.35gb 33280 / 26, 2g.35gb 33280 / 32,
+  3g.71gb 71424 / 60, 4g.71gb 71424 / 64, 7g.141gb 143360 / 132. (The H200 also offers ``1g.18gb+me``, one
+  instance of 1g.18gb with the media engines; it is left out of the catalog's six-profile set.)
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class MigProfile:
     ``compute_slices`` of 7.
 
     ``memory_slices`` is how many of the GPU's 8 memory slices the profile takes (MIG user guide).
+    ``usable_memory_mib``: memory a process can use (NVML ``memorySizeMB``), below the nominal
+    ``memory_mib``; ``sm_count``: streaming multiprocessors of the instance; both 0 when not measured.
     """
 
     name: str
@@ -46,6 +54,8 @@ class MigProfile:
     memory_mib: int
     compute_slices: int
     memory_slices: int = 0
+    usable_memory_mib: int = 0
+    sm_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +91,8 @@ _THROUGHPUT_NOTE = (
 )
 
 
-def _mig(name: str, max_instances: int, memory_slices: int) -> MigProfile:
+def _mig(name: str, max_instances: int, memory_slices: int, usable_memory_mib: int = 0,
+         sm_count: int = 0) -> MigProfile:
     """A profile from its NVIDIA name (``<g>g.<mem>gb``): compute slices and memory follow from the name."""
     m = re.fullmatch(r"(\d)g\.(\d+)gb", name)
     if m is None:
@@ -92,6 +103,8 @@ def _mig(name: str, max_instances: int, memory_slices: int) -> MigProfile:
         memory_mib=int(m.group(2)) * 1024,
         compute_slices=int(m.group(1)),
         memory_slices=memory_slices,
+        usable_memory_mib=usable_memory_mib,
+        sm_count=sm_count,
     )
 
 
@@ -111,7 +124,15 @@ _MIG_SOURCE = "MIG profiles: NVIDIA MIG user guide (supported profiles) / NVIDIA
 
 _MIG_A100_40GB = _mig_set("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
 _MIG_80GB = _mig_set("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
-_MIG_H200 = _mig_set("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb")
+# H200: usable memory (MiB) and SMs measured on a real H200 (NVML profile info, see the module docstring).
+_MIG_H200 = (
+    _mig("1g.18gb", 7, 1, usable_memory_mib=16384, sm_count=16),
+    _mig("1g.35gb", 4, 2, usable_memory_mib=33280, sm_count=26),
+    _mig("2g.35gb", 3, 2, usable_memory_mib=33280, sm_count=32),
+    _mig("3g.71gb", 2, 4, usable_memory_mib=71424, sm_count=60),
+    _mig("4g.71gb", 1, 4, usable_memory_mib=71424, sm_count=64),
+    _mig("7g.141gb", 1, 8, usable_memory_mib=143360, sm_count=132),
+)
 
 
 def _entry(
