@@ -1,0 +1,164 @@
+"""The Tiresias peer benchmark's converter and log parser (benchmarks/tiresias/convert.py).
+
+The full side-by-side run (benchmarks/tiresias/run.py) needs Python 2.7 and the peer's source; it is not
+part of the test suite. These tests check the formats on a few rows, without the peer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupool.traces.errors import TraceFormatError
+from gpupool.traces.jobs import JobRecord, load_philly_jobs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+conv = _load("tiresias_convert", ROOT / "benchmarks" / "tiresias" / "convert.py")
+
+PHILLY = """timestamp,duration,num_gpus,gpu_time,cluster
+2017-10-09 07:01:55,66.0,1,66.0,11cb48
+2017-10-09 06:13:03,2951.0,4,11804.0,6214e9
+2017-10-09 06:13:03,100.0,2,200.0,6214e9
+2017-10-09 06:00:00,7200.0,64,460800.0,6c71a0
+2017-10-09 08:00:00,10.0,1,10.0,6c71a0
+"""
+
+
+@pytest.fixture
+def philly(tmp_path: Path) -> list[JobRecord]:
+    p = tmp_path / "philly.csv"
+    p.write_text(PHILLY)
+    return load_philly_jobs(p)
+
+
+def test_window_rebases_and_keeps_order(philly: list[JobRecord]) -> None:
+    w = conv.select_window(philly, first=3)
+    # sorted by submission: 06:00 (64 GPUs, line 5), 06:13:03 (line 3), 06:13:03 (line 4), ...
+    assert [j.line for j in w] == [5, 3, 4]
+    assert [j.submit_time for j in w] == [0.0, 783.0, 783.0]
+    assert [j.queue for j in w] == ["", "", ""]
+    # offset and a GPU filter applied before the window
+    w2 = conv.select_window(philly, first=10, offset=1, max_gpus=32)
+    assert [j.line for j in w2] == [4, 2, 6]
+    assert w2[0].submit_time == 0.0 and w2[1].submit_time == 2932.0
+    with pytest.raises(ValueError, match="empty window"):
+        conv.select_window(philly, first=1, offset=99)
+    with pytest.raises(ValueError, match="first >= 1"):
+        conv.select_window(philly, first=0)
+
+
+def test_trace_round_trip(tmp_path: Path, philly: list[JobRecord]) -> None:
+    w = conv.select_window(philly, first=5, max_gpus=32)
+    path = conv.write_tiresias_trace(w, tmp_path / "jobs.csv")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "job_id,num_gpu,submit_time,iterations,model_name,duration,interval"
+    # every number is a digit string (Tiresias converts only those), interval = gap to the next job
+    assert lines[1] == "3,4,0,2951,resnet50,2951,0"
+    assert lines[2] == "4,2,0,100,resnet50,100,2932"
+    assert lines[3] == "2,1,2932,66,resnet50,66,3485"
+    assert lines[-1] == "6,1,6417,10,resnet50,10,0"
+    back = conv.read_tiresias_trace(path)
+    assert [(j.line, j.submit_time, j.duration, j.num_gpu) for j in back] == \
+        [(j.line, j.submit_time, j.duration, j.num_gpu) for j in w]
+    stats = conv.trace_stats(w, capacity_gpus=8)
+    assert stats["jobs"] == 4 and stats["max_gpus"] == 4
+    assert stats["gpu_hours"] == pytest.approx((11804 + 200 + 66 + 10) / 3600)
+
+
+def test_writer_rejects_what_tiresias_would_misread(tmp_path: Path) -> None:
+    frac = [JobRecord("a", 0.5, 10.0, 1, "", 2)]
+    with pytest.raises(ValueError, match="submit_time 0.5"):
+        conv.write_tiresias_trace(frac, tmp_path / "x.csv")
+    unsorted = [JobRecord("a", 10.0, 10.0, 1, "", 2), JobRecord("b", 5.0, 10.0, 1, "", 3)]
+    with pytest.raises(ValueError, match="not sorted"):
+        conv.write_tiresias_trace(unsorted, tmp_path / "x.csv")
+    dup = [JobRecord("a", 0.0, 10.0, 1, "", 2), JobRecord("b", 5.0, 10.0, 1, "", 2)]
+    with pytest.raises(ValueError, match="used twice"):
+        conv.write_tiresias_trace(dup, tmp_path / "x.csv")
+
+
+def test_reader_bad_input_names_file_line_column(tmp_path: Path) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+                 "1,2,0,5,resnet50,5,1\n"
+                 "2,2,1.5,5,resnet50,5,0\n")
+    with pytest.raises(TraceFormatError) as err:
+        conv.read_tiresias_trace(p)
+    assert (err.value.line, err.value.column) == (3, "submit_time")
+    assert "bad.csv:3" in str(err.value)
+    p.write_text("job_id,num_gpu,submit_time\n1,2,0\n")
+    with pytest.raises(TraceFormatError, match="missing"):
+        conv.read_tiresias_trace(p)
+
+
+def test_cluster_spec(tmp_path: Path) -> None:
+    p = conv.write_cluster_spec(tmp_path / "spec.csv", nodes=48)
+    assert p.read_text() == ("num_switch,num_node_p_switch,num_gpu_p_node,num_cpu_p_node,mem_p_node\n"
+                             "1,48,8,128,256\n")
+    assert conv.write_cluster_spec(tmp_path / "s2.csv", 40, switches=4).read_text().splitlines()[1] == \
+        "4,10,8,128,256"
+    with pytest.raises(ValueError, match="multiple"):
+        conv.write_cluster_spec(tmp_path / "s3.csv", 10, switches=4)
+
+
+# The job log as Tiresias' log.py writes it: the `count` scheme adds `resume` (rows from a dlas-gpu run).
+JOB_LOG_COUNT = """time,job_id,num_gpu,submit_time,start_time,end_time,executed_time,JCT,duration,pending_time,preempt,resume,promote
+120,7,1,0,0,120,120,120,120,0,0,1,0
+4000,9,8,100,100,4000,3900,3900,3000,900,2,3,0
+7700,8,2,0,50,7700,7650,7700,3000,4700,1,2,0
+"""
+# ... and the yarn scheme's (fifo) without it.
+JOB_LOG_YARN = """time,job_id,num_gpu,submit_time,start_time,end_time,executed_time,JCT,duration,pending_time,preempt,promote
+66,3,1,0,0,66,66,66,66,0,0,0
+"""
+
+
+def test_job_log_parser(tmp_path: Path) -> None:
+    p = tmp_path / "job.csv"
+    p.write_text(JOB_LOG_COUNT)
+    jobs = conv.read_job_log(p)
+    assert [(j.job_id, j.jct, j.preemptions) for j in jobs] == [(7, 120.0, 0), (9, 3900.0, 2), (8, 7700.0, 1)]
+    s = conv.jct_summary([j.jct for j in jobs], [j.submit for j in jobs], [j.end for j in jobs])
+    assert s["jobs"] == 3
+    assert s["mean_jct_h"] == pytest.approx((120 + 3900 + 7700) / 3 / 3600)
+    assert s["makespan_h"] == pytest.approx(7700 / 3600)
+    assert s["p99_jct_h"] <= s["max_jct_h"] == pytest.approx(7700 / 3600)
+    p.write_text(JOB_LOG_YARN)
+    assert conv.read_job_log(p)[0].jct == 66.0
+
+
+def test_job_log_parser_rejects_inconsistent_jct(tmp_path: Path) -> None:
+    p = tmp_path / "job.csv"
+    header = JOB_LOG_YARN.splitlines()[0]
+    p.write_text(header + "\n66,3,1,0,0,66,66,65,66,0,0,0\n")
+    with pytest.raises(TraceFormatError) as err:
+        conv.read_job_log(p)
+    assert (err.value.line, err.value.column) == (2, "JCT")
+    p.write_text(JOB_LOG_YARN + JOB_LOG_YARN.splitlines()[1] + "\n")
+    with pytest.raises(TraceFormatError, match="duplicate"):
+        conv.read_job_log(p)
+
+
+def test_gpupool_spec_parsing() -> None:
+    pytest.importorskip("numpy")
+    run = _load("tiresias_run", ROOT / "benchmarks" / "tiresias" / "run.py")
+    assert run.parse_gpupool_spec("gpupool") == ("gpupool", {})
+    assert run.parse_gpupool_spec("gpupool+thresholds=3250+min_run_s=0") == \
+        ("gpupool", {"thresholds": (3250,), "min_run_s": 0})
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        run.parse_gpupool_spec("gpupool+nonsense=1")
+    cfg = run.matched_config("fifo", {})
+    assert cfg.restart_overhead_s == 0.0 and set(cfg.topology.factors.values()) == {1.0}
