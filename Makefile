@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean e2e
+.PHONY: run test lint bench bench-tiresias clean e2e
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ e2e: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decisions.py
+
+## bench-tiresias: gpupool beside the Tiresias simulator on the same jobs (benchmarks/tiresias/README.md).
+## Needs git and Python 2.7; TIRESIAS_SRC=clone or git dir instead of GitHub; TIRESIAS_ARGS="--first 1000 ...".
+bench-tiresias: $(STAMP)
+	$(BIN)/python benchmarks/tiresias/run.py $(TIRESIAS_ARGS)
 
 clean:
 	rm -rf $(VENV) results
