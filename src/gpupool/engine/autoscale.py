@@ -552,8 +552,8 @@ class Recommender:
             out, limited = spec.max_replicas, "maxReplicas"
         if out < floor:
             out, limited = floor, "minReplicas"
-        if (spec.min_replicas == 0 and out == 1 and vals and not active):
-            limited = limited or "cooldown"
+        if spec.min_replicas == 0 and out == 1 and raw < 1 and vals and not active:
+            limited = "cooldown"  # held at 1 (the HPA floor under KEDA) until the cooldown has passed
         self._record(now_s, cur, out)
         if limited:
             reason += f"; limited by {limited} -> {out}"
