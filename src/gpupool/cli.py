@@ -866,7 +866,7 @@ def compare_cmd(
 
 
 EXTENSION_MODULES = ("gpupool.k8s.scheduler_cli", "gpupool.k8s.extender_cli", "gpupool.sim.jobs_cli",
-                     "gpupool.agent.cli")
+                     "gpupool.agent.cli", "gpupool.k8s.autoscaler.cli")
 """Modules that add commands to the CLI; each defines ``register(app: typer.Typer) -> None``."""
 
 
