@@ -52,8 +52,9 @@ def _component(obj: dict) -> str:
 
 
 def rendered() -> tuple[dict, ...]:
-    """deploy/ without the node agent's objects (deploy/agent/, checked in the agent section below)."""
-    return tuple(o for o in rendered_all() if _component(o) != "agent")
+    """deploy/ without the node agent's and the autoscaler's objects (deploy/agent/, deploy/autoscaler/: checked in
+    their sections below)."""
+    return tuple(o for o in rendered_all() if _component(o) not in ("agent", "autoscaler"))
 
 
 def rendered_agent() -> tuple[dict, ...]:
