@@ -261,6 +261,10 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
     def apply_health(state: Any) -> None:
         assert telemetry is not None
         health.extend(telemetry.apply_health(state))
+        if settings.policy == "load-aware":  # it also reads GPU utilisation and memory
+            from gpupool.policies.load_aware import set_gpu_load, telemetry_load
+
+            set_gpu_load(state, *telemetry_load(telemetry, state))
         known = set(state.node_names)
         unknown = sorted({node for node, _ in telemetry.fresh() if node not in known})
         if unknown:
@@ -336,8 +340,13 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
                                 lease_duration=settings.lease_duration, renew_deadline=settings.renew_deadline,
                                 retry_period=settings.retry_period, on_started_leading=wake,
                                 on_stopped_leading=wake)
+    prepare_state = telemetry.apply_health if telemetry is not None else None
+    if telemetry is not None and settings.policy == "load-aware":  # it also reads GPU utilisation and memory
+        from gpupool.policies.load_aware import telemetry_prepare
+
+        prepare_state = telemetry_prepare(telemetry)
     sched = Scheduler(api, cfg, leader=(lambda: elector.is_leader) if elector else None, metrics=metrics,
-                      prepare_state=telemetry.apply_health if telemetry is not None else None)
+                      prepare_state=prepare_state)
     server = None
     if settings.metrics_address not in ("", "0"):
         host, port = _host_port(settings.metrics_address)
