@@ -882,6 +882,7 @@ def _register_extensions() -> None:
 
 
 _register_extensions()
+app.add_typer(importlib.import_module("gpupool.autoscale_cli").app, name="autoscale")
 
 
 def main() -> None:
