@@ -70,6 +70,12 @@ PEER_SCHEDULES = {"fifo": ("Tiresias fifo (yarn placement)", "yarn"),
 within the 2D-LAS queues, the paper's discretized 2D-Gittins): at the pinned commit ``--schedule=gittins``
 crashes at its first job (``main`` passes the size prior to ``gittins_sim_jobs`` but never sets
 ``JOBS.job_dist_data``, which ``get_gittins_index`` reads)."""
+ISSUE_SWITCHES = {384: 3, 320: 5}
+"""Tiresias switches per cluster size (GPUs) in issue 14's table; its fifo figures are reproduced with these
+(with one switch, yarn placement is slightly looser: fifo mean JCT 138.7 h instead of 139.7 h at 384 GPUs).
+The switch count matters only to the ``yarn`` scheme (fifo); dlas-gpu and dlas-gpu-gittins count GPUs."""
+PEER_SCHEMES = ("yarn", "count")
+"""Placement schemes ``--peer SCHEDULE:SCHEME`` may name (Tiresias ``--scheme``)."""
 GPU_MODEL = "V100M16"
 
 
@@ -139,10 +145,15 @@ def py2_env(python2: str, cache: Path) -> dict[str, str]:
 def run_peer(sim_dir: str, python2: str, env: dict[str, str], trace: str, gpus: int, gpus_per_node: int,
              switches: int, schedule: str, work: str) -> dict:
     """One ``run_sim.py`` run; returns its summary (raises RuntimeError when it fails or loses jobs)."""
-    run_dir = Path(work) / f"tiresias-{gpus}-{schedule}"
+    item = schedule
+    schedule, _, scheme = item.partition(":")
+    label, default_scheme = PEER_SCHEDULES[schedule]
+    scheme = scheme or default_scheme
+    if scheme != default_scheme:
+        label = f"{label} [{scheme} placement]"
+    run_dir = Path(work) / f"tiresias-{gpus}-{schedule}-{scheme}"
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = write_cluster_spec(run_dir / "cluster_spec.csv", gpus // gpus_per_node, gpus_per_node, switches)
-    label, scheme = PEER_SCHEDULES[schedule]
     cmd = [python2, "run_sim.py", f"--cluster_spec={spec}", f"--scheme={scheme}", f"--trace_file={trace}",
            f"--schedule={schedule}", f"--log_path={run_dir / 'log'}"]
     t0 = time.perf_counter()
@@ -154,7 +165,8 @@ def run_peer(sim_dir: str, python2: str, env: dict[str, str], trace: str, gpus: 
         tail = (run_dir / "stdout.txt").read_text()[-2000:]
         raise RuntimeError(f"Tiresias {schedule} at {gpus} GPUs failed (exit {rc}):\n{tail}")
     done = read_job_log(run_dir / "log" / "job.csv")
-    row = {"simulator": "tiresias", "policy": schedule, "label": label, "scheme": scheme, "gpus": gpus,
+    row = {"simulator": "tiresias", "policy": item, "label": label, "scheme": scheme, "gpus": gpus,
+           "switches": switches,
            "wall_s": wall, "command": " ".join(cmd[1:]), "finished_jobs": len(done),
            "job_ids": sorted(j.job_id for j in done)}
     row.update(jct_summary([j.jct for j in done], [j.submit for j in done], [j.end for j in done]))
@@ -219,6 +231,16 @@ def run_gpupool(spec: str, jobs: list, gpus: int, gpus_per_node: int) -> dict:
     return row
 
 
+def gpupool_revision() -> str:
+    """This checkout's commit, with ``+dirty`` when tracked files under src/ differ from it."""
+    try:
+        head = _git("rev-parse", "--short=12", "HEAD", cwd=ROOT)
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "src", cwd=ROOT)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def _f(x: float, digits: int) -> str:
     return f"{x:,.{digits}f}"
 
@@ -234,10 +256,12 @@ def markdown(report: dict) -> str:
         f"({w['jobs']:,} jobs, {w['min_gpus']}-{w['max_gpus']} GPUs, {w['gpu_hours']:,.0f} GPU-hours, mean "
         f"duration {w['mean_duration_h']:.2f} h = the lower bound on mean JCT, submitted over "
         f"{w['submit_span_h']:,.1f} h). Clusters of {report['gpus_per_node']}-GPU nodes: "
-        + ", ".join(f"{g} GPUs (offered load {w['offered_load'][str(g)]:.2f})" for g in sizes) + ".",
+        + ", ".join(f"{g} GPUs (offered load {w['offered_load'][str(g)]:.2f}; Tiresias: "
+                    f"{report['tiresias_switches'][str(g)]} switches)" for g in sizes) + ".",
         f"Peer: Tiresias `simulator/` at {report['tiresias']['commit']} ({report['tiresias']['repo']}), "
         f"unmodified, Python {report['tiresias']['python2']} / NumPy {report['tiresias']['numpy']}. "
-        "gpupool: matched model (no restart overhead, no topology slowdown, one queue, no failures).",
+        f"gpupool {report['gpupool_revision']}: matched model (no restart overhead, no topology slowdown, one queue, "
+        "no failures).",
         "JCT = end - submit in both; p95/p99 by linear interpolation; makespan = last end - first submission.",
         f"Machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, NumPy {m['numpy']}; {m['date']}.",
         f"Command: `{report['command']}`.",
@@ -275,9 +299,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="drop jobs larger than this before windowing (default: keep all)")
     p.add_argument("--gpus", default="384,320", help="cluster sizes in GPUs, comma list (default 384,320)")
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--switches", type=int, default=1, help="Tiresias switches (yarn placement stays in one)")
+    p.add_argument("--switches", default=None,
+                   help="Tiresias switches per cluster size, comma list aligned with --gpus or one value for all "
+                        "(yarn placement keeps a job under one switch); default: the layout of issue 14's "
+                        "table, 3 at 384 GPUs and 5 at 320 (16 and 8 nodes per switch), else 1")
     p.add_argument("--peer", default=",".join(PEER_SCHEDULES),
-                   help=f"Tiresias schedules, comma list of {', '.join(PEER_SCHEDULES)} ('' for none)")
+                   help=f"Tiresias schedules, comma list of {', '.join(PEER_SCHEDULES)}, each optionally "
+                        f"SCHEDULE:SCHEME with a placement scheme of {', '.join(PEER_SCHEMES)} ('' for none)")
     p.add_argument("--gpupool", default="fifo,gpupool",
                    help="gpupool job policies, comma list, each NAME[+KEY=VALUE...] with PoolConfig overrides "
                         "(default fifo,gpupool; '' for none)")
@@ -299,8 +327,19 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(g) for g in args.gpus.split(",") if g]
     if any(g <= 0 or g % args.gpus_per_node for g in sizes):
         raise SystemExit(f"--gpus: every size must be a positive multiple of {args.gpus_per_node}")
+    if args.switches is None:
+        switches = [ISSUE_SWITCHES.get(g, 1) for g in sizes]
+    else:
+        switches = [int(x) for x in args.switches.split(",") if x]
+        switches = switches * len(sizes) if len(switches) == 1 else switches
+    if len(switches) != len(sizes) or any(
+            x < 1 or (g // args.gpus_per_node) % x for x, g in zip(switches, sizes, strict=False)):
+        raise SystemExit(f"--switches: one count per --gpus size (or one for all), each dividing the node count; "
+                         f"got {args.switches!r} for {sizes}")
+    switches_of = dict(zip(sizes, switches, strict=True))
     peer = [s for s in args.peer.split(",") if s]
-    unknown = set(peer) - set(PEER_SCHEDULES)
+    unknown = {s for s in peer if s.partition(":")[0] not in PEER_SCHEDULES
+               or s.partition(":")[2] not in ("", *PEER_SCHEMES)}
     if unknown:
         raise SystemExit(f"--peer: unknown {sorted(unknown)}; known: {', '.join(PEER_SCHEDULES)}")
     ours = [s for s in args.gpupool.split(",") if s]
@@ -337,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind, s, g in tasks:
             if kind == "peer":
                 f = ex.submit(run_peer, str(sim_dir), python2, env, str(trace_csv.resolve()), g,
-                              args.gpus_per_node, args.switches, s, str(work.resolve()))
+                              args.gpus_per_node, switches_of[g], s, str(work.resolve()))
             else:
                 f = ex.submit(run_gpupool, s, jobs, g, args.gpus_per_node)
             futs[f] = (kind, s, g)
@@ -355,8 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     results.sort(key=lambda r: order[("peer" if r["simulator"] == "tiresias" else "gpupool", r["policy"], r["gpus"])])
     cmd = "python benchmarks/tiresias/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     report = {"benchmark": "tiresias_peer", "command": cmd.strip(), "machine": machine_info(), "window": stats,
-              "gpus": sizes, "gpus_per_node": args.gpus_per_node, "tiresias_switches": args.switches,
-              "tiresias": tiresias,
+              "gpus": sizes, "gpus_per_node": args.gpus_per_node,
+              "tiresias_switches": {str(g): x for g, x in switches_of.items()},
+              "tiresias": tiresias, "gpupool_revision": gpupool_revision(),
               "gpupool_model": {"restart_overhead_s": 0.0, "topology_speed_factors": 1.0, "queues": 1,
                                 "failures": None, "gpu_model": GPU_MODEL},
               "total_wall_s": time.perf_counter() - t0, "results": results}
