@@ -205,24 +205,24 @@ class AutoscalerSpec:
 
     def __post_init__(self) -> None:
         if self.min_replicas < 0:
-            raise ValueError(f"minReplicas must be >= 0, got {self.min_replicas}")
+            raise ValueError(f"minReplicas: must be >= 0, got {self.min_replicas}")
         if self.max_replicas < max(1, self.min_replicas):
-            raise ValueError(f"maxReplicas must be >= max(1, minReplicas={self.min_replicas}), "
+            raise ValueError(f"maxReplicas: must be >= max(1, minReplicas={self.min_replicas}), "
                              f"got {self.max_replicas}")
         if not 0 <= self.tolerance < 1:
-            raise ValueError(f"tolerance must be within [0, 1), got {self.tolerance!r}")
+            raise ValueError(f"tolerance: must be within [0, 1), got {self.tolerance!r}")
         names = [m.name for m in self.metrics]
         if len(set(names)) != len(names):
             raise ValueError(f"metrics: a metric is listed twice: {names}")
         if self.panic_window_s is not None and not 0 < self.panic_window_s <= self.stable_window_s:
-            raise ValueError(f"panicWindowSeconds must be within (0, stableWindowSeconds="
+            raise ValueError(f"panicWindowSeconds: must be within (0, stableWindowSeconds="
                              f"{self.stable_window_s}], got {self.panic_window_s!r}")
         if not self.stable_window_s > 0:
-            raise ValueError(f"stableWindowSeconds must be > 0, got {self.stable_window_s!r}")
+            raise ValueError(f"stableWindowSeconds: must be > 0, got {self.stable_window_s!r}")
         if not self.panic_threshold > 1:
-            raise ValueError(f"panicThreshold must be > 1, got {self.panic_threshold!r}")
+            raise ValueError(f"panicThreshold: must be > 1, got {self.panic_threshold!r}")
         if not self.cooldown_s >= 0:
-            raise ValueError(f"cooldownPeriod must be >= 0, got {self.cooldown_s!r}")
+            raise ValueError(f"cooldownPeriod: must be >= 0, got {self.cooldown_s!r}")
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any]) -> AutoscalerSpec:
@@ -270,7 +270,7 @@ class AutoscalerSpec:
         try:
             return cls(**kw)
         except ValueError as e:
-            raise ValueError(f"spec: {e}") from None
+            raise ValueError(f"spec.{e}") from None
 
 
 def _num(v: Any, where: str) -> float:
