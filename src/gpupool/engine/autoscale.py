@@ -42,7 +42,8 @@ Rules, in the order they are applied (each with its source; the code is our own)
    panicking the proposal is ``max(stable, panic)`` and never below the largest proposal of this panic
    (Knative's ``maxPanicPods``), the whole recommendation never goes below ``current``, and the scale-up
    stabilization window is bypassed (rate policies still apply: they are explicit user limits). Panic ends
-   once a full stable window has passed since the last over-threshold evaluation.
+   once a full stable window has passed since the last over-threshold evaluation. The HPA tolerance applies
+   to the stable proposal (Knative has none; kept so that concurrency behaves like the other metrics).
 
 4. **HPA behavior** (``pkg/controller/podautoscaler/horizontal.go``: ``stabilizeRecommendationWithBehaviors``,
    ``convertDesiredReplicasWithBehaviorRate``, ``calculateScaleUpLimitWithScalingRules``,
