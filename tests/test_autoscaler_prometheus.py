@@ -10,6 +10,7 @@ The formats are Prometheus's (docs "HTTP API"; web/api/v1/api.go): success ``{"s
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import urllib.parse
@@ -22,6 +23,8 @@ import pytest
 from gpupool.k8s.autoscaler.prometheus import PrometheusClient, PrometheusError, parse_response, reduce_samples
 
 Series = list[tuple[Mapping[str, str], float | str]]
+# Prometheus's duration parameters: seconds as a number ("1.5"), or whole numbers with units ("1m30s", "1500ms")
+DURATION = re.compile(r"\d+(\.\d+)?|((\d+)(y|w|d|h|ms|m|s))+")
 
 
 class PromError:
@@ -108,6 +111,10 @@ class PromStub:
         if not query:
             value = PromError(400, "bad_data", 'invalid parameter "query": 1:1: parse error: no expression found '
                                                "in input")
+        timeout = params.get("timeout")
+        if timeout is not None and not DURATION.fullmatch(timeout):  # as web/api/v1 parseDuration
+            value = PromError(400, "bad_data", f'invalid parameter "timeout": cannot parse "{timeout}" to a valid '
+                                               "duration")
         if isinstance(value, PromError):
             return value.status, {"status": "error", "errorType": value.error_type, "error": value.message}
         ts = float(params.get("time") or time.time())
@@ -150,7 +157,7 @@ def test_vector_values_labels_and_reducers(stub: PromStub, prom: PrometheusClien
     assert [s.value for s in samples] == [3.0, 5.5, 10.0]
     assert all(abs(s.timestamp - time.time()) < 60 for s in samples)
     assert stub.queries() == [q]  # the PromQL arrives as written (braces, quotes, regex)
-    assert stub.requests[0]["timeout"] == "1.5s"  # Prometheus stops evaluating when the client gives up
+    assert stub.requests[0]["timeout"] == "1500ms"  # Prometheus stops evaluating when the client gives up
     assert prom.value(q, "sum") == 18.5
     assert prom.value(q, "avg") == pytest.approx(18.5 / 3)
     assert prom.value(q, "max") == 10.0 and prom.value(q, "min") == 3.0
@@ -266,6 +273,13 @@ def test_reduce_samples_hand_computed() -> None:
     xs = [Sample({}, 0, v) for v in (1.0, 2.0, 6.0, float("nan"))]
     assert (reduce_samples(xs, "sum"), reduce_samples(xs, "avg"), reduce_samples(xs, "max")) == (9.0, 3.0, 6.0)
     assert reduce_samples([], "sum") is None
+
+
+def test_stub_rejects_a_fractional_duration_as_prometheus_does(stub: PromStub) -> None:
+    """Found against the real server (tests/e2e/test_autoscaler_e2e.py): ``timeout=1.5s`` is a 400 bad_data."""
+    assert stub.answer({"query": "up", "timeout": "1.5s"})[0] == 400
+    assert stub.answer({"query": "up", "timeout": "1500ms"})[0] == 200
+    assert stub.answer({"query": "up", "timeout": "2.5"})[0] == 200
 
 
 def test_ready_and_bad_url(stub: PromStub, prom: PrometheusClient) -> None:

@@ -140,7 +140,8 @@ class PrometheusClient:
 
     def query(self, promql: str, at: float | None = None) -> list[Sample]:
         """Evaluate ``promql`` at ``at`` (unix seconds; None: now). Raises :class:`PrometheusError`."""
-        params = {"query": promql, "timeout": f"{max(self.timeout - 0.5, 0.5):g}s"}
+        # Prometheus durations are whole numbers with a unit ("1500ms"; "1.5s" is a 400 bad_data)
+        params = {"query": promql, "timeout": f"{int(max(self.timeout - 0.5, 0.5) * 1000)}ms"}
         if at is not None:
             params["time"] = f"{at:.3f}"
         self.queries += 1
