@@ -205,7 +205,8 @@ def test_cpu_util_stays_low_while_the_gpu_saturates() -> None:
     tr = load_embedded_azure_llm()
     env = Envelope(20.0, 20.0)
     wl = trace_arrivals(tr.time_s, tr.prompt_tokens, tr.output_tokens, env, 1800, 1, "t")
-    pol = RecommenderPolicy("hpa-cpu", "1xH200", AutoscalerSpec(max_replicas=4, metrics=(MetricTarget("cpu_util", 50),)))
+    spec = AutoscalerSpec(max_replicas=4, metrics=(MetricTarget("cpu_util", 50),))
+    pol = RecommenderPolicy("hpa-cpu", "1xH200", spec)
     r = simulate(wl, TABLE, pol, slo_s=15, lag_s=15)
     assert r.max_metric["gpu_util"] == pytest.approx(100.0)
     assert r.max_metric["cpu_util"] < 35.0

@@ -99,7 +99,8 @@ class ServedModel:
     @property
     def memory_need_mib(self) -> int:
         """Least memory (MiB) a replica needs: weights + overhead + ``min_kv_tokens`` of KV cache."""
-        return int(math.ceil(self.weights_mib + self.overhead_mib + self.min_kv_tokens * self.kv_bytes_per_token / 2**20))
+        kv_mib = self.min_kv_tokens * self.kv_bytes_per_token / 2**20
+        return int(math.ceil(self.weights_mib + self.overhead_mib + kv_mib))
 
 
 @dataclass(frozen=True)
@@ -596,7 +597,8 @@ def simulate(workload: Workload, table: ThroughputTable, policy: Policy, *, slo_
         rep.version += 1
         rep.stopped_at = now
         gpu_in_use -= rep.sl.gpu_fraction
-        slices_used[rep.sl.name] = slices_used.get(rep.sl.name, 0.0) + (min(now, duration) - min(rep.created, duration)) / 3600.0
+        held = (min(now, duration) - min(rep.created, duration)) / 3600.0
+        slices_used[rep.sl.name] = slices_used.get(rep.sl.name, 0.0) + held
         replicas.pop(rep.rid, None)
 
     def on_replica(rep: _Replica, now: float) -> None:
@@ -767,12 +769,13 @@ def simulate(workload: Workload, table: ThroughputTable, policy: Policy, *, slo_
             "rps": arrivals_window / window,
         }
         if util:
-            samples["gpu_util"] = float(np.mean(util))
-            samples["cpu_util"] = float(np.mean(cpu))
+            samples["gpu_util"] = sum(util) / len(util)
+            samples["cpu_util"] = sum(cpu) / len(cpu)
         if completions_window:
-            lat = np.asarray(completions_window)
-            samples["latency_p95_s"] = float(np.percentile(lat, 95))
-            samples["latency_p99_s"] = float(np.percentile(lat, 99))
+            lat = sorted(completions_window)
+            last = len(lat) - 1
+            samples["latency_p95_s"] = lat[min(last, math.ceil(0.95 * len(lat)) - 1)]
+            samples["latency_p99_s"] = lat[min(last, math.ceil(0.99 * len(lat)) - 1)]
             series_p99 = samples["latency_p99_s"]
         else:
             series_p99 = math.nan

@@ -42,7 +42,6 @@ from gpupool.engine.autoscale import AutoscalerSpec, MetricTarget, Recommender
 from gpupool.engine.rightsize import RightSizer, SliceOption, slice_catalog
 
 from .inference import (
-    DAY_S,
     Burst,
     CpuModel,
     Envelope,
@@ -247,10 +246,10 @@ class RightSizedPolicy:
         frac = self.table.slices[slice_name].gpu_fraction
         metrics = (MetricTarget("concurrency", max(1.0, round(cap.concurrency, 2))),
                    MetricTarget("rps", max(0.01, round(cap.rps, 3))))
-        max_r = max(1, int(math.floor(self.pool_gpus / frac + 1e-9))) if math.isfinite(self.pool_gpus) \
-            else self.base.max_replicas
-        return replace(self.base, metrics=metrics, max_replicas=min(max_r, max(self.base.max_replicas, max_r)),
-                       min_replicas=min(self.base.min_replicas, max_r))
+        max_r = self.base.max_replicas
+        if math.isfinite(self.pool_gpus):  # no more replicas than the pool holds
+            max_r = max(1, min(max_r, int(math.floor(self.pool_gpus / frac + 1e-9))))
+        return replace(self.base, metrics=metrics, max_replicas=max_r, min_replicas=min(self.base.min_replicas, max_r))
 
     def recommender(self, slice_name: str) -> Recommender:
         if slice_name not in self.recommenders:
@@ -448,6 +447,8 @@ def build_policy(name: str, sc: Scenario, table: ThroughputTable, stats: TokenSt
                                            f"{table.gpu_model} slice catalog")
             cat = [o for o in cat if o.name in names]
         cat = [o for o in cat if table.fits(o.name)]
+        # ties (equal cost) go to the first option: whole GPUs first (no MIG reconfiguration of the node)
+        cat.sort(key=lambda o: {"whole": 0, "mig": 1, "timeslice": 2}.get(o.kind, 3))
         caps = {o.name: slice_capacity(table.slices[o.name], table.model, sc.slo_s, stats, headroom) for o in cat}
         try:
             base = AutoscalerSpec.from_mapping(p.get("autoscaler") or {})
@@ -487,5 +488,3 @@ def build_policy(name: str, sc: Scenario, table: ThroughputTable, stats: TokenSt
     return RecommenderPolicy(name, slice_name, spec, reconcile_s=reconcile, scrape_s=scrape,
                              style=str(p.get("style", "")))
 
-
-DEFAULT_DAY_S = DAY_S

@@ -216,7 +216,8 @@ def verdict(run: ScenarioRun, winner: str = "gpupool", without: str = "gpupool-w
         return [f"{winner} misses the SLO ({w['slo_attainment']:.2%} < {run.scenario.attainment:.0%})"]
     cheaper = [row["policy"] for row in meeting if row["gpu_hours"] <= w["gpu_hours"]]
     if cheaper:
-        out.append(f"{winner} meets the SLO but is not the cheapest: {', '.join(cheaper)} use as few GPU-hours or fewer")
+        out.append(f"{winner} meets the SLO but is not the cheapest: {', '.join(cheaper)} use as few "
+                   "GPU-hours or fewer")
     else:
         best = min(meeting, key=lambda row: row["gpu_hours"]) if meeting else None
         line = f"{winner} meets the SLO with the fewest GPU-hours ({w['gpu_hours']:.1f})"
@@ -263,7 +264,8 @@ def results_table(run: ScenarioRun, *, wide: bool = False) -> Any:
         cells += [f"{row['replicas_min']}-{row['replicas_max']}"]
         if wide:
             cells += [str(row["replica_changes"]), str(row["slice_changes"])]
-        cells += [f"{row['lent_gpu_hours']:.1f}", "-" if row["reclaim_max_s"] is None else f"{row['reclaim_max_s']:.0f}"]
+        rmax = row["reclaim_max_s"]
+        cells += [f"{row['lent_gpu_hours']:.1f}", "-" if rmax is None else f"{rmax:.0f}"]
         t.add_row(*cells)
     return t
 
@@ -284,7 +286,8 @@ def to_json(run: ScenarioRun, step_s: float = 300.0) -> dict[str, Any]:
     for row, r in zip(run.rows, run.results, strict=True):
         p = run.policies[r.policy]
         t = np.asarray(r.series["t_s"])
-        keep = np.unique(np.searchsorted(t, np.arange(0.0, run.workload.duration_s + 1, step_s)).clip(0, max(0, t.size - 1)))
+        at = np.searchsorted(t, np.arange(0.0, run.workload.duration_s + 1, step_s))
+        keep = np.unique(at.clip(0, max(0, t.size - 1)))
         series = {k: [None if (isinstance(v[i], float) and math.isnan(v[i])) else v[i] for i in keep]
                   for k, v in r.series.items()} if t.size else {}
         out["policies"].append({**row, "describe": p.describe(), "note": sc.notes.get(r.policy, ""),

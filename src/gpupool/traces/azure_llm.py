@@ -64,7 +64,7 @@ def _timestamp(row: _Row) -> float:
     except ValueError:
         raise row.error("TIMESTAMP", f"expected a time like '2023-11-16 18:15:46.6805900', got {raw!r}") from None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
+        when = when.replace(tzinfo=dt.UTC)
     return when.timestamp() + (float("0." + frac) if frac else 0.0)
 
 
