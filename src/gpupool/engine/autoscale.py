@@ -79,6 +79,7 @@ HPA does.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -208,8 +209,9 @@ class AutoscalerSpec:
         if self.min_replicas < 0:
             raise ValueError(f"minReplicas: must be >= 0, got {self.min_replicas}")
         if self.max_replicas < max(1, self.min_replicas):
-            raise ValueError(f"maxReplicas: must be >= max(1, minReplicas={self.min_replicas}), "
-                             f"got {self.max_replicas}")
+            # two fields disagree: the message names both, not one field as at fault
+            raise ValueError(f"maxReplicas {self.max_replicas} must be >= max(1, minReplicas="
+                             f"{self.min_replicas})")
         if not 0 <= self.tolerance < 1:
             raise ValueError(f"tolerance: must be within [0, 1), got {self.tolerance!r}")
         names = [m.name for m in self.metrics]
@@ -271,7 +273,8 @@ class AutoscalerSpec:
         try:
             return cls(**kw)
         except ValueError as e:
-            raise ValueError(f"spec.{e}") from None
+            text = str(e)  # "field: why" names one field; other messages are about the spec as a whole
+            raise ValueError(f"spec.{text}" if re.match(r"\w+:", text) else f"spec: {text}") from None
 
 
 def _num(v: Any, where: str) -> float:
