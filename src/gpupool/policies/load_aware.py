@@ -83,7 +83,8 @@ _LOADS: weakref.WeakKeyDictionary[ClusterState, GpuLoad] = weakref.WeakKeyDictio
 def set_gpu_load(state: ClusterState, util: np.ndarray | None = None,
                  mem_used_mib: np.ndarray | None = None) -> None:
     """Attach live GPU readings to ``state`` for ``load-aware``: ``util`` (n_nodes, max_gpus) 0..1 and
-    ``mem_used_mib`` (n_nodes, max_gpus) MiB, NaN = unknown (None: all unknown). Replaces earlier readings.
+    ``mem_used_mib`` (n_nodes, max_gpus) MiB, NaN = unknown (None: all unknown); utilisation is clipped to
+    [0, 1] and memory to >= 0. Replaces earlier readings.
     Raises ValueError on a wrong shape."""
     shape = (state.n_nodes, state.max_gpus)
     arrays = []
@@ -92,7 +93,7 @@ def set_gpu_load(state: ClusterState, util: np.ndarray | None = None,
         if a.shape != shape:
             raise ValueError(f"{name}: shape {a.shape}, expected {shape} (n_nodes, max_gpus)")
         arrays.append(a)
-    _LOADS[state] = GpuLoad(arrays[0], arrays[1])
+    _LOADS[state] = GpuLoad(np.clip(arrays[0], 0.0, 1.0), np.maximum(arrays[1], 0.0))  # NaN kept
 
 
 def gpu_load_of(state: ClusterState) -> GpuLoad | None:
@@ -231,9 +232,10 @@ class LoadAware(Policy):
         load = _LOADS.get(state)
         if load is None:
             return booked_util, booked_mem
-        util = np.where(np.isnan(load.util[nodes]), booked_util, np.clip(load.util[nodes], 0.0, 1.0))
-        live_mem = np.where(cap > 0, load.mem_used_mib[nodes] / np.maximum(cap, 1), np.nan)
-        mem = np.where(np.isnan(live_mem), booked_mem, np.clip(live_mem, 0.0, 1.0))
+        live_util = load.util[nodes]
+        util = np.where(np.isnan(live_util), booked_util, live_util)
+        live_mem = load.mem_used_mib[nodes] / np.maximum(cap, 1)  # NaN stays NaN; cap 0: booked (below)
+        mem = np.where(np.isnan(live_mem) | (cap <= 0), booked_mem, np.minimum(live_mem, 1.0))
         return util, mem
 
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
@@ -244,7 +246,11 @@ class LoadAware(Policy):
         fits = gpu_fit_matrix(state, req, nodes)
         k = req.num_gpu
         # the k coolest fitting GPUs of each node (by utilisation, then memory): what select_gpus takes
-        order = np.lexsort((np.where(fits, mem, np.inf), np.where(fits, util, np.inf)), axis=1)[:, :k]
+        key = np.where(fits, util + mem * 1e-6, np.inf)
+        if k == 1:
+            order = key.argmin(axis=1)[:, None]
+        else:
+            order = np.argpartition(key, min(k, key.shape[1]) - 1, axis=1)[:, :k]
         u = np.take_along_axis(np.where(fits, util, 1.0), order, axis=1)
         m = np.take_along_axis(np.where(fits, mem, 1.0), order, axis=1)
         hot = ((u >= HOT_UTIL) | (m >= HOT_MEM)).any(axis=1)
@@ -258,5 +264,5 @@ class LoadAware(Policy):
         if len(idx) < req.num_gpu:
             raise ValueError(f"node {state.node_names[node]} cannot host {req.requested.name}")
         util, mem = self._gpu_heat(state, np.array([node]))
-        u, m = util[0].tolist(), mem[0].tolist()
-        return tuple(sorted(idx, key=lambda g: (u[g], m[g], g))[: req.num_gpu])
+        key = (util[0] + mem[0] * 1e-6).tolist()  # utilisation, then memory (both 0..1), then index
+        return tuple(sorted(idx, key=lambda g: (key[g], g))[: req.num_gpu])
