@@ -66,7 +66,7 @@ def main() -> None:
         "`gpupool autoscale simulate --wide`).",
         "",
         "| policy | meets SLO | in SLO | e2e p50 s | e2e p99 s | TTFT p99 s | GPU-h | vs static | replicas "
-        "| lent GPU-h | reclaims (max s) | sim CPU s |",
+        "| lent GPU-h | reclaims (max s) | sim wall s |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in doc["policies"]:
