@@ -31,6 +31,7 @@ from gpupool.k8s.autoscaler.crd import (
 )
 from gpupool.k8s.autoscaler.prometheus import PrometheusClient
 from test_autoscaler_prometheus import PromError, PromStub
+from test_deploy import validate_gpuautoscaler
 from test_k8s_scheduler import EVENTS, Harness, wait_for
 
 DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
@@ -175,6 +176,7 @@ def test_controller_scales_a_deployment_from_a_prometheus_metric(world: World) -
     assert _cond(world.get(), "AbleToScale")["status"] == "True"
     assert _cond(world.get(), "ScalingActive")["reason"] == "ValidMetricFound"
     assert _cond(world.get(), "ScalingLimited")["reason"] == "DesiredWithinRange"
+    validate_gpuautoscaler(world.get())  # what the controller writes is what the CRD defines (else pruned)
     wait_for(lambda: world.events("SuccessfulRescale"), 5, "a SuccessfulRescale Event")
     (ev,) = world.events("SuccessfulRescale")
     assert ev["message"].startswith("New size: 5; reason: ") and ev["type"] == "Normal"
@@ -326,6 +328,9 @@ def test_invalid_spec_names_the_field(world: World) -> None:
     assert (active["status"], active["reason"]) == ("False", "InvalidSpec")
     (ev,) = world.events("InvalidSpec")
     assert "spec.metrics[0].target: must be > 0" in ev["message"]
+    obj = world.get()
+    obj["spec"]["metrics"][0]["target"] = 1  # the bad spec aside (the CRD would refuse it), the status is valid
+    validate_gpuautoscaler(obj)
     assert world.replicas() == 1
 
 
@@ -378,6 +383,7 @@ def test_slice_apply_patches_the_pod_template_once(world: World) -> None:
     assert limits.get("nvidia.com/mig-3g.71gb") == "1" and not limits.get("nvidia.com/gpu")
     assert tpl["metadata"]["annotations"]["gpupool.io/slice"] == "3g.71gb"
     assert world.get()["status"]["appliedSlice"] == "3g.71gb"
+    validate_gpuautoscaler(world.get())
     (ev,) = world.events("SliceApplied")
     assert "pods roll" in ev["message"]
     patches = len([u for u in world.h.server.updates if u[0] == "deployments" and u[3] is None])

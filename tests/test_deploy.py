@@ -713,3 +713,182 @@ def test_agent_metrics_port_is_closed_but_to_scrapers():
     assert rule["from"] == [{"namespaceSelector": {}, "podSelector": scrapers}]
     ports = {p["name"] for c in ds["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
     assert [p["port"] for p in rule["ports"]] == ["metrics"] and "metrics" in ports
+
+
+# ---------------------------------------------------------------------- deploy/autoscaler (GpuAutoscaler controller)
+AUTOSCALER = DEPLOY / "autoscaler"
+GPUAS_EXAMPLE = ROOT / "examples" / "autoscale" / "gpuautoscaler.yaml"
+
+
+def rendered_autoscaler() -> tuple[dict, ...]:
+    return tuple(o for o in rendered_all() if _component(o) == "autoscaler")
+
+
+def _autoscaler_file(name: str, kind: str) -> dict:
+    return next(d for d in _docs((AUTOSCALER / name).read_text()) if d["kind"] == kind)
+
+
+@cache
+def gpuautoscaler_schema() -> dict:
+    (version,) = _autoscaler_file("gpuautoscalers.gpupool.io.yaml", "CustomResourceDefinition")["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def validate_gpuautoscaler(obj: dict) -> None:
+    """A GpuAutoscaler (spec and status) against its CRD's openAPIV3Schema (OpenAPI v3.0: draft-4 style)."""
+    assert (obj["apiVersion"], obj["kind"]) == ("gpupool.io/v1alpha1", "GpuAutoscaler")
+    jsonschema.Draft4Validator(gpuautoscaler_schema()).validate(obj)
+
+
+@needs_kubectl
+def test_autoscaler_objects_render_in_the_namespace_with_the_image():
+    objs = rendered_autoscaler()
+    assert sorted(o["kind"] for o in objs) == sorted([
+        "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"])
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == "gpupool-system", obj["metadata"]["name"]
+    (c,) = _one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert c["image"] == kustomize_image()
+
+
+def test_autoscaler_deployment_leader_elects_with_probes_and_real_flags():
+    from gpupool.k8s.autoscaler.cli import DEFAULT_LEASE
+
+    dep = _autoscaler_file("deployment.yaml", "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == _autoscaler_file("rbac.yaml", "ServiceAccount")["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["priorityClassName"] == "system-cluster-critical"
+    (c,) = pod["containers"]
+    assert c["image"] == "gpupool" and c["args"][0] == "autoscaler" and "--leader-elect" in c["args"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["securityContext"]["capabilities"]["drop"] == [
+        "ALL"]
+    port = {p["name"]: p["containerPort"] for p in c["ports"]}["metrics"]
+    assert f"--metrics-bind-address=0.0.0.0:{port}" in c["args"]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert {"POD_NAME", "POD_NAMESPACE"} <= {e["name"] for e in c["env"]}
+    help_text = CliRunner().invoke(app, ["autoscaler", "--help"], terminal_width=200).output
+    for arg in c["args"][1:]:
+        flag = arg.split("=", 1)[0]
+        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text), f"{flag} not on gpupool autoscaler"
+    # the Lease the CLI uses by default is the one the Role names
+    role = _autoscaler_file("rbac.yaml", "Role")
+    assert any(DEFAULT_LEASE in r.get("resourceNames", []) for r in role["rules"])
+    svc = _autoscaler_file("service.yaml", "Service")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_autoscaler_rbac_is_least_privilege():
+    def grants(role: dict) -> set[tuple[str, str, str, tuple]]:
+        return {(g, r, v, tuple(rule.get("resourceNames", ()))) for rule in role["rules"] for g in rule["apiGroups"]
+                for r in rule["resources"] for v in rule["verbs"]}
+
+    cluster = grants(_autoscaler_file("rbac.yaml", "ClusterRole"))
+    assert cluster == {
+        ("gpupool.io", "gpuautoscalers", "get", ()), ("gpupool.io", "gpuautoscalers", "list", ()),
+        ("gpupool.io", "gpuautoscalers", "watch", ()),
+        ("gpupool.io", "gpuautoscalers/status", "get", ()), ("gpupool.io", "gpuautoscalers/status", "patch", ()),
+        ("gpupool.io", "gpuautoscalers/status", "update", ()),
+        ("apps", "deployments/scale", "get", ()), ("apps", "deployments/scale", "patch", ()),
+        ("apps", "deployments/scale", "update", ()),
+        ("apps", "statefulsets/scale", "get", ()), ("apps", "statefulsets/scale", "patch", ()),
+        ("apps", "statefulsets/scale", "update", ()),
+        ("apps", "deployments", "get", ()), ("apps", "deployments", "patch", ()),  # slicePolicy.apply only
+        ("apps", "statefulsets", "get", ()), ("apps", "statefulsets", "patch", ()),
+        ("", "events", "create", ()), ("", "events", "patch", ()),
+        ("events.k8s.io", "events", "create", ()), ("events.k8s.io", "events", "patch", ()),
+    }
+    # what the controller reads and writes is granted: its API constants, the kinds it scales
+    from gpupool.k8s.autoscaler import GROUP, PLURAL
+    from gpupool.k8s.autoscaler.controller import STATUS_PATH
+    from gpupool.k8s.autoscaler.crd import TARGET_KINDS
+
+    assert STATUS_PATH.startswith(f"/apis/{GROUP}/") and STATUS_PATH.endswith(f"/{PLURAL}/{{name}}/status")
+    for kind in TARGET_KINDS:
+        assert ("apps", f"{kind.lower()}s/scale", "patch", ()) in cluster
+    local = grants(_autoscaler_file("rbac.yaml", "Role"))
+    assert local == {("coordination.k8s.io", "leases", "create", ()),
+                     ("coordination.k8s.io", "leases", "get", ("gpupool-autoscaler",)),
+                     ("coordination.k8s.io", "leases", "update", ("gpupool-autoscaler",))}
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        binding = _autoscaler_file("rbac.yaml", kind)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpupool-autoscaler",
+                                        "namespace": "gpupool-system"}]
+
+
+def test_autoscaler_pdb_and_networkpolicy():
+    labels = _autoscaler_file("deployment.yaml", "Deployment")["spec"]["template"]["metadata"]["labels"]
+    scheduler = _docs((DEPLOY / "deployment.yaml").read_text())[0]["spec"]["template"]["metadata"]["labels"]
+    pdb = _autoscaler_file("pdb.yaml", "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1 and pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert _selects(pdb["spec"]["selector"], labels) and not _selects(pdb["spec"]["selector"], scheduler)
+    np = _autoscaler_file("networkpolicy.yaml", "NetworkPolicy")["spec"]
+    assert _selects(np["podSelector"], labels) and not _selects(np["podSelector"], scheduler)
+    assert np["policyTypes"] == ["Ingress"] and "egress" not in np
+    (rule,) = np["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "gpupool.io/metrics-scraper": "true"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert {f"autoscaler/{p.name}" for p in AUTOSCALER.glob("*.yaml")} <= set(kust["resources"])
+
+
+def test_gpuautoscaler_crd_columns_and_fields_match_the_controller():
+    crd = _autoscaler_file("gpuautoscalers.gpupool.io.yaml", "CustomResourceDefinition")
+    assert crd["spec"]["scope"] == "Namespaced" and crd["spec"]["group"] == "gpupool.io"
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
+    cols = version["additionalPrinterColumns"]
+    assert [c["name"] for c in cols] == ["Target", "Min", "Max", "Current", "Desired", "Slice", "Age"]
+    schema = version["schema"]["openAPIV3Schema"]
+    for col in cols:
+        node = _resolve(schema, col["jsonPath"])
+        assert node is not None, f"column {col['name']}: {col['jsonPath']} not in the schema"
+        if col["type"] in ("integer", "number") and not col["jsonPath"].startswith(".metadata"):
+            assert node["type"] == col["type"], col["name"]
+    spec = schema["properties"]["spec"]["properties"]
+    from gpupool.engine.autoscale import METRICS
+    from gpupool.k8s.autoscaler.crd import DEFAULT_QUERIES, ENGINE_KEYS
+
+    assert spec["metrics"]["items"]["properties"]["name"]["enum"] == list(METRICS) == list(DEFAULT_QUERIES)
+    assert set(ENGINE_KEYS) <= set(spec)
+    conds = schema["properties"]["status"]["properties"]["conditions"]["items"]["properties"]["type"]["enum"]
+    from gpupool.k8s.autoscaler.controller import CONDITIONS
+
+    assert conds == list(CONDITIONS)
+
+
+@pytest.mark.parametrize("bad", [
+    {"maxReplicas": 0}, {"minReplicas": -1}, {"metrics": []}, {"metrics": [{"name": "qps", "target": 1}]},
+    {"metrics": [{"name": "rps", "target": 0}]}, {"metrics": [{"name": "rps"}]},
+    {"scaleTargetRef": {"kind": "Job", "name": "x"}},
+    {"behavior": {"scaleUp": {"policies": [{"type": "Nodes", "value": 1, "periodSeconds": 15}]}}},
+    {"slicePolicy": {"capacityPerReplica": {"3g.71gb": 1}}}, {"slicePolicy": {"gpuModel": "H200",
+                                                                               "capacityPerReplica": {"x": 0}}},
+])
+def test_gpuautoscaler_schema_rejects_bad_specs(bad):
+    obj = _docs(GPUAS_EXAMPLE.read_text())[1]
+    obj["spec"].update(bad)
+    with pytest.raises(jsonschema.ValidationError):
+        validate_gpuautoscaler(obj)
+
+
+def test_gpuautoscaler_example_is_valid_and_read_by_the_controller():
+    from gpupool.k8s.autoscaler.crd import parse_gpu_autoscaler
+
+    dep, gpuas = _docs(GPUAS_EXAMPLE.read_text())
+    kubernetes_validate.validate(dep, K8S_VERSION, strict=True)
+    assert not _is_floating(dep["spec"]["template"]["spec"]["containers"][0]["image"])
+    validate_gpuautoscaler(gpuas)
+    cfg = parse_gpu_autoscaler(gpuas)
+    assert (cfg.target.kind, cfg.target.name, cfg.namespace) == ("Deployment", dep["metadata"]["name"],
+                                                                 dep["metadata"]["namespace"])
+    assert cfg.slice_policy is not None and cfg.slice_policy.apply is False
+    assert [m.name for m in cfg.metrics] == ["concurrency", "latency_p99_s"]
+    # the docs show this very file
+    assert "examples/autoscale/gpuautoscaler.yaml" in (ROOT / "docs" / "autoscaling.md").read_text()
