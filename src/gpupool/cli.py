@@ -223,6 +223,45 @@ MaxJobsOpt = Annotated[
     typer.Option("--max-jobs", metavar="N", show_default=False, help="Only the first N jobs of the trace.",
                  rich_help_panel="Job traces"),
 ]
+_MODEL = "Job model (match another simulator)"
+RestartOpt = Annotated[
+    float, typer.Option("--restart-overhead", metavar="S", help="Seconds a job stalls at every restart "
+                        "(container start, checkpoint load).", rich_help_panel=_MODEL)]
+TopoSlowOpt = Annotated[
+    bool, typer.Option("--topology-slowdown/--no-topology-slowdown", help="Slow jobs whose GPUs span NVLink "
+                       "domains, nodes or switches (off: speed 1.0 on every tier).", rich_help_panel=_MODEL)]
+GpusPerPodOpt = Annotated[
+    int | None, typer.Option("--gpus-per-pod", metavar="N", show_default=False, help="At most N GPUs per pod "
+                             "(default: a node's; 1: a job's GPUs anywhere, as Tiresias' --scheme=count).",
+                             rich_help_panel=_MODEL)]
+JobOrderOpt = Annotated[
+    str | None, typer.Option("--job-order", metavar="NAME", show_default=False, help="Job order within a "
+                             "queue: fifo, tiresias (2D-LAS), gittins (Tiresias-G: Gittins index within the "
+                             "LAS levels), remaining (shortest expected remaining). Default: the policy's.",
+                             rich_help_panel=_MODEL)]
+ThresholdsOpt = Annotated[
+    str | None, typer.Option("--las-thresholds", metavar="GPU_S,...", show_default=False, help="LAS level "
+                             "boundaries in GPU-seconds, e.g. 3250,7200 (default: 3600,36000).",
+                             rich_help_panel=_MODEL)]
+MinRunOpt = Annotated[
+    float | None, typer.Option("--min-run", metavar="S", show_default=False, help="Seconds a job runs before "
+                               "it may be preempted (default: the policy's, 600).", rich_help_panel=_MODEL)]
+MaxPreemptOpt = Annotated[
+    int | None, typer.Option("--max-preemptions", metavar="N", show_default=False, help="A job evicted N "
+                             "times is not preempted again (default: no bound).", rich_help_panel=_MODEL)]
+ProtectOpt = Annotated[
+    float | None, typer.Option("--protect-after-hours", metavar="H", show_default=False, help="A job that has "
+                               "run H hours is not preempted again (default: no bound).", rich_help_panel=_MODEL)]
+PriorOpt = Annotated[
+    Path | None, typer.Option("--size-prior", metavar="FILE", dir_okay=False, show_default=False,
+                              help="Job sizes known before the run for gittins/remaining (GPU-seconds, one a "
+                                   "line, or CSV with size_gpu_s, or duration,num_gpu).", rich_help_panel=_MODEL)]
+OneQueueOpt = Annotated[
+    bool, typer.Option("--one-queue", help="Put every job in one queue (no fair share between tenants).",
+                       rich_help_panel=_MODEL)]
+FairCostOpt = Annotated[
+    bool, typer.Option("--fairness-cost", help="Also run every policy with one queue and report what fair "
+                       "share costs per queue and overall (mean and p95 JCT).", rich_help_panel=_MODEL)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -608,12 +647,16 @@ def _execute_jobs(
     *, policies: Sequence[str], jobs: Path, fmt: JobFormat | None, cluster: Path | None, queues: Path | None,
     seed: Sequence[str] | None, out: Path | None, json_file: str | None, quiet: bool, checkpoint: float,
     node_mtbf: float | None, gpu_mtbf: float | None, repair: float, elastic: float, gpu_speed: str,
-    max_jobs: int | None, wide: bool = False,
+    max_jobs: int | None, wide: bool = False, model: dict[str, Any] | None = None,
 ) -> None:
-    """``simulate``/``compare`` on a job trace: the pool scheduler's job-level policies."""
+    """``simulate``/``compare`` on a job trace: the pool scheduler's job-level policies. ``model``: the
+    job-model switches (:func:`_job_model`)."""
     from gpupool.clusterspec import load_cluster_yaml
     from gpupool.engine.pool.queues import load_queues_yaml
-    from gpupool.engine.pool.scheduler import JOB_POLICIES
+    from dataclasses import replace
+
+    from gpupool.engine.pool.scheduler import JOB_POLICIES, job_policy
+    from gpupool.sim.fairness import fairness_cost, fairness_table, one_queue
     from gpupool.sim.jobs import JobSimConfig, run_jobs
 
     names: list[str] = []
@@ -665,11 +708,21 @@ def _execute_jobs(
     config = JobSimConfig(checkpoint_interval_s=checkpoint if checkpoint > 0 else math.inf,
                           node_mtbf_h=node_mtbf, gpu_mtbf_h=gpu_mtbf, repair_h=repair, elastic_fraction=elastic,
                           gpu_speed=gpu_speed)
+    config, overrides, fair_cost = _job_model(config, model or {}, tree is not None)
+    if model and model.get("one_queue"):
+        records = one_queue(records)
     console = Console(width=None if sys.stdout.isatty() else 200)
+    pools = {name: replace(job_policy(name)[1], **overrides) if overrides else None for name in names}
+    one_runs: dict[tuple[str, int], Any] = {}
 
     def run_one(name: str, s: int, tick: Callable[[int, int], None]) -> report.JobRun:
-        return report.run_from_jobs(run_jobs(node_list, records, name, seed=s, queues=tree, config=config,
-                                             progress=tick))
+        res = run_jobs(node_list, records, name, seed=s, queues=tree, config=replace(config, pool=pools[name]),
+                       progress=tick)
+        if fair_cost:
+            one = run_jobs(node_list, one_queue(records), name, seed=s, config=replace(config, pool=pools[name]))
+            res.metrics["fairness_cost"] = fairness_cost(res.jobs, one.jobs)
+            one_runs[(name, s)] = res.metrics["fairness_cost"]
+        return report.run_from_jobs(res)
 
     items = [(name, s) for name in names for s in seeds]
     runs, interrupted = _run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError, KeyError))
@@ -691,6 +744,8 @@ def _execute_jobs(
                  f", queues: {queues or 'one per trace queue'}, seed{'s' if len(seeds) > 1 else ''} "
                  f"{', '.join(map(str, seeds))}" + (" (mean ± std)" if len(seeds) > 1 else ""))
         _print_table(console, report.jobs_table(summary, title, **_table_kwargs(report.jobs_table, wide)), wide)
+        for (name, s), cost in one_runs.items():
+            console.print(fairness_table(f"{name}, seed {s}", cost))
         unfinished = sum(len(r.record["unfinished"]) for r in runs)
         if unfinished:
             first = next(u for r in runs for u in r.record["unfinished"])
@@ -716,6 +771,82 @@ def _execute_jobs(
         typer.echo(f"wrote {path}", err=to_stdout)
     if interrupted:
         _interrupted(len(runs), len(items), bool(written))
+
+
+def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool) -> tuple[Any, dict[str, Any], bool]:
+    """Apply the job-model switches: (simulator config, scheduler-config overrides, fairness cost on?)."""
+    from dataclasses import replace
+
+    from gpupool.engine.pool.gittins import parse_sizes
+    from gpupool.engine.pool.ordering import ORDERS
+    from gpupool.topology import TIERS, TopologyConfig
+
+    over: dict[str, Any] = {}
+    sim: dict[str, Any] = {}
+    if model.get("restart_overhead") is not None:
+        if not model["restart_overhead"] >= 0:
+            _fail(f"--restart-overhead must be >= 0, got {model['restart_overhead']}")
+        sim["restart_overhead_s"] = float(model["restart_overhead"])
+    if model.get("topology_slowdown") is False:
+        sim["topology"] = TopologyConfig(factors={t: 1.0 for t in TIERS})
+    if model.get("gpus_per_pod") is not None:
+        if model["gpus_per_pod"] < 1:
+            _fail(f"--gpus-per-pod must be >= 1, got {model['gpus_per_pod']}")
+        sim["max_gpus_per_pod"] = model["gpus_per_pod"]
+    if model.get("job_order") is not None:
+        if model["job_order"] not in (*ORDERS, "las"):
+            _fail(f"--job-order must be one of {', '.join(ORDERS)}, got {model['job_order']!r}")
+        over["order"] = model["job_order"]
+    if model.get("las_thresholds") is not None:
+        try:
+            t = tuple(float(x) for x in model["las_thresholds"].split(",") if x.strip())
+        except ValueError:
+            _fail(f"--las-thresholds must be numbers separated by commas, got {model['las_thresholds']!r}")
+        if not t or any(x <= 0 for x in t) or any(b <= a for a, b in zip(t, t[1:], strict=False)):
+            _fail(f"--las-thresholds must be positive and increasing, got {model['las_thresholds']!r}")
+        over["thresholds"] = t
+    if model.get("min_run") is not None:
+        if not model["min_run"] >= 0:
+            _fail(f"--min-run must be >= 0, got {model['min_run']}")
+        over["min_run_s"] = float(model["min_run"])
+    if model.get("max_preemptions") is not None:
+        if model["max_preemptions"] < 0:
+            _fail(f"--max-preemptions must be >= 0, got {model['max_preemptions']}")
+        over["max_preemptions"] = model["max_preemptions"]
+    if model.get("protect_after_hours") is not None:
+        if not model["protect_after_hours"] > 0:
+            _fail(f"--protect-after-hours must be > 0, got {model['protect_after_hours']}")
+        over["protect_after_s"] = 3600.0 * model["protect_after_hours"]
+    if model.get("size_prior") is not None:
+        path = Path(model["size_prior"])
+        try:
+            over["size_prior"] = tuple(parse_sizes(path.read_text(encoding="utf-8"), str(path)))
+        except OSError as exc:
+            _fail(f"cannot read {path}: {exc.strerror or exc}")
+        except ValueError as exc:
+            _fail(str(exc))
+    fair_cost = bool(model.get("fairness_cost"))
+    if fair_cost and (model.get("one_queue") or has_queue_file):
+        _fail("--fairness-cost compares the trace's queues with one queue; drop --one-queue / --queues")
+    return replace(config, **sim) if sim else config, over, fair_cost
+
+
+_MODEL_ARGS = {"restart_overhead": ("--restart-overhead", 30.0), "topology_slowdown": ("--no-topology-slowdown", True),
+               "gpus_per_pod": ("--gpus-per-pod", None), "job_order": ("--job-order", None),
+               "las_thresholds": ("--las-thresholds", None), "min_run": ("--min-run", None),
+               "max_preemptions": ("--max-preemptions", None), "protect_after_hours": ("--protect-after-hours", None),
+               "size_prior": ("--size-prior", None), "one_queue": ("--one-queue", False),
+               "fairness_cost": ("--fairness-cost", False)}
+"""Job-model switches of simulate/compare: parameter -> (flag, default)."""
+
+
+def _model_args(given: dict[str, Any]) -> dict[str, Any]:
+    return {k: given[k] for k in _MODEL_ARGS}
+
+
+def _model_flags(given: dict[str, Any]) -> dict[str, bool]:
+    """Flags of the job-model switches that differ from their default (for :func:`_job_only_flags`)."""
+    return {flag: given[k] != default for k, (flag, default) in _MODEL_ARGS.items()}
 
 
 def _job_only_flags(jobs: Path | None, **given: Any) -> None:
@@ -791,6 +922,17 @@ def simulate_cmd(
     elastic: ElasticOpt = 0.0,
     gpu_speed: GpuSpeedOpt = "none",
     max_jobs: MaxJobsOpt = None,
+    restart_overhead: RestartOpt = 30.0,
+    topology_slowdown: TopoSlowOpt = True,
+    gpus_per_pod: GpusPerPodOpt = None,
+    job_order: JobOrderOpt = None,
+    las_thresholds: ThresholdsOpt = None,
+    min_run: MinRunOpt = None,
+    max_preemptions: MaxPreemptOpt = None,
+    protect_after_hours: ProtectOpt = None,
+    size_prior: PriorOpt = None,
+    one_queue: OneQueueOpt = False,
+    fairness_cost: FairCostOpt = False,
 ) -> None:
     """Run one placement policy on a trace and print its GPU allocation, fragmentation and failures.
 
@@ -803,11 +945,11 @@ def simulate_cmd(
         _execute_jobs(policies=[policy], jobs=jobs, fmt=fmt, cluster=cluster, queues=queues, seed=seed, out=out,
                       json_file=json_file, quiet=quiet, checkpoint=checkpoint, node_mtbf=node_mtbf,
                       gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed, max_jobs=max_jobs,
-                      wide=wide)
+                      wide=wide, model=_model_args(locals()))
         return
     _job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
                              "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
-                             "--max-jobs": max_jobs, "--elastic-fraction": elastic})
+                             "--max-jobs": max_jobs, "--elastic-fraction": elastic, **_model_flags(locals())})
     _execute(policies=[policy], nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
              out=out, json_file=json_file, quiet=quiet, wide=wide)
 
@@ -841,6 +983,17 @@ def compare_cmd(
     elastic: ElasticOpt = 0.0,
     gpu_speed: GpuSpeedOpt = "none",
     max_jobs: MaxJobsOpt = None,
+    restart_overhead: RestartOpt = 30.0,
+    topology_slowdown: TopoSlowOpt = True,
+    gpus_per_pod: GpusPerPodOpt = None,
+    job_order: JobOrderOpt = None,
+    las_thresholds: ThresholdsOpt = None,
+    min_run: MinRunOpt = None,
+    max_preemptions: MaxPreemptOpt = None,
+    protect_after_hours: ProtectOpt = None,
+    size_prior: PriorOpt = None,
+    one_queue: OneQueueOpt = False,
+    fairness_cost: FairCostOpt = False,
 ) -> None:
     """Run several placement policies on the same trace and seeds and show them side by side.
 
@@ -855,11 +1008,11 @@ def compare_cmd(
         _execute_jobs(policies=_split(policies) or list(DEFAULT_JOB_POLICIES), jobs=jobs, fmt=fmt, cluster=cluster,
                       queues=queues, seed=seed, out=out, json_file=json_file, quiet=quiet, checkpoint=checkpoint,
                       node_mtbf=node_mtbf, gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed,
-                      max_jobs=max_jobs, wide=wide)
+                      max_jobs=max_jobs, wide=wide, model=_model_args(locals()))
         return
     _job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
                              "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
-                             "--max-jobs": max_jobs, "--elastic-fraction": elastic})
+                             "--max-jobs": max_jobs, "--elastic-fraction": elastic, **_model_flags(locals())})
     names = _split(policies) or list(REGISTRY)
     _execute(policies=names, nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
              out=out, json_file=json_file, quiet=quiet, wide=wide)

@@ -118,6 +118,9 @@ class JobSimConfig:
       doubles after every 20,000 samples, so that a very long run keeps a bounded number of them.
     * ``gpu_speed``: ``"none"`` or ``"catalog"`` (see the module docstring); ``reference_gpu``: the model
       on which trace durations were measured (None: the most common model).
+    * ``max_gpus_per_pod``: at most this many GPUs per pod when a job is split into pods (None: a node's
+      GPUs, so a job spans the fewest nodes); 1 places a job's GPUs anywhere, one per pod, as a scheduler
+      that only counts free GPUs does (the Tiresias simulator's ``--scheme=count``).
     """
 
     policy: str = "gpupool"
@@ -138,6 +141,7 @@ class JobSimConfig:
     sample_interval_s: float = 3600.0
     gpu_speed: str = "none"
     reference_gpu: str | None = None
+    max_gpus_per_pod: int | None = None
 
 
 class _SimJob:
@@ -393,7 +397,7 @@ class JobSimulator:
     def _make_job(self, rec: JobRecord | JobSpec, elastic: bool) -> _SimJob:
         n_pods = getattr(rec, "n_pods", None)
         if n_pods is None:
-            n, g = split_gpus(rec.num_gpu, self.gpn)
+            n, g = split_gpus(rec.num_gpu, min(self.gpn, self.cfg.max_gpus_per_pod or self.gpn))
         else:
             if n_pods < 1 or rec.num_gpu % n_pods:
                 raise ValueError(f"job {rec.job_id}: {rec.num_gpu} GPUs do not split into {n_pods} equal pods")

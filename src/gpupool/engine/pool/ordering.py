@@ -19,6 +19,8 @@
   around that value separate the many short Philly jobs (median 1,144 s on one GPU) from the long tail.
 
 Keys are tuples; a smaller key runs first. Both orders are pure functions of the job's fields.
+:mod:`gpupool.engine.pool.gittins` adds Tiresias-G (Gittins index within these levels), whose keys also
+depend on the job sizes learned so far.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["DEFAULT_THRESHOLDS", "FifoOrder", "JobOrder", "TiresiasOrder", "make_order"]
+__all__ = ["DEFAULT_THRESHOLDS", "ORDERS", "FifoOrder", "JobOrder", "TiresiasOrder", "make_order"]
 
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3600.0, 36000.0)
 """Tiresias level boundaries, GPU-seconds of attained service."""
@@ -93,10 +95,23 @@ class TiresiasOrder:
         return waited_s >= max(self.promote_knob * run_s, self.promote_min_s)
 
 
-def make_order(name: str, thresholds: Sequence[float] | None = None) -> FifoOrder | TiresiasOrder:
-    """``"fifo"`` or ``"tiresias"`` (alias ``"las"``); ValueError otherwise."""
+def make_order(name: str, thresholds: Sequence[float] | None = None, promote_knob: float | None = 8.0,
+               **options: object) -> FifoOrder | TiresiasOrder:
+    """``"fifo"``, ``"tiresias"`` (alias ``"las"``), or ``"gittins"`` / ``"remaining"`` (Tiresias levels,
+    within a level by Gittins index or shortest expected remaining service:
+    :class:`gpupool.engine.pool.gittins.GittinsOrder`, which takes ``options``: ``delta``, ``model``).
+    ``promote_knob``: Tiresias' starvation knob (None: no promotion). ValueError for an unknown name."""
     if name == "fifo":
         return FifoOrder()
+    t = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     if name in ("tiresias", "las"):
-        return TiresiasOrder(thresholds if thresholds is not None else DEFAULT_THRESHOLDS)
-    raise ValueError(f"unknown job order {name!r} (known: fifo, tiresias)")
+        return TiresiasOrder(t, promote_knob)
+    if name in ("gittins", "remaining"):
+        from gpupool.engine.pool.gittins import GittinsOrder
+
+        return GittinsOrder(t, promote_knob, metric=name, **options)  # type: ignore[arg-type]
+    raise ValueError(f"unknown job order {name!r} (known: {', '.join(ORDERS)})")
+
+
+ORDERS = ("fifo", "tiresias", "gittins", "remaining")
+"""Job order names :func:`make_order` knows (``las`` is an alias of ``tiresias``)."""

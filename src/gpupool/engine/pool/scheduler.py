@@ -62,6 +62,7 @@ from gpupool.cluster import ClusterState
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.pool.actions import EvictionActions
 from gpupool.engine.pool.fairshare import fair_shares
+from gpupool.engine.pool.gittins import SizeModel
 from gpupool.engine.pool.job import DONE, PENDING, REMOVED, RUNNING, PoolJob
 from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, TiresiasOrder, make_order
 from gpupool.engine.pool.placement import ScopedPolicy, Vetoed
@@ -95,6 +96,20 @@ class PoolConfig:
       most that much; it bounds the cost of a cycle on long traces.
     * ``restart_evicted``: a job evicted in a cycle may start again in the same cycle (elsewhere). A driver
       whose evictions take time (Kubernetes: the pods are deleted and re-created) turns it off.
+    * ``promote_knob``: Tiresias' starvation knob (a waiting job goes back to level 0 after waiting this
+      many times its run time; None: never).
+    * ``order="gittins"`` / ``"remaining"`` (:mod:`gpupool.engine.pool.gittins`): ``gittins_delta``, the
+      index's quantum (GPU-seconds); ``size_prior``, job sizes (GPU-seconds) known before the run;
+      ``size_min_samples``, finished jobs a queue needs before its own size distribution is used;
+      ``size_by_gpus``: learn sizes per (queue, GPU count) too (used once it has ``size_min_samples``);
+      ``size_dims``: 2 (a size is GPU-seconds, Tiresias' 2D) or 1 (seconds of run time); ``aging``: expected
+      service (s, or GPU-s in 2D per GPU) a job gains per second it waits (0: none; see ``_score``);
+      ``scored_levels``: only the first this many levels are ordered by score, the others stay FIFO as
+      in Tiresias-L (None: every level).
+    * ``max_preemptions``: a job evicted this many times (preempt, reclaim or consolidate) is no victim any
+      more (None: no bound); ``protect_after_s``: nor is a job that has run this many seconds in all (it
+      finishes undisturbed; None: no bound); with ``min_run_s`` they bound how often and how soon a job is
+      preempted.
     """
 
     order: str = "tiresias"
@@ -112,6 +127,16 @@ class PoolConfig:
     reclaim_min_run_s: float = 600.0
     fair_share_refresh_s: float = 60.0
     restart_evicted: bool = True
+    promote_knob: float | None = 8.0
+    gittins_delta: float = 3250.0
+    size_prior: tuple[float, ...] = ()
+    size_min_samples: int = 50
+    size_by_gpus: bool = False
+    size_dims: int = 2
+    aging: float = 0.0
+    max_preemptions: int | None = None
+    protect_after_s: float | None = None
+    scored_levels: int | None = None
 
 
 JOB_POLICIES: dict[str, tuple[str, PoolConfig, str]] = {
@@ -226,7 +251,19 @@ class PoolScheduler(EvictionActions):
         # time-slicing replica's share per node (a driver of a cluster with time-sliced GPUs sets it)
         self.slot_milli: int | np.ndarray = MILLI
         self.tree = queues
-        self.order = make_order(self.cfg.order, self.cfg.thresholds)
+        self.sizes: SizeModel | None = None  # job sizes learned online (Gittins / remaining orders)
+        if self.cfg.order in ("gittins", "remaining"):
+            self.sizes = SizeModel(self.cfg.size_prior, self.cfg.size_min_samples)
+            self.order = make_order(self.cfg.order, self.cfg.thresholds, self.cfg.promote_knob,
+                                    delta=self.cfg.gittins_delta, model=self.sizes)
+            self._sizes_keyed = self.sizes.version
+            self._set_key = self._set_score_key  # type: ignore[method-assign]
+            self._victim_rank = self._score_victim_rank  # type: ignore[method-assign]
+        else:
+            self.order = make_order(self.cfg.order, self.cfg.thresholds, self.cfg.promote_knob)
+        if self.cfg.max_preemptions is not None or self.cfg.protect_after_s is not None:
+            self._victim_ok = self._bounded_victim_ok  # type: ignore[method-assign]
+        self._now = 0.0
         self.preemptive_order = isinstance(self.order, TiresiasOrder) and self.cfg.preempt
         nq = len(queues)
         self.paths = [queues.ancestors(i) for i in range(nq)]
@@ -263,6 +300,7 @@ class PoolScheduler(EvictionActions):
         self.elastic_running: dict[int, PoolJob] = {}
         self._victim_cache: dict[tuple[int, bool], list[PoolJob]] = {}
         self._lca_paths: dict[tuple[int, int], list[int]] = {}
+        self._lca_pairs: dict[int, list[tuple[int, list[int], bool]]] = {}  # EvictionActions._reclaim_pairs
         self.qnode = np.zeros((nq, state.n_nodes), dtype=np.int64)  # GPUs of preemptible running jobs per node
         self.knode: list[dict[tuple, np.ndarray]] = [{} for _ in range(nq)]  # the same per order class (-prio, level)
         self.jobs_by_name: dict[str, PoolJob] = {}
@@ -361,6 +399,49 @@ class PoolScheduler(EvictionActions):
         job.key = (-job.priority, job.level, job.submit_time, job.seq)
 
     def submit(self, job: PoolJob, now: float, waiting_since: float | None = None) -> None:
+    def _set_score_key(self, job: PoolJob) -> None:
+        """Gittins / remaining orders: the job's score (from its service so far) after its level."""
+        job.key = (-job.priority, job.level, self._score(job, job.attained, job.run_s), job.submit_time, job.seq)
+
+    def _score(self, job: PoolJob, attained: float, run_s: float) -> float:
+        """Order score of ``job`` after ``attained`` GPU-seconds in ``run_s`` seconds of run: expected service
+        (inverse Gittins index or expected remaining) plus ``aging`` x (submission + run time), which at any
+        one moment ranks jobs as ``aging`` x the time they waited would (subtracted): waiting jobs age."""
+        if self.cfg.scored_levels is not None and job.level >= self.cfg.scored_levels:
+            return 0.0
+        gpus = job.num_gpu if self.cfg.size_by_gpus else None
+        one = self.cfg.size_dims == 1
+        score = self.order.score(job.q, attained / job.num_gpu if one else attained, gpus)
+        if self.cfg.aging:
+            score += self.cfg.aging * (job.submit_time + run_s) * (1 if one else job.num_gpu)
+        return score
+
+    def _score_victim_rank(self, job: PoolJob) -> tuple:
+        """Victim order under Gittins / remaining: lowest priority, highest level, worst score *now* (lowest
+        Gittins index), latest submitted, most recently started first."""
+        k = job.key
+        run_s = job.run_s + max(0.0, self._now - job.run_since)
+        return (-k[0], -k[1], -self._score(job, job.attained_at(self._now), run_s), -k[3], -job.run_since)
+
+    def _bounded_victim_ok(self, v: PoolJob, now: float, min_run_s: float) -> bool:
+        """``_victim_ok``, evicted fewer than ``max_preemptions`` times and run less than ``protect_after_s``."""
+        cfg = self.cfg
+        if cfg.max_preemptions is not None and v.preemptions >= cfg.max_preemptions:
+            return False
+        if cfg.protect_after_s is not None and v.run_s + max(0.0, now - v.run_since) >= cfg.protect_after_s:
+            return False
+        return EvictionActions._victim_ok(self, v, now, min_run_s)
+
+    def _rekey_pending(self) -> None:
+        """The learned sizes changed: recompute the waiting jobs' keys and re-sort every queue."""
+        for plist in self.pending:
+            jobs = plist.jobs
+            for job in jobs:
+                self._set_key(job)
+            jobs.sort(key=lambda j: j.key)
+            plist.keys[:] = [j.key for j in jobs]
+        self._sizes_keyed = self.sizes.version
+
         """Add ``job`` to its leaf queue (waiting). ``waiting_since``: when it began waiting, if before ``now`` (a
         driver that learns of a job late: its wait, for reservations, counts from then). KeyError for an unknown
         or non-leaf queue."""
@@ -465,6 +546,9 @@ class PoolScheduler(EvictionActions):
         job.status = DONE
         self.jobs_by_name.pop(job.name, None)
 
+        if self.sizes is not None:
+            self.sizes.observe(job.q, job.attained / job.num_gpu if self.cfg.size_dims == 1 else job.attained,
+                               job.num_gpu if self.cfg.size_by_gpus else None)
     def remove(self, job: PoolJob, now: float, reason: str) -> None:
         """Take ``job`` out for good (cancelled, or it can never run): release or dequeue it."""
         if job.status == RUNNING:
@@ -748,6 +832,9 @@ class PoolScheduler(EvictionActions):
         if self._promote:
             self._promote_starved(now)
         if self._demote:
+        self._now = now
+        if self.sizes is not None and self.sizes.version != self._sizes_keyed:
+            self._rekey_pending()
             self._roll_levels(now)
         if self.n_pending:
             if self.cfg.fair_share:
