@@ -278,3 +278,24 @@ def test_reference_scenario_is_fast_enough(reference_run) -> None:
     """Per-policy CPU-bound simulation time stays well under a minute for the whole reference day."""
     assert sum(r.wall_s for r in reference_run.results) < 240  # generous: 2 shared cores under contention
     assert all(math.isfinite(r.gpu_hours) for r in reference_run.results)
+
+
+def test_synthetic_scenario_with_crashes_runs_every_policy_kind() -> None:
+    doc = {"kind": "InferenceScenario", "metadata": {"name": "syn"}, "spec": {
+        "durationHours": 1, "seed": 5, "poolGpus": 3, "slo": {"e2eSeconds": 15},
+        "workload": {"source": "synthetic", "troughRps": 2, "peakRps": 6, "peakHour": 0.5,
+                     "bursts": [{"startHour": 0.5, "minutes": 5, "factor": 2}]},
+        "replica": {"startupSeconds": 30, "crashMtbfHours": 0.5},
+        "policies": {
+            "static": {"kind": "static", "replicas": "auto"},
+            "keda": {"kind": "recommender", "autoscaler": {"minReplicas": 0, "maxReplicas": 9,
+                                                           "metrics": [{"name": "queue_depth", "target": 2}]}},
+            "gpupool": {"kind": "rightsized", "autoscaler": {"maxReplicas": 8}},
+        }}}
+    run = run_scenario(parse_scenario(doc, "syn.yaml"))
+    rows = {r["policy"]: r for r in run.rows}
+    assert "synthetic" in run.workload.source and len(run.workload) > 5000
+    assert sum(r["crashes"] for r in rows.values()) >= 1
+    assert all(r["unfinished"] == 0 for r in rows.values())
+    assert rows["keda"]["replicas_max"] <= 3  # maxReplicas 9 cut to the 3-GPU pool
+    assert run.explanations["gpupool"].startswith("gpupool: ")
