@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +31,8 @@ app = typer.Typer(
 )
 
 REFERENCE = Path("examples/autoscale/reference.yaml")
+PROGRESS_LINE_S = 15.0
+"""Seconds between two progress lines on stderr when it is not a terminal (as ``gpupool compare``)."""
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -70,7 +73,8 @@ def simulate_cmd(
         help="Write the results as JSON; '-' prints them to stdout instead of the table.")] = None,
     wide: Annotated[bool, typer.Option("--wide", help="Print every column, wider than the terminal if "
                                                      "need be.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress: neither the bar (terminal) nor "
+                                                             "the progress lines on stderr.")] = False,
 ) -> None:
     """Run scaling policies side by side on a day of LLM requests and compare latency and GPU-hours.
 
@@ -115,8 +119,17 @@ def simulate_cmd(
     total = len(names or sc.policies)
     task = progress.add_task("simulating", total=total)
 
+    lines = not quiet and not sys.stderr.isatty()
+    started = last = time.monotonic()
+
     def tick(k: int, name: str, f: float) -> None:
+        nonlocal last
         progress.update(task, completed=k + f, description=f"{name} [{k + 1}/{total}]")
+        now = time.monotonic()
+        if lines and now - last >= PROGRESS_LINE_S:  # no terminal: a line on stderr now and then
+            last = now
+            typer.echo(f"progress: {name} [{k + 1}/{total}] {f:.0%} of the day, {now - started:.0f} s elapsed",
+                       err=True)
 
     try:
         with progress:

@@ -58,6 +58,7 @@ __all__ = [
     "Burst",
     "CpuModel",
     "Envelope",
+    "InferenceConfigError",
     "LendingSpec",
     "PolicyDecision",
     "PolicyResult",
@@ -68,6 +69,7 @@ __all__ = [
     "ThroughputTable",
     "Workload",
     "load_throughput_table",
+    "percentiles",
     "simulate",
     "synthetic_arrivals",
     "trace_arrivals",
@@ -382,6 +384,8 @@ class Policy(Protocol):
     scrape_s: float
 
     def initial(self) -> Mapping[str, int]: ...
+
+    def describe(self) -> str: ...
 
     def decide(self, now_s: float, state: SimState, samples: Mapping[str, float] | None) -> PolicyDecision: ...
 

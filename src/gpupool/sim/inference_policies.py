@@ -429,7 +429,8 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(doc, p.name)
 
 
-def build_policy(name: str, sc: Scenario, table: ThroughputTable, stats: TokenStats):  # noqa: ANN201
+def build_policy(name: str, sc: Scenario, table: ThroughputTable,
+                 stats: TokenStats) -> StaticPolicy | RecommenderPolicy | RightSizedPolicy:
     """The policy object for ``sc.policies[name]``; raises InferenceConfigError naming the field."""
     p = sc.policies[name]
     w = f"{sc.source}: spec.policies.{name}"

@@ -398,7 +398,6 @@ class PoolScheduler(EvictionActions):
     def _set_key(self, job: PoolJob) -> None:
         job.key = (-job.priority, job.level, job.submit_time, job.seq)
 
-    def submit(self, job: PoolJob, now: float, waiting_since: float | None = None) -> None:
     def _set_score_key(self, job: PoolJob) -> None:
         """Gittins / remaining orders: the job's score (from its service so far) after its level."""
         job.key = (-job.priority, job.level, self._score(job, job.attained, job.run_s), job.submit_time, job.seq)
@@ -442,6 +441,7 @@ class PoolScheduler(EvictionActions):
             plist.keys[:] = [j.key for j in jobs]
         self._sizes_keyed = self.sizes.version
 
+    def submit(self, job: PoolJob, now: float, waiting_since: float | None = None) -> None:
         """Add ``job`` to its leaf queue (waiting). ``waiting_since``: when it began waiting, if before ``now`` (a
         driver that learns of a job late: its wait, for reservations, counts from then). KeyError for an unknown
         or non-leaf queue."""
@@ -545,10 +545,10 @@ class PoolScheduler(EvictionActions):
         self._account_stop(job, now)
         job.status = DONE
         self.jobs_by_name.pop(job.name, None)
-
         if self.sizes is not None:
             self.sizes.observe(job.q, job.attained / job.num_gpu if self.cfg.size_dims == 1 else job.attained,
                                job.num_gpu if self.cfg.size_by_gpus else None)
+
     def remove(self, job: PoolJob, now: float, reason: str) -> None:
         """Take ``job`` out for good (cancelled, or it can never run): release or dequeue it."""
         if job.status == RUNNING:
@@ -829,12 +829,12 @@ class PoolScheduler(EvictionActions):
         self.stats["cycles"] += 1
         self._wake_at = math.inf
         self._victim_cache = {}
-        if self._promote:
-            self._promote_starved(now)
-        if self._demote:
         self._now = now
         if self.sizes is not None and self.sizes.version != self._sizes_keyed:
             self._rekey_pending()
+        if self._promote:
+            self._promote_starved(now)
+        if self._demote:
             self._roll_levels(now)
         if self.n_pending:
             if self.cfg.fair_share:
