@@ -208,16 +208,20 @@ def matched_config(policy: str, overrides: dict):
                         topology=TopologyConfig(factors={t: 1.0 for t in TIERS}))
 
 
-def run_gpupool(spec: str, jobs: list, gpus: int, gpus_per_node: int) -> dict:
+def run_gpupool(spec: str, jobs: list, gpus: int, gpus_per_node: int, nodes_per_rack: int = 0,
+                racks_per_switch: int = 0) -> dict:
     from gpupool.clusterspec import cluster_from_dict
     from gpupool.sim.jobs import run_jobs
 
     policy, over = parse_gpupool_spec(spec)
+    pool = {"name": "g8", "count": gpus // gpus_per_node, "gpuModel": GPU_MODEL, "gpusPerNode": gpus_per_node,
+            "cpuCores": 128, "memoryGiB": 1024, "nvlink": True}
+    if nodes_per_rack:
+        pool["nodesPerRack"] = nodes_per_rack
+        if racks_per_switch:
+            pool["racksPerSwitch"] = racks_per_switch
     nodes = cluster_from_dict({"apiVersion": "gpupool.io/v1alpha1", "kind": "Cluster",
-                               "metadata": {"name": f"peer-{gpus}"},
-                               "spec": {"nodePools": [{"name": "g8", "count": gpus // gpus_per_node,
-                                                       "gpuModel": GPU_MODEL, "gpusPerNode": gpus_per_node,
-                                                       "cpuCores": 128, "memoryGiB": 1024, "nvlink": True}]}})
+                               "metadata": {"name": f"peer-{gpus}"}, "spec": {"nodePools": [pool]}})
     t0 = time.perf_counter()
     res = run_jobs(nodes, jobs, policy, config=matched_config(policy, over))
     wall = time.perf_counter() - t0
@@ -259,9 +263,11 @@ def markdown(report: dict) -> str:
         + ", ".join(f"{g} GPUs (offered load {w['offered_load'][str(g)]:.2f}; Tiresias: "
                     f"{report['tiresias_switches'][str(g)]} switches)" for g in sizes) + ".",
         f"Peer: Tiresias `simulator/` at {report['tiresias']['commit']} ({report['tiresias']['repo']}), "
-        f"unmodified, Python {report['tiresias']['python2']} / NumPy {report['tiresias']['numpy']}. "
+        f"unmodified, Python {report['tiresias'].get('python2', '-')} / NumPy {report['tiresias'].get('numpy', '-')}"
+        " (not run)" * ("python2" not in report["tiresias"]) + ". "
         f"gpupool {report['gpupool_revision']}: matched model (no restart overhead, no topology slowdown, one queue, "
-        "no failures).",
+        f"no failures; racks of {report['gpupool_model']['nodes_per_rack']} nodes, "
+        f"{report['gpupool_model']['racks_per_switch']} racks per switch).",
         "JCT = end - submit in both; p95/p99 by linear interpolation; makespan = last end - first submission.",
         f"Machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, NumPy {m['numpy']}; {m['date']}.",
         f"Command: `{report['command']}`.",
@@ -303,6 +309,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="Tiresias switches per cluster size, comma list aligned with --gpus or one value for all "
                         "(yarn placement keeps a job under one switch); default: the layout of issue 14's "
                         "table, 3 at 384 GPUs and 5 at 320 (16 and 8 nodes per switch), else 1")
+    p.add_argument("--nodes-per-rack", type=int, default=8,
+                   help="gpupool cluster: nodes per rack (0: no racks); default 8, as examples/clusters/philly.yaml "
+                        "and issue 14's table. No slowdown either way, but it steers topology-aware placement")
+    p.add_argument("--racks-per-switch", type=int, default=4, help="gpupool cluster: racks per leaf switch (default 4)")
     p.add_argument("--peer", default=",".join(PEER_SCHEDULES),
                    help=f"Tiresias schedules, comma list of {', '.join(PEER_SCHEDULES)}, each optionally "
                         f"SCHEDULE:SCHEME with a placement scheme of {', '.join(PEER_SCHEMES)} ('' for none)")
@@ -378,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
                 f = ex.submit(run_peer, str(sim_dir), python2, env, str(trace_csv.resolve()), g,
                               args.gpus_per_node, switches_of[g], s, str(work.resolve()))
             else:
-                f = ex.submit(run_gpupool, s, jobs, g, args.gpus_per_node)
+                f = ex.submit(run_gpupool, s, jobs, g, args.gpus_per_node, args.nodes_per_rack,
+                              args.racks_per_switch)
             futs[f] = (kind, s, g)
         for f in cf.as_completed(futs):
             kind, s, g = futs[f]
@@ -398,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
               "tiresias_switches": {str(g): x for g, x in switches_of.items()},
               "tiresias": tiresias, "gpupool_revision": gpupool_revision(),
               "gpupool_model": {"restart_overhead_s": 0.0, "topology_speed_factors": 1.0, "queues": 1,
-                                "failures": None, "gpu_model": GPU_MODEL},
+                                "failures": None, "gpu_model": GPU_MODEL, "nodes_per_rack": args.nodes_per_rack,
+                                "racks_per_switch": args.racks_per_switch},
               "total_wall_s": time.perf_counter() - t0, "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
