@@ -456,3 +456,65 @@ def test_slice_patch_per_kind() -> None:
     assert whole["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
     with pytest.raises(SpecError, match="'nope' is not a container"):
         slice_template_patch(options["3g.71gb"], copy.deepcopy(template), "nope")
+
+
+# ------------------------------------------------------------------ the CLI
+def test_cli_autoscaler_with_lease_metrics_and_kubeconfig(world: World, tmp_path) -> None:
+    """``gpupool autoscaler --leader-elect`` end to end: kubeconfig, Lease, scale write, /readyz /healthz /metrics,
+    clean stop (the Lease released)."""
+    import socket
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from gpupool.k8s.autoscaler.cli import run_autoscaler
+    from test_k8s_scheduler import LEASES, write_kubeconfig
+
+    world.deployment(replicas=1)
+    world.stub.set("llm_concurrency", 24.0)
+    world.autoscaler()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    stop = threading.Event()
+    runner = threading.Thread(target=run_autoscaler, args=(world.stub.url,), daemon=True, kwargs=dict(
+        kubeconfig=write_kubeconfig(world.h, tmp_path), identity="as-1", sync_period=1.0, leader_elect=True,
+        lease_namespace="gpupool-system", lease_duration=2.0, renew_deadline=1.5, retry_period=0.2,
+        metrics_address=f"127.0.0.1:{port}", stop=stop))
+    runner.start()
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except (urllib.error.HTTPError, urllib.error.URLError) as exc:
+            return getattr(exc, "code", 0), ""
+
+    try:
+        wait_for(lambda: world.replicas() == 3, 15, "scaled to 3 through the CLI")
+        (lease,) = world.h.objects(LEASES)
+        assert lease["metadata"]["name"] == "gpupool-autoscaler" and lease["spec"]["holderIdentity"] == "as-1"
+        assert get("/readyz")[0] == 200 and get("/healthz")[0] == 200
+        page = wait_for(lambda: (m := get("/metrics")[1]) and 'result="scaled"} 1.0' in m and m, 10, "metrics")
+        assert "gpupool_autoscaler_leader 1.0" in page
+        assert 'gpupool_autoscaler_replicas{kind="desired",name="llm",namespace="inference"} 3.0' in page
+    finally:
+        stop.set()
+        runner.join(15)
+    assert not runner.is_alive()
+    (lease,) = world.h.objects(LEASES)
+    assert lease["spec"]["holderIdentity"] == ""  # released on a clean stop: a standby takes over at once
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prometheus-url", "prometheus:9090"], "expected http://HOST:PORT"),
+    (["--prometheus-url", "http://p:9090", "--log-format", "xml"], "log format 'xml'"),
+    (["--prometheus-url", "http://p:9090", "--kubeconfig", "/nonexistent/kubeconfig"], "no usable Kubernetes"),
+])
+def test_cli_usage_errors_exit_2(args: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from gpupool.cli import app
+
+    result = CliRunner().invoke(app, ["autoscaler", *args])
+    assert result.exit_code == 2 and message in result.output, result.output

@@ -271,3 +271,30 @@ def test_autoscaler_service_account_may_do_what_it_needs_and_no_more(e2e: E2E,
     assert not may("list", "", "pods") and not may("get", "", "secrets")
     assert not may("patch", "gpupool.io", "gpuautoscalers")
     assert not may("update", "coordination.k8s.io", "leases", ns=lc.SA_NAMESPACE, name="gpupool-scheduler")
+
+
+def test_gpuautoscaler_crd_validates_and_defaults_on_the_apiserver(e2e: E2E,
+                                                                    autoscaler_client: client.ApiClient) -> None:
+    """The CRD's structural schema and CEL rules, as the apiserver applies them (kubectl apply answers 422)."""
+    custom = client.CustomObjectsApi(e2e.admin)
+
+    def create(name: str, **spec: Any) -> dict[str, Any]:
+        body = _autoscaler(e2e.ns)
+        body["metadata"]["name"] = name
+        body["spec"].update(spec)
+        return custom.create_namespaced_custom_object("gpupool.io", "v1alpha1", e2e.ns, "gpuautoscalers", body)
+
+    made = create("ok")
+    assert made["spec"]["minReplicas"] == 1 and made["spec"]["slicePolicy"]["apply"] is False  # defaults
+    assert made["spec"]["scaleTargetRef"]["apiVersion"] == "apps/v1"
+    for name, spec, text in [
+        ("min-over-max", {"minReplicas": 9, "maxReplicas": 3}, "maxReplicas must be >= minReplicas"),
+        ("panic-no-conc", {"panicWindowSeconds": 6, "metrics": [{"name": "rps", "target": 5}]},
+         "needs a concurrency metric"),
+        ("bad-kind", {"scaleTargetRef": {"kind": "Job", "name": "x"}}, "Unsupported value"),
+        ("bad-target", {"metrics": [{"name": "concurrency", "target": 0}]}, "should be greater than 0"),
+    ]:
+        with pytest.raises(client.exceptions.ApiException) as info:
+            create(name, **spec)
+        message = json.loads(info.value.body)["message"]
+        assert info.value.status == 422 and text in message, (name, message)
