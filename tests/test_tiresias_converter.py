@@ -115,13 +115,14 @@ def test_cluster_spec(tmp_path: Path) -> None:
 
 
 # The job log as Tiresias' log.py writes it: the `count` scheme adds `resume` (rows from a dlas-gpu run).
-JOB_LOG_COUNT = """time,job_id,num_gpu,submit_time,start_time,end_time,executed_time,JCT,duration,pending_time,preempt,resume,promote
+LOG_HEADER = "time,job_id,num_gpu,submit_time,start_time,end_time,executed_time,JCT,duration,pending_time,preempt"
+JOB_LOG_COUNT = LOG_HEADER + """,resume,promote
 120,7,1,0,0,120,120,120,120,0,0,1,0
 4000,9,8,100,100,4000,3900,3900,3000,900,2,3,0
 7700,8,2,0,50,7700,7650,7700,3000,4700,1,2,0
 """
 # ... and the yarn scheme's (fifo) without it.
-JOB_LOG_YARN = """time,job_id,num_gpu,submit_time,start_time,end_time,executed_time,JCT,duration,pending_time,preempt,promote
+JOB_LOG_YARN = LOG_HEADER + """,promote
 66,3,1,0,0,66,66,66,66,0,0,0
 """
 
@@ -158,6 +159,9 @@ def test_gpupool_spec_parsing() -> None:
     assert run.parse_gpupool_spec("gpupool") == ("gpupool", {})
     assert run.parse_gpupool_spec("gpupool+thresholds=3250+min_run_s=0") == \
         ("gpupool", {"thresholds": (3250,), "min_run_s": 0})
+    assert run.parse_gpupool_spec("gpupool+order=gittins+promote_knob=None") == \
+        ("gpupool", {"order": "gittins", "promote_knob": None})
+    assert run.split_specs("fifo,gpupool+thresholds=(3250,7200),x") == ["fifo", "gpupool+thresholds=(3250,7200)", "x"]
     with pytest.raises(ValueError, match="KEY=VALUE"):
         run.parse_gpupool_spec("gpupool+nonsense=1")
     cfg = run.matched_config("fifo", {})

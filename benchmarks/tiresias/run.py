@@ -35,6 +35,7 @@ import ast
 import concurrent.futures as cf
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,10 @@ The switch count matters only to the ``yarn`` scheme (fifo); dlas-gpu and dlas-g
 PEER_SCHEMES = ("yarn", "count")
 """Placement schemes ``--peer SCHEDULE:SCHEME`` may name (Tiresias ``--scheme``)."""
 GPU_MODEL = "V100M16"
+DEFAULT_GPUPOOL = ("fifo", "gpupool", "gpupool+thresholds=(3250,7200)+promote_knob=None", "gpupool+order=gittins")
+"""gpupool rows by default: the fifo baseline, the default policy, its 2D-LAS core given Tiresias-L's levels
+(``jobs.py``: 3,250 and 7,200 GPU-seconds; ``dlas-gpu`` never promotes a starving job) and the Gittins
+order (``PoolConfig(order="gittins")``, its own defaults)."""
 
 
 def cache_dir() -> Path:
@@ -195,6 +200,12 @@ def parse_gpupool_spec(spec: str) -> tuple[str, dict]:
             value = (value,) if isinstance(value, int | float) else tuple(value)
         over[key] = value
     return name, over
+
+
+def split_specs(text: str) -> list[str]:
+    """Split a ``--gpupool`` list at the commas outside brackets: ``"fifo,gpupool+thresholds=(3250,7200)"``
+    -> ``["fifo", "gpupool+thresholds=(3250,7200)"]``."""
+    return [s for s in re.split(r",(?![^(\[]*[)\]])", text) if s]
 
 
 def matched_config(policy: str, overrides: dict):
@@ -316,9 +327,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer", default=",".join(PEER_SCHEDULES),
                    help=f"Tiresias schedules, comma list of {', '.join(PEER_SCHEDULES)}, each optionally "
                         f"SCHEDULE:SCHEME with a placement scheme of {', '.join(PEER_SCHEMES)} ('' for none)")
-    p.add_argument("--gpupool", default="fifo,gpupool",
+    p.add_argument("--gpupool", default=",".join(DEFAULT_GPUPOOL),
                    help="gpupool job policies, comma list, each NAME[+KEY=VALUE...] with PoolConfig overrides "
-                        "(default fifo,gpupool; '' for none)")
+                        f"(default {','.join(DEFAULT_GPUPOOL)}; '' for none)")
     p.add_argument("--tiresias-src", default=os.environ.get("TIRESIAS_SRC") or TIRESIAS_REPO,
                    help="where to clone Tiresias from: URL, clone or git dir (default $TIRESIAS_SRC or GitHub)")
     p.add_argument("--tiresias-commit", default=TIRESIAS_COMMIT)
@@ -352,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                or s.partition(":")[2] not in ("", *PEER_SCHEMES)}
     if unknown:
         raise SystemExit(f"--peer: unknown {sorted(unknown)}; known: {', '.join(PEER_SCHEDULES)}")
-    ours = [s for s in args.gpupool.split(",") if s]
+    ours = split_specs(args.gpupool)
     from gpupool.engine.pool.scheduler import JOB_POLICIES
     for s in ours:
         if parse_gpupool_spec(s)[0] not in JOB_POLICIES:
