@@ -305,7 +305,10 @@ class AutoscalerController:
         self.metrics.set_ready(False)
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
-            self.cache.changed.wait(max(0.0, min(self._next_full - time.monotonic(), self.config.sync_period_s)))
+            # a standby (or a replica whose cache is not synced yet) waits for a change or the period, not the
+            # overdue full pass it may not run: no spinning; becoming leader wakes it (resync)
+            due = self._next_full - time.monotonic() if self._leading else self.config.sync_period_s
+            self.cache.changed.wait(max(0.0, min(due, self.config.sync_period_s)))
             if self._stop.is_set():
                 break
             time.sleep(self.config.batch_s)
