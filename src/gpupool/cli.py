@@ -651,10 +651,10 @@ def _execute_jobs(
 ) -> None:
     """``simulate``/``compare`` on a job trace: the pool scheduler's job-level policies. ``model``: the
     job-model switches (:func:`_job_model`)."""
-    from gpupool.clusterspec import load_cluster_yaml
-    from gpupool.engine.pool.queues import load_queues_yaml
     from dataclasses import replace
 
+    from gpupool.clusterspec import load_cluster_yaml
+    from gpupool.engine.pool.queues import load_queues_yaml
     from gpupool.engine.pool.scheduler import JOB_POLICIES, job_policy
     from gpupool.sim.fairness import fairness_cost, fairness_table, one_queue
     from gpupool.sim.jobs import JobSimConfig, run_jobs
