@@ -69,6 +69,9 @@ class FGD(Policy):
     tie_break = "first"
     use_memory = False  # the artifact's fragmentation reads CPU and GPU only
     integer_scores = True  # kube-scheduler integer scores, as in the artifact
+    gpu_best_fit = False
+    """Fractional pods: between GPUs of a node with equal scores, the one left with the least free share
+    (else the lowest index, as the artifact)."""
 
     def __init__(self, typical: TypicalPods | None = None, threshold: float = 0.95) -> None:
         self.typical = typical
@@ -124,7 +127,10 @@ class FGD(Policy):
             fits = gpu_fit_matrix(state, req, nodes)
             fa = self.model.frag_after_share(free, req.gpu_milli, cpu_a, model, mem_a)  # (k, G)
             s = np.where(fits, self._transform(before[:, None] - fa), -np.inf)
-            choice = np.argmax(s, axis=1)
+            if self.gpu_best_fit:  # among the node's best GPUs, the one left with the least free share
+                choice = np.argmax(s - 1e-4 * (free - req.gpu_milli) / MILLI, axis=1)
+            else:
+                choice = np.argmax(s, axis=1)
             return s[np.arange(len(nodes)), choice], choice
         # whole GPUs, a per-card share over several GPUs, or replicas of a time-sliced node (node_share)
         share = node_share(state, req, nodes)

@@ -26,12 +26,13 @@ inflation protocol, 10 seeds):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.filters import EffectiveRequest, node_share
-from gpupool.frag import TypicalPods
+from gpupool.frag import FragModel, TypicalPods
 from gpupool.model import MILLI, PodRequest
 from gpupool.policies.best_fit import MAX_SPEC_GPU
 from gpupool.policies.fgd import FGD
@@ -63,6 +64,23 @@ def model_pressure(typical: TypicalPods, state: ClusterState) -> np.ndarray:
     return pressure
 
 
+def cpu_per_gpu_milli(workload: Sequence[PodRequest] | None) -> float:
+    """Milli-CPU the workload's GPU pods ask per milli-GPU they ask (0.0 without GPU pods): the CPU a node
+    needs to put its free GPU share to use, at the workload's mix."""
+    gpu = [p for p in workload or () if p.num_gpu]
+    demand = sum(p.num_gpu * p.gpu_milli for p in gpu)
+    return sum(p.cpu_milli for p in gpu) / demand if demand else 0.0
+
+
+def stranded_gpus(gpu_free: np.ndarray, cpu_free: np.ndarray, cpu_per_gpu_milli: float) -> np.ndarray:
+    """(k,) float64 GPUs of free share the nodes' free CPU cannot feed at ``cpu_per_gpu_milli`` (milli-CPU per
+    milli-GPU): ``max(0, gpu_free - cpu_free / ratio) / 1000``; ``gpu_free`` (k,) free milli-GPU per node,
+    ``cpu_free`` (k,) free milli-CPU. Zero everywhere when the ratio is 0 (no GPU pods in the workload)."""
+    if cpu_per_gpu_milli <= 0:
+        return np.zeros(len(gpu_free))
+    return np.maximum(0.0, gpu_free - cpu_free / cpu_per_gpu_milli) / MILLI
+
+
 class GpupoolPolicy(FGD):
     name = "gpupool"
     description = "gpupool default: FGD + GPU-model scarcity (gpu_spec pressure) + GPU packing among ties"
@@ -72,11 +90,26 @@ class GpupoolPolicy(FGD):
     """Weight of the scarcity term (score points per GPU at pressure 1, in units of POINTS_PER_GPU)."""
     pack_epsilon = 1e-6
     """Weight of the packing tie-break; small enough never to overturn a score point."""
+    typical_threshold = 0.95
+    """Share of the workload's pods the typical shapes cover (FGD's 95%; 1.0: every shape)."""
+    strand_weight = 0.0
+    """Score points per GPU stranded by CPU (:func:`stranded_gpus`) after the placement; 0: off."""
+    demand_weighted = False
+    """Weigh each typical shape by its GPU demand (count x GPUs x share) instead of its pod count."""
+
+    def __init__(self, typical: TypicalPods | None = None, threshold: float | None = None) -> None:
+        super().__init__(typical, self.typical_threshold if threshold is None else threshold)
 
     def prepare(self, state: ClusterState, workload: Sequence[PodRequest] | None) -> None:
         super().prepare(state, workload)
         assert self.model is not None
+        if self.demand_weighted:
+            t = self.model.typical
+            weight = t.prob * np.maximum(t.num_gpu * t.gpu_milli, 1)
+            self.model = FragModel(replace(t, prob=weight / weight.sum()), state.model_names,
+                                   use_memory=self.use_memory)
         self.pressure = model_pressure(self.model.typical, state)
+        self.cpu_ratio = cpu_per_gpu_milli(workload) if self.strand_weight else 0.0
 
     def _final_score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
                      scores: np.ndarray) -> np.ndarray:
@@ -84,5 +117,9 @@ class GpupoolPolicy(FGD):
         if self.pressure.any():  # else the scarcity term is all +0.0, which leaves the scores as they are
             gpus = demand / MILLI
             scores = scores - self.kappa * POINTS_PER_GPU * self.pressure[state.node_model[nodes]] * gpus
-        gpu_left = (state.usable_gpu_free(nodes).sum(axis=1) - demand) / MAX_SPEC_GPU
+        gpu_free = state.usable_gpu_free(nodes).sum(axis=1)
+        if self.strand_weight and self.cpu_ratio:
+            stranded = stranded_gpus(gpu_free - demand, state.cpu_free[nodes] - req.cpu_milli, self.cpu_ratio)
+            scores = scores - self.strand_weight * stranded
+        gpu_left = (gpu_free - demand) / MAX_SPEC_GPU
         return scores - self.pack_epsilon * gpu_left

@@ -1,0 +1,113 @@
+"""The offline optimum's formulation (benchmarks/optimum.py) on instances solved by hand, and the placement
+terms added for issue 12 (GPU stranded by CPU, device best fit) on small hand-checked cases."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import cluster, engine, node, occupy, placed, pod, typical
+from gpupool.policies.gpupool_policy import GpupoolPolicy, cpu_per_gpu_milli, stranded_gpus
+
+pytest.importorskip("highspy", reason="the optimum needs the bench extra (highspy)")
+
+_spec = importlib.util.spec_from_file_location(
+    "optimum", Path(__file__).resolve().parents[1] / "benchmarks" / "optimum.py")
+optimum = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("optimum", optimum)  # dataclasses look their module up there
+_spec.loader.exec_module(optimum)
+
+
+def test_bound_exact_when_big_pods_cannot_share_a_gpu() -> None:
+    # one node, 2 GPUs; three 600-milli pods and one whole-GPU pod. Two pods > 500 milli never share a GPU,
+    # so the best is the whole pod + one 600 (1.6 GPUs; two 600s give 1.2): 1.6 / 2 = 0.8.
+    nodes = [node("n0", cpu=8000, mem=16384, gpus=2)]
+    pods = [pod(f"p{i}", cpu=1000, gpus=1, milli=600) for i in range(3)] + [pod("w", cpu=1000, gpus=1)]
+    res = optimum.allocation_bound(nodes, pods)
+    assert res.bound == pytest.approx(0.8)
+    assert res.packed == pytest.approx(0.8)
+
+
+def test_bound_counts_cpu_per_node_not_per_class() -> None:
+    # two nodes of 2 GPUs and 4 cores; four 1-GPU pods of 3 cores: one pod per node (CPU), 2 of 4 GPUs.
+    # Summing the class (8 cores, 4 GPUs) would allow two pods; the per-node pattern does not.
+    nodes = [node(f"n{i}", cpu=4000, mem=16384, gpus=2) for i in range(2)]
+    pods = [pod(f"p{i}", cpu=3000, gpus=1) for i in range(4)]
+    res = optimum.allocation_bound(nodes, pods)
+    assert res.bound == pytest.approx(0.5)
+    assert res.packed == pytest.approx(0.5)
+
+
+def test_bound_relaxes_small_pod_packing_and_the_packing_does_not() -> None:
+    # five 400-milli pods on one 2-GPU node: their shares sum to 2000 (the bound's relaxation lets all in),
+    # but a GPU holds two of them (800), so a real packing places four: 1.6 / 2 = 0.8.
+    nodes = [node("n0", cpu=8000, mem=16384, gpus=2)]
+    pods = [pod(f"p{i}", cpu=1000, gpus=1, milli=400) for i in range(5)]
+    res = optimum.allocation_bound(nodes, pods)
+    assert res.bound == pytest.approx(1.0)
+    assert res.packed == pytest.approx(0.8)
+    assert optimum.pack_gpus([optimum.shape_key(pods[0])], {0: 5}, 2) == {0: 4}
+
+
+def test_bound_respects_gpu_models_and_leaves_cpu_pods_out() -> None:
+    # a T4-only pod cannot use the V100 node; the CPU-only pod adds nothing: 1 GPU of 2 at best.
+    nodes = [node("v", cpu=8000, mem=16384, gpus=1), node("t", cpu=8000, mem=16384, gpus=1, model="T4")]
+    pods = [pod("a", cpu=1000, gpus=1, spec=("T4",)), pod("b", cpu=1000, gpus=1, spec=("T4",)),
+            pod("c", cpu=4000)]
+    res = optimum.allocation_bound(nodes, pods)
+    assert res.bound == pytest.approx(0.5)
+    assert res.packed == pytest.approx(0.5)
+
+
+def test_arrived_prefix_stops_at_full_demand() -> None:
+    nodes = [node("n0", cpu=64000, mem=65536, gpus=4)]
+    trace = [pod(f"p{i}", cpu=1000, gpus=1, milli=500) for i in range(4)]
+    prefix = optimum.arrived_prefix(nodes, trace, seed=1)
+    assert sum(p.total_gpu_milli for p in prefix) == 4000  # eight half-GPU pods: exactly 100%
+
+
+# ------------------------------------------------------------------------------ scoring terms
+
+
+def test_cpu_per_gpu_milli_ignores_cpu_only_pods() -> None:
+    pods = [pod("a", cpu=8000, gpus=1), pod("b", cpu=2000, gpus=1, milli=500), pod("c", cpu=16000)]
+    assert cpu_per_gpu_milli(pods) == pytest.approx(10000 / 1500)
+    assert cpu_per_gpu_milli([pod("c", cpu=16000)]) == 0.0
+
+
+def test_stranded_gpus_by_hand() -> None:
+    # 4 milli-CPU per milli-GPU: 4,000 milli-CPU feeds 1,000 milli-GPU, so a node with 2 free GPUs and 4
+    # free cores strands one GPU; 8 free cores feed its whole GPU; no ratio, no stranding.
+    out = stranded_gpus(np.array([2000, 1000]), np.array([4000, 8000]), 4.0)
+    assert np.allclose(out, [1.0, 0.0])
+    assert np.allclose(stranded_gpus(np.array([2000]), np.array([0]), 0.0), [0.0])
+
+
+def test_strand_weight_moves_a_cpu_heavy_pod_off_a_cpu_poor_node() -> None:
+    # Typical pods: one whole GPU and 1 core (fits both nodes before and after: FGD's scores tie). n0 has
+    # 2 GPUs and 6 cores, n1 2 GPUs and 64 cores. Workload: 4 cores per GPU. A 4-core half-GPU pod on n0
+    # leaves 1.5 GPUs and 2 cores (feeds 0.5 GPU): 1.0 GPU stranded; on n1 nothing. Without the term the
+    # tie goes to n0 (same GPU share left, node order); with it, to n1.
+    def run(weight: float) -> str:
+        s = cluster(node("n0", cpu=6000, gpus=2), node("n1", cpu=64000, gpus=2))
+        pol = type("P", (GpupoolPolicy,), {"strand_weight": weight})(typical=typical((1000, 1, 1000, 1.0)))
+        workload = [pod("w", cpu=4000, gpus=1)]
+        return placed(engine(s, pol, workload=workload).place(pod("x", cpu=4000, gpus=1, milli=500)))[0]
+
+    assert run(0.0) == "n0"
+    assert run(1.0) == "n1"
+
+
+@pytest.mark.parametrize(("best_fit", "gpu"), [(False, 1), (True, 2)])
+def test_device_best_fit_between_tied_gpus(best_fit: bool, gpu: int) -> None:
+    # typical pod: one whole GPU. Free shares [1000, 700, 600]; a 500-milli pod on GPU 1 or 2 leaves
+    # fragments 200 + 600 = 800 or 700 + 100 = 800 (tie; GPU 0 would make 1,800). Index order takes GPU 1;
+    # device best fit takes GPU 2 (100 left).
+    s = cluster(node("n0", gpus=3))
+    occupy(s, 0, [0, 300, 400])
+    pol = type("P", (GpupoolPolicy,), {"gpu_best_fit": best_fit})(typical=typical((0, 1, 1000, 1.0)))
+    assert placed(engine(s, pol).place(pod("x", gpus=1, milli=500))) == ("n0", (gpu,))
