@@ -221,6 +221,205 @@ def measure_one(cluster: str, policy: str, seed: int, max_pods: int, trace_memor
     }
 
 
+# --------------------------------------------------------------------------- decision cost against cluster size
+SCALING_NODES = (1000, 5000, 20000)
+SCALING_FILL = 0.9
+SCALING_WARMUP = 3000
+SCALING_WINDOW = 5000
+SCALING_TARGET_RATIO = 1.5
+SCALING_TARGET_DPS = 10_000.0
+PREFILL_TRIES = 8
+
+
+def _pod_source(trace: list[PodRequest], seed: int, tag: str):
+    """Endless pods resampled (with replacement, seeded) from ``trace``, ``gpu_spec`` dropped, named uniquely."""
+    rng = np.random.default_rng([seed, 3])
+    i = 0
+    while True:
+        for j in rng.integers(len(trace), size=4096).tolist():
+            yield replace(trace[j], name=f"{tag}-{i}", gpu_spec=())
+            i += 1
+
+
+def _prefill(engine: Engine, source, fill: float, rng: np.random.Generator) -> list[str]:
+    """Untimed: pods from ``source`` put on random nodes with room (up to PREFILL_TRIES nodes each, else the pod
+    is skipped; GPUs best-fit) until ``fill`` of the GPU capacity is taken: a spread, partly filled cluster.
+    Returns the names of the pods placed."""
+    from gpupool.engine.core import best_fit_gpus
+    from gpupool.engine.filters import fitting_gpus
+
+    state, policy = engine.state, engine.policy
+    target = fill * state.total_gpu_milli
+    placed = misses = 0
+    running: list[str] = []
+    while placed < target and misses < 20_000:
+        pod = next(source)
+        misses += 1
+        eff = policy.effective(pod)
+        for node in rng.integers(state.n_nodes, size=PREFILL_TRIES).tolist():
+            if state.cpu_free[node] < pod.cpu_milli or state.mem_free[node] < pod.memory_mib:
+                continue
+            if pod.num_gpu and len(fitting_gpus(state, eff, node)) < pod.num_gpu:
+                continue
+            assignment = state.allocate(pod, node, best_fit_gpus(state, eff, node), eff.gpu_milli if pod.num_gpu
+                                        else None)
+            policy.on_allocate(state, assignment)
+            running.append(pod.name)
+            placed += pod.total_gpu_milli
+            misses = 0
+            break
+    return running
+
+
+def measure_scaling(n_nodes: int, policy: str, seed: int, fill: float, warmup: int, window: int) -> dict:
+    """Steady-state cost of one decision on a cluster of ``n_nodes``: prefill to ``fill`` (untimed), then
+    ``warmup`` + ``window`` arrivals through ``engine.place``, each placed pod followed by the release of a
+    random running pod (untimed), so the fill stays put; the ``window`` decisions are timed with
+    ``time.process_time`` (CPU time of this process), split into scheduled and unschedulable pods, and hashed
+    (node and devices, or the reason) so that two versions of the engine can be checked to decide alike."""
+    import hashlib
+
+    _, trace = openb_trace()
+    learn = [replace(p, gpu_spec=()) for p in trace]
+    state = ClusterState(synthetic_nodes(seed, n_nodes))
+    engine = Engine(state, make_policy(policy), seed=seed, workload=learn)
+    rng = np.random.default_rng([seed, 4])
+    source = _pod_source(trace, seed, "s")
+    running = _prefill(engine, source, fill, rng)
+    filled = state.allocated_gpu_milli() / state.total_gpu_milli
+    digest = hashlib.sha256()
+    sched_t, fail_t = [], []
+    clock = time.process_time
+    for step in range(warmup + window):
+        pod = next(source)
+        t0 = clock()
+        decision = engine.place(pod)
+        t1 = clock()
+        if decision.assignment is not None:
+            j = int(rng.integers(len(running)))
+            running[j], running[-1] = running[-1], running[j]
+            engine.release(running.pop())
+            running.append(pod.name)
+        if step < warmup:
+            continue
+        a = decision.assignment
+        digest.update(repr((a.node, a.gpus) if a is not None else decision.reason).encode())
+        (sched_t if a is not None else fail_t).append(t1 - t0)
+    total = sum(sched_t) + sum(fail_t)
+    return {
+        "nodes": n_nodes, "policy": policy, "gpus": int(state.total_gpus), "fill_after_prefill": filled,
+        "fill_at_end": state.allocated_gpu_milli() / state.total_gpu_milli, "warmup": warmup,
+        "decisions": window, "scheduled": len(sched_t), "unschedulable": len(fail_t), "cpu_seconds": total,
+        "us_per_decision": total / window * 1e6, "decisions_per_s": window / total if total else float("nan"),
+        "us_scheduled": float(np.mean(sched_t)) * 1e6 if sched_t else float("nan"),
+        "us_unschedulable": float(np.mean(fail_t)) * 1e6 if fail_t else float("nan"),
+        "p99_us": float(np.percentile(sched_t + fail_t, 99)) * 1e6,
+        "decisions_sha256": digest.hexdigest()[:16],
+    }
+
+
+def _baseline_src(commit: str) -> Path:
+    """``src/`` of ``commit`` extracted to a temporary directory (git archive), for a before/after run."""
+    import tarfile
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    out = Path(tempfile.mkdtemp(prefix="gpupool-baseline-"))
+    data = subprocess.run(["git", "-C", str(root), "archive", commit, "src"], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=__import__("io").BytesIO(data)) as tar:
+        tar.extractall(out, filter="data")
+    return out / "src"
+
+
+def scaling_main(args: argparse.Namespace) -> int:
+    nodes = [int(x) for x in _csv(args.scaling)]
+    policies = _csv(args.policies) if args.policies != ",".join(REGISTRY) else ["gpupool", "fgd"]
+    versions = [("current", None)]
+    if args.baseline:
+        versions.insert(0, (f"baseline {args.baseline}", _baseline_src(args.baseline)))
+    machine = machine_info()
+    rows: list[dict] = []
+    for policy in policies:
+        for n in nodes:
+            for label, src in versions:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--scaling-one", str(n), policy,
+                       "--seed", str(args.seed), "--fill", str(args.fill), "--warmup", str(args.warmup),
+                       "--window", str(args.window)] + ["--no-pin"] * args.no_pin
+                env = dict(os.environ)
+                if src is not None:
+                    env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=False, env=env)
+                if proc.returncode != 0:
+                    tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+                    row = {"nodes": n, "policy": policy, "error": f"exit {proc.returncode}: {tail}"}
+                else:
+                    row = json.loads(proc.stdout.strip().splitlines()[-1])
+                row["version"] = label
+                rows.append(row)
+                print(f"{label:24s} {policy:8s} {n:>6d} nodes " + (row.get("error") or
+                      f"{row['us_per_decision']:7.1f} us/decision ({row['us_scheduled']:.1f} scheduled, "
+                      f"{row['us_unschedulable']:.1f} unschedulable, {row['unschedulable']} of them) "
+                      f"{row['decisions_per_s']:8.0f}/s  {row['decisions_sha256']}"), file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"benchmark": "decision cost against cluster size",
+              "settings": {"nodes": nodes, "policies": policies, "seed": args.seed, "fill": args.fill,
+                           "warmup": args.warmup, "window": args.window, "baseline": args.baseline,
+                           "clock": "time.process_time", "pinned": not args.no_pin},
+              "target": {"ratio_largest_to_smallest_max": SCALING_TARGET_RATIO,
+                         "gpupool_decisions_per_s_at_5000_nodes": SCALING_TARGET_DPS},
+              "machine": machine, "results": rows}
+    (args.out / "decisions_scaling.json").write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    md = scaling_markdown(rows, machine, args, versions)
+    (args.out / "decisions_scaling.md").write_text(md)
+    print(md)
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def scaling_markdown(rows: list[dict], machine: dict, args: argparse.Namespace, versions) -> str:
+    lines = [
+        "# Decision cost against cluster size",
+        "",
+        f"Machine: {machine['cpu']}, {machine['cores']} cores ({machine['usable_cores']} usable), load average at "
+        f"start {machine['load_average_at_start']}; Python {machine['python']}, NumPy {machine['numpy']}; "
+        f"{machine['date']}.",
+        f"Synthetic clusters (8 GPUs a node, seed {args.seed}), prefilled to {args.fill:.0%} of the GPUs by random "
+        f"fit (untimed); then {args.warmup:,} warm-up and {args.window:,} timed arrivals through `engine.place`, "
+        "each placed pod followed by the release of a random running pod (untimed). CPU time "
+        "(`time.process_time`) of the `place` calls, one subprocess per row, pinned to one core. Rows measured "
+        "one after the other in one run on a shared machine: compare ratios within this table.",
+        "",
+        "| version | policy | nodes | decisions | unschedulable | us/decision | us scheduled | us unschedulable "
+        "| decisions/s | ratio to smallest | decisions hash |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['version']} | {r['policy']} | {r['nodes']:,} | error: {r['error']} |" + " |" * 7)
+            continue
+        base = next((b for b in rows if b.get("version") == r["version"] and b.get("policy") == r["policy"]
+                     and "error" not in b), r)
+        lines.append(
+            f"| {r['version']} | {r['policy']} | {r['nodes']:,} | {r['decisions']:,} | {r['unschedulable']:,} "
+            f"| {r['us_per_decision']:.1f} | {_fmt(r['us_scheduled'])} | {_fmt(r['us_unschedulable'])} "
+            f"| {_fmt(r['decisions_per_s'], 0)} | {r['us_per_decision'] / base['us_per_decision']:.2f} "
+            f"| `{r['decisions_sha256']}` |")
+    lines += ["", f"Target (issue 12): at most {SCALING_TARGET_RATIO}x the per-decision time of the smallest "
+              f"cluster on the largest, and >= {SCALING_TARGET_DPS:,.0f} decisions/s for `gpupool` at 5,000 nodes."]
+    if len(versions) > 1:
+        lines.append("")
+        for r in rows:
+            if r.get("version") != "current" or "error" in r:
+                continue
+            b = next((x for x in rows if x.get("version") != "current" and x.get("policy") == r["policy"]
+                      and x.get("nodes") == r["nodes"] and "error" not in x), None)
+            if b is not None:
+                same = "identical decisions" if b["decisions_sha256"] == r["decisions_sha256"] else "DECISIONS DIFFER"
+                speedup = b["us_per_decision"] / r["us_per_decision"]
+                lines.append(f"- `{r['policy']}` at {r['nodes']:,} nodes: {speedup:.2f}x faster than {b['version']}; "
+                             f"{same}.")
+    return "\n".join(lines) + "\n"
+
+
 # --------------------------------------------------------------------------- machine and report
 def _cpu_model() -> str:
     try:
@@ -328,6 +527,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pin", action="store_true", help="do not pin each subprocess to one CPU")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per (cluster, policy) subprocess")
     p.add_argument("--one", nargs=2, metavar=("CLUSTER", "POLICY"), help=argparse.SUPPRESS)
+    p.add_argument("--scaling", metavar="NODES", nargs="?", const=",".join(map(str, SCALING_NODES)),
+                   help="measure the steady-state decision cost on synthetic clusters of these sizes (comma list, "
+                        "default 1000,5000,20000; policies default gpupool,fgd) into decisions_scaling.{json,md}")
+    p.add_argument("--baseline", metavar="COMMIT", help="with --scaling: also measure the engine of this git commit, "
+                                                        "row by row beside the current one")
+    p.add_argument("--fill", type=float, default=SCALING_FILL, help="with --scaling: prefill share of the GPUs")
+    p.add_argument("--warmup", type=int, default=SCALING_WARMUP, help="with --scaling: untimed arrivals first")
+    p.add_argument("--window", type=int, default=SCALING_WINDOW, help="with --scaling: timed arrivals")
+    p.add_argument("--scaling-one", nargs=2, metavar=("NODES", "POLICY"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.max_pods < 1:
         p.error("--max-pods must be >= 1")
@@ -338,6 +546,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.scaling_one:
+        if not args.no_pin:
+            pin_one_cpu()
+        n, policy = args.scaling_one
+        print(json.dumps(json_safe(measure_scaling(int(n), policy, args.seed, args.fill, args.warmup, args.window))))
+        return 0
+    if args.scaling:
+        return scaling_main(args)
     if args.one:
         cluster, policy = args.one
         if not args.no_pin:

@@ -61,7 +61,8 @@ class ClusterState:
       shape, True where the node itself (gpupool's node agent) marked the GPU unhealthy: telemetry never
       marks such a GPU healthy again (only the node can, by clearing its mark)
     * ``version``: (n_nodes,) int64, bumped on every change of the node
-    * ``changes``: int, bumped on every change of any node (a cache that saw the same count is current)
+    * ``changes``: int, bumped on every change of any node (a cache that saw the same count is current);
+      :meth:`changed_since` lists the nodes changed since a past count (a log, not a scan of ``version``)
     * ``loosened``: int, bumped only by changes that may let more in (a release, a GPU repaired, a node
       touched); a pod that did not fit cannot fit while it stays the same
     """
@@ -109,6 +110,10 @@ class ClusterState:
         self.gpu_marked = np.zeros_like(self.gpu_exists)  # marked unhealthy by the node itself (its agent)
         self.version = np.zeros(n, dtype=np.int64)
         self.changes = 0
+        # change log: the node of every change, in order (_log[i] is change number _log_base + i), so that a
+        # cache that saw ``changes == c`` finds the nodes changed since without scanning ``version``
+        self._log: list[int] = []
+        self._log_base = 0
         self.loosened = 0  # bumped when something is freed or may admit more (release, repair, touch)
         # free milli-GPU on healthy GPUs (0 on unhealthy or absent ones), kept in step with gpu_free and
         # gpu_healthy by allocate / release / set_gpu_health; read through usable_gpu_free()
@@ -150,7 +155,33 @@ class ClusterState:
             return req.gpu_memory_mib
         return int(self.gpu_mem_cap[node, gpu]) * milli // MILLI
 
+    LOG_KEEP = 4096
+    """The change log keeps at least this many of the latest changes (and up to twice ``max(n_nodes, LOG_KEEP)``)."""
+
+    def changed_since(self, seen: int) -> list[int] | None:
+        """Nodes changed since ``changes`` was ``seen``, each once, lowest index first; ``None`` when the log no
+        longer reaches back that far (the caller scans ``version`` instead) or ``seen`` is not a past count."""
+        start = seen - self._log_base
+        if start < 0 or seen > self.changes:
+            return None
+        tail = self._log[start:]
+        if len(tail) <= 1:
+            return tail
+        return sorted(set(tail))
+
     # ------------------------------------------------------------------ changes
+    def _bump(self, node: int) -> None:
+        """Record a change of ``node``: its ``version``, the ``changes`` count and the change log."""
+        self.version[node] += 1
+        self.changes += 1
+        log = self._log
+        log.append(int(node))
+        keep = max(self.n_nodes, self.LOG_KEEP)
+        if len(log) > 2 * keep:
+            drop = len(log) - keep
+            del log[:drop]
+            self._log_base += drop
+
     def allocate(
         self,
         req: PodRequest,
@@ -215,8 +246,7 @@ class ClusterState:
             self._usable[node, gpu] = left  # the GPU is healthy (checked above)
             if mem:
                 self.gpu_mem_free[node, gpu] = mem_free[gpu] - mem
-        self.version[node] += 1
-        self.changes += 1
+        self._bump(node)
         assignment = Assignment(
             pod=req.name,
             node=node,
@@ -245,8 +275,7 @@ class ClusterState:
                 self._usable[node, gpu] = self.gpu_free[node, gpu]
             if self.gpu_mem_cap[node, gpu]:
                 self.gpu_mem_free[node, gpu] += assignment.gpu_memory_mib
-        self.version[node] += 1
-        self.changes += 1
+        self._bump(node)
         self.loosened += 1
         return assignment
 
@@ -255,8 +284,7 @@ class ClusterState:
         caches keyed by ``version`` recompute it; raises :class:`AllocationError` for an index out of range."""
         if not 0 <= node < self.n_nodes:
             raise AllocationError(f"node index {node} out of range 0..{self.n_nodes - 1}")
-        self.version[node] += 1
-        self.changes += 1
+        self._bump(node)
         self.loosened += 1
 
     def set_gpu_health(self, node: int, gpu: int, healthy: bool) -> None:
@@ -270,8 +298,7 @@ class ClusterState:
             raise AllocationError(f"node {self.node_names[node]} has no GPU {gpu}")
         self.gpu_healthy[node, gpu] = healthy
         self._usable[node, gpu] = self.gpu_free[node, gpu] if self.gpu_healthy[node, gpu] else 0
-        self.version[node] += 1
-        self.changes += 1
+        self._bump(node)
         if healthy:
             self.loosened += 1
 

@@ -14,6 +14,8 @@ since. Policies whose choice depends on more than one node at a time (``round-ro
 
 from __future__ import annotations
 
+import heapq
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,13 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.cluster import ClusterState
+from gpupool.engine import compiled
 from gpupool.engine.filters import (
+    CODE_STRIDE,
     DEFAULT_FILTERS,
     EffectiveRequest,
     FilterPlugin,
-    feasible,
+    failure_codes,
     fitting_gpus,
-    unschedulable_reason,
+    reason_from_counts,
 )
 from gpupool.model import MILLI, Assignment, PodRequest
 
@@ -115,23 +119,33 @@ def most_free_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tup
 
 
 class _Entry:
-    __slots__ = ("snap", "seen", "values")
+    __slots__ = ("snap", "seen", "values", "codes", "count")
 
     def __init__(self, n: int) -> None:
         self.snap = np.full(n, -1, dtype=np.int64)
         self.seen = -1  # state.changes when last refreshed
         self.values: np.ndarray | None = None
+        self.codes: np.ndarray | None = None  # the mask cache's failure codes (filters.failure_codes)
+        self.count = 0  # the mask cache's number of feasible nodes
 
 
 class _NodeCache:
-    """LRU of per-node arrays keyed by request class, refreshed where ``state.version`` moved."""
+    """LRU of per-node arrays keyed by request class, refreshed where ``state.version`` moved.
+
+    The nodes to refresh come from the cluster's change log (:meth:`ClusterState.changed_since`): a class seen
+    a few changes ago costs those few nodes, not a scan of every node's version. A class not seen for longer
+    than the log reaches back (or for more than ``SCAN_FRACTION`` of the nodes) scans ``version`` as before.
+    """
+
+    SCAN_FRACTION = 0.125
 
     def __init__(self, state: ClusterState, size: int) -> None:
         self.state = state
         self.size = size
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
 
-    def get(self, key: tuple, compute, dtype) -> np.ndarray:
+    def entry(self, key: tuple, dtype) -> tuple[_Entry, bool]:
+        """(the entry of ``key``, whether it is current), created (all stale) if absent."""
         state = self.state
         entry = self.entries.get(key)
         if entry is None:
@@ -140,16 +154,48 @@ class _NodeCache:
             self.entries[key] = entry
             if len(self.entries) > self.size:
                 self.entries.popitem(last=False)
-        else:
-            self.entries.move_to_end(key)
-            if entry.seen == state.changes:  # no node changed since the last refresh
-                return entry.values
-        stale = (entry.snap != state.version).nonzero()[0]
+            return entry, False
+        self.entries.move_to_end(key)
+        return entry, entry.seen == state.changes
+
+    def stale(self, entry: _Entry) -> np.ndarray:
+        """Sorted (k,) int64 indices of the nodes whose version moved since ``entry`` was refreshed."""
+        state = self.state
+        if entry.seen >= 0:
+            changed = state.changed_since(entry.seen)
+            if changed is not None and len(changed) <= self.SCAN_FRACTION * state.n_nodes:
+                idx = np.array(changed, dtype=np.int64)
+                return idx[entry.snap[idx] != state.version[idx]]
+        return (entry.snap != state.version).nonzero()[0]
+
+    def get(self, key: tuple, compute, dtype) -> np.ndarray:
+        entry, current = self.entry(key, dtype)
+        if current:  # no node changed since the last refresh
+            return entry.values
+        stale = self.stale(entry)
+        state = self.state
         if len(stale):
             entry.values[stale] = compute(stale)
             entry.snap[stale] = state.version[stale]
         entry.seen = state.changes
         return entry.values
+
+
+class _Best:
+    """Best node of one request class for a policy that picks the highest score, first node among ties (the
+    ``tie_break = "first"`` of :meth:`Policy.pick`): a heap of ``(-score, node)`` over feasible nodes, pushed
+    when a node's score or feasibility is refreshed; an entry whose node no longer has that score or no longer
+    passes the filters is dropped when it reaches the top. Same node as ``candidates[np.argmax(scores)]``."""
+
+    __slots__ = ("heap", "seen", "mask", "scores")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int]] = []
+        self.seen = -1  # state.changes when last brought up to date
+        # the cached arrays it was built from: a cache entry made afresh (LRU) recomputes every node, and a
+        # recomputed score may differ in its last bits where nothing changed, so the heap is rebuilt then
+        self.mask: np.ndarray | None = None
+        self.scores: np.ndarray | None = None
 
 
 class Engine:
@@ -166,24 +212,101 @@ class Engine:
         self._mask_cache = _NodeCache(state, cache_size)
         self._score_cache = _NodeCache(state, cache_size)
         self._reasons: dict[tuple, tuple[int, str]] = {}  # request class -> (state.changes, reason)
+        self._best: OrderedDict[tuple, _Best] = OrderedDict()  # request class -> best-node heap
+        self._cache_size = cache_size
         policy.prepare(state, workload)
+        # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
+        self._codes = (compiled.failure_codes_default if compiled.enabled()
+                       and compiled.uses_default_filters(policy.filters) else None)
+        self._scorer = compiled.FGDScorer(policy) if compiled.FGDScorer.supports(policy) else None
+        # the best node from a heap where the policy picks the first best score the base-class way
+        self._use_heap = (policy.node_local and policy.tie_break == "first" and type(policy).pick is Policy.pick
+                          and os.environ.get("GPUPOOL_NO_BEST_HEAP", "") in ("", "0"))
 
     def feasible_mask(self, eff: EffectiveRequest) -> np.ndarray:
-        """(n_nodes,) bool: nodes that pass every filter for ``eff`` (cached)."""
-        state, filters = self.state, self.policy.filters
-        return self._mask_cache.get(eff.key(), lambda idx: feasible(state, eff, idx, filters), bool)
+        """(n_nodes,) bool: nodes that pass every filter for ``eff`` (cached with each node's failure code)."""
+        return self._feasible(eff.key(), eff)
+
+    def _feasible(self, key: tuple, eff: EffectiveRequest) -> np.ndarray:
+        cache = self._mask_cache
+        entry, current = cache.entry(key, bool)
+        if current:
+            return entry.values
+        state = self.state
+        fresh = entry.codes is None
+        if fresh:
+            entry.codes = np.zeros(state.n_nodes, dtype=np.int16)
+        stale = cache.stale(entry)
+        if len(stale):
+            if self._codes is not None and compiled.uses_default_filters(self.policy.filters):
+                codes = self._codes(state, eff, stale)
+            else:
+                codes = failure_codes(state, eff, stale, self.policy.filters)
+            ok = codes == 0
+            entry.count += int(ok.sum()) - (0 if fresh else int(entry.values[stale].sum()))
+            entry.codes[stale] = codes
+            entry.values[stale] = ok
+            entry.snap[stale] = state.version[stale]
+        entry.seen = state.changes
+        return entry.values
+
+    def _best_node(self, key: tuple, mask: np.ndarray, scores: np.ndarray) -> int:
+        """The first node with the highest score among feasible ones (-1 if none), from the class's heap."""
+        state = self.state
+        best = self._best.get(key)
+        changed = None
+        if best is None:
+            best = self._best[key] = _Best()
+            if len(self._best) > self._cache_size:
+                self._best.popitem(last=False)
+        else:
+            self._best.move_to_end(key)
+            if best.seen >= 0:
+                changed = state.changed_since(best.seen)
+        heap = best.heap
+        if (changed is None or best.mask is not mask or best.scores is not scores
+                or len(heap) > 4 * state.n_nodes + 64):  # (re)build from every feasible node
+            best.mask, best.scores = mask, scores
+            cand = mask.nonzero()[0]
+            heap[:] = zip((-scores[cand]).tolist(), cand.tolist(), strict=True)
+            heapq.heapify(heap)
+        else:
+            push = heapq.heappush
+            for node in changed:
+                if mask[node]:
+                    push(heap, (-float(scores[node]), node))
+        best.seen = state.changes
+        while heap:
+            neg, node = heap[0]
+            if mask[node] and scores[node] == -neg:
+                return node
+            heapq.heappop(heap)
+        return -1
 
     def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
         """One cycle for ``req``: (effective request, node, devices), node -1 if no node passes the filters."""
         policy, state = self.policy, self.state
         eff = policy.effective(req)
-        mask = self.feasible_mask(eff)
+        key = eff.key()
+        mask = self._feasible(key, eff)
+        if self._use_heap:
+            if not self._mask_cache.entries[key].count:  # no node passes: nothing to score
+                return eff, -1, ()
+            score = policy.score if self._scorer is None else self._scorer.score
+            all_scores = self._score_cache.get(
+                ("score",) + policy.score_key(eff), lambda idx: score(state, eff, idx), np.float64
+            )
+            node = self._best_node(key, mask, all_scores)
+            if node < 0:
+                return eff, -1, ()
+            return eff, node, policy.select_gpus(state, eff, node)
         candidates = mask.nonzero()[0]
         if len(candidates) == 0:
             return eff, -1, ()
         if policy.node_local:
+            score = policy.score if self._scorer is None else self._scorer.score
             all_scores = self._score_cache.get(
-                ("score",) + policy.score_key(eff), lambda idx: policy.score(state, eff, idx), np.float64
+                ("score",) + policy.score_key(eff), lambda idx: score(state, eff, idx), np.float64
             )
             scores = all_scores[candidates]
         else:
@@ -221,7 +344,13 @@ class Engine:
         hit = self._reasons.get(key)
         if hit is not None and hit[0] == self.state.changes:
             return hit[1]
-        reason = unschedulable_reason(self.state, eff, self.policy.filters)
+        # every node's first failing filter is cached with its mask and refreshed with the node: the message
+        # is a count of those codes (one bincount), not every filter re-run over every GPU
+        self._feasible(key, eff)
+        codes = self._mask_cache.entries[key].codes
+        filters = self.policy.filters
+        counts = np.bincount(codes, minlength=(len(filters) + 1) * CODE_STRIDE)
+        reason = reason_from_counts(self.state, eff, counts, filters)
         if len(self._reasons) >= 256:
             self._reasons.clear()
         self._reasons[key] = (self.state.changes, reason)

@@ -338,3 +338,72 @@ def unschedulable_reason(state: ClusterState, req: EffectiveRequest,
     if req.num_gpu and include and not any(type_matches(t, include) for t in model_texts(state)):
         parts.append(f"no node has GPU type {'|'.join(include)}")
     return f"0/{state.n_nodes} nodes are available: " + (", ".join(parts) or "no node passed") + "."
+
+
+# --------------------------------------------------------------------------- failure codes
+# A node's *failure code* says which filter rejected it first, so that the unschedulable message is a count
+# of codes (cached with the node, refreshed where it changed) instead of every filter re-run over every GPU:
+# 0 passes every filter; filter ``i`` (0-based, in order) rejecting it gives ``(i + 1) * CODE_STRIDE + sub``,
+# ``sub`` 0 for the filter's own reason and, for :class:`GpuFit`, one of the finer reasons below.
+CODE_STRIDE = 4
+SUB_SICK, SUB_MEMORY, SUB_SLICED = 1, 2, 3
+
+
+def failure_codes(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
+                  filters: tuple[FilterPlugin, ...] = DEFAULT_FILTERS) -> np.ndarray:
+    """(len(nodes),) int16 failure code of each node (0: passes every filter; see ``CODE_STRIDE``): the first
+    filter that rejects it and, for :class:`GpuFit`, whether unhealthy GPUs, GPU memory or too few distinct
+    time-sliced GPUs is the finer cause (as :func:`unschedulable_reason` tells them apart)."""
+    codes = np.zeros(len(nodes), dtype=np.int16)
+    failed = np.flatnonzero(~feasible(state, req, nodes, filters))
+    if not len(failed):  # usually: every changed node passes, nothing to tell apart
+        return codes
+    if len(failed) < len(nodes):
+        codes[failed] = failure_codes(state, req, nodes[failed], filters)
+        return codes
+    for i, f in enumerate(filters):
+        fails = ~np.asarray(f.mask(state, req, nodes), dtype=bool) & (codes == 0)
+        if not fails.any():
+            continue
+        codes[fails] = (i + 1) * CODE_STRIDE
+        if isinstance(f, GpuFit):
+            idx = np.flatnonzero(fails)
+            sub = nodes[idx]
+            healthy = (state.gpu_healthy[sub] & state.gpu_exists[sub]).sum(axis=1)
+            sick = (healthy < req.num_gpu) & (state.gpu_count[sub] >= req.num_gpu)
+            share = node_share(state, req, sub)
+            by_share = (state.usable_gpu_free(sub) >= share[:, None]).sum(axis=1)
+            memory = ~sick & (by_share >= req.num_gpu)
+            sliced = (~sick & ~memory & (state.gpu_replicas[sub] > 1) & (req.num_gpu > 1) if req.is_slice_ask
+                      else np.zeros(len(idx), dtype=bool))
+            codes[idx] += np.where(sick, SUB_SICK, np.where(memory, SUB_MEMORY, np.where(sliced, SUB_SLICED, 0)))
+    return codes
+
+
+def reason_from_counts(state: ClusterState, req: EffectiveRequest, counts: np.ndarray,
+                       filters: tuple[FilterPlugin, ...] = DEFAULT_FILTERS) -> str:
+    """:func:`unschedulable_reason`'s message from ``counts`` = ``np.bincount`` of every node's
+    :func:`failure_codes` (length at least ``(len(filters) + 1) * CODE_STRIDE``); the same text."""
+    parts = []
+    for i, f in enumerate(filters):
+        base = (i + 1) * CODE_STRIDE
+        count = int(counts[base])
+        if isinstance(f, GpuFit):
+            sick, memory, sliced = (int(counts[base + s]) for s in (SUB_SICK, SUB_MEMORY, SUB_SLICED))
+            if sick:
+                parts.append(f"{sick} node(s) had unhealthy GPUs")
+            if memory:
+                parts.append(f"{memory} Insufficient GPU memory")
+            if sliced:
+                parts.append(f"{sliced} node(s) had fewer than {req.num_gpu} distinct GPUs with a free "
+                             "time-slice (each replica asked goes to its own GPU)")
+        if count:
+            parts.append(f"{count} {f.reason}")
+    if req.num_gpu and req.requested.gpu_spec and not any(
+        m in state.model_index for m in req.requested.gpu_spec
+    ):
+        parts.append(f"no node has GPU model {'|'.join(req.requested.gpu_spec)}")
+    include = req.requested.gpu_type_include
+    if req.num_gpu and include and not any(type_matches(t, include) for t in model_texts(state)):
+        parts.append(f"no node has GPU type {'|'.join(include)}")
+    return f"0/{state.n_nodes} nodes are available: " + (", ".join(parts) or "no node passed") + "."

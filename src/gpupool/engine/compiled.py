@@ -1,0 +1,529 @@
+"""Compiled (numba) kernels for the engine's per-decision refresh of the nodes that changed.
+
+Refreshing a request class's filter mask and scores for the few nodes that changed since it was last seen
+(a median of 7) costs tens of NumPy calls per decision, each a microsecond of call overhead on arrays of a
+handful of rows. Two kernels do the integer part of that work in one compiled call each:
+
+* :func:`failure_codes_default`: every node's first failing filter of
+  :data:`gpupool.engine.filters.DEFAULT_FILTERS`, as :func:`gpupool.engine.filters.failure_codes` gives it;
+* the FGD / gpupool score refresh (:class:`FGDScorer`): the per-shape fragmented-share cells that
+  :class:`gpupool.frag.FragModel` multiplies with the shape probabilities, and the GPUs that fit.
+
+Everything in floating point stays with the policy's own NumPy code on arrays of the very shapes the policy
+would build (the product with ``prob``, ``_transform``, ``_final_score``): a matrix-vector product through
+BLAS rounds differently with the number of rows, so the compiled path hands NumPy the same rows and gets the
+same bits. The policy's Python ``score`` stays the source of truth: the compiled path is taken only for the
+exact methods it mirrors (a fingerprint of their source, :data:`FGD_FINGERPRINTS`), and tests check it
+against the policy's NumPy path, decision by decision (tests/test_decision_cost.py).
+
+Off when numba is not installed or ``GPUPOOL_NO_NUMBA=1``; decisions are the same either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+import os
+
+import numpy as np
+
+from gpupool.cluster import ClusterState
+from gpupool.engine.filters import (
+    CODE_STRIDE,
+    DEFAULT_FILTERS,
+    SUB_MEMORY,
+    SUB_SICK,
+    SUB_SLICED,
+    EffectiveRequest,
+    GpuFit,
+    _spec_allowed,
+    _type_allowed,
+    allowed_models,
+    gpu_fit_matrix,
+    node_share,
+)
+from gpupool.model import MILLI
+
+try:  # optional: the engine works the same, only slower, without it
+    if os.environ.get("GPUPOOL_NO_NUMBA", "") not in ("", "0"):
+        raise ImportError("disabled by GPUPOOL_NO_NUMBA")
+    import numba
+except ImportError:  # pragma: no cover - exercised with GPUPOOL_NO_NUMBA=1
+    numba = None
+
+AVAILABLE = numba is not None
+"""True when the compiled kernels are in use (numba importable and not disabled)."""
+
+
+def enabled() -> bool:
+    """Whether the engine uses the compiled kernels (numba present, ``GPUPOOL_NO_NUMBA`` unset or 0)."""
+    return AVAILABLE and os.environ.get("GPUPOOL_NO_NUMBA", "") in ("", "0")
+
+
+def _jit(fn):
+    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn) if AVAILABLE else fn
+
+
+# --------------------------------------------------------------------------- filters
+_MARGIN = 1e-7
+"""How close to an integer (score points) a compiled score may come before NumPy's exact path decides; the
+compiled and BLAS sums differ by about 1e-12 points."""
+
+_CPU, _MEM, _MODEL, _TYPE, _GMEM, _GPU = ((i + 1) * CODE_STRIDE for i in range(6))
+
+
+@_jit
+def _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy, gpu_model,
+               mem_cap, mem_free):  # pragma: no cover - compiled
+    """How many GPUs of node ``n`` fit, as :func:`gpu_fit_matrix` tests them."""
+    count = 0
+    n_models = allowed.shape[0] - 1
+    for g in range(usable.shape[1]):
+        if gpu_milli > 0:
+            if usable[n, g] < milli:
+                continue
+        elif not (healthy[n, g] and gpu_free[n, g] >= milli):
+            continue
+        if restricts:
+            m = gpu_model[n, g]
+            if not allowed[m if m >= 0 else n_models]:
+                continue
+        if need_mem:
+            if not (mem_cap[n, g] > 0 and mem_free[n, g] >= need_mem):
+                continue
+        elif mem_free[n, g] < mem_cap[n, g] * milli // 1000:
+            continue
+        count += 1
+    return count
+
+
+@_jit
+def _codes_kernel(nodes, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type, restricts,
+                  spec_ok, type_ok, allowed, cpu_free, mem_free, node_model, node_gpu_mem, gpu_count, replicas,
+                  slice_milli, usable, gpu_free, healthy, exists, gpu_model, mem_cap, mem_free_g,
+                  out):  # pragma: no cover - compiled
+    n_models = allowed.shape[0] - 1
+    for i in range(nodes.shape[0]):
+        n = nodes[i]
+        code = 0
+        m = node_model[n]
+        mi = m if m >= 0 else n_models
+        if cpu_free[n] < cpu:
+            code = 1 * 4
+        elif mem_free[n] < mem:
+            code = 2 * 4
+        elif num_gpu > 0 and has_spec and not spec_ok[mi]:
+            code = 3 * 4
+        elif num_gpu > 0 and has_type and not type_ok[mi]:
+            code = 4 * 4
+        elif num_gpu > 0 and need_mem and not (node_gpu_mem[n] > 0 or gpu_count[n] == 0):
+            code = 5 * 4
+        elif num_gpu > 0:
+            milli = gpu_milli
+            if slice_ask and replicas[n] > 1:
+                milli = slice_milli[n]
+            fit = _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy,
+                             gpu_model, mem_cap, mem_free_g)
+            if fit < num_gpu:
+                well = 0
+                by_share = 0
+                for g in range(usable.shape[1]):
+                    if healthy[n, g] and exists[n, g]:
+                        well += 1
+                    if usable[n, g] >= milli:
+                        by_share += 1
+                sick = well < num_gpu and gpu_count[n] >= num_gpu
+                memory = (not sick) and by_share >= num_gpu
+                sliced = slice_ask and (not sick) and (not memory) and replicas[n] > 1 and num_gpu > 1
+                code = 6 * 4 + (1 if sick else (2 if memory else (3 if sliced else 0)))
+        out[i] = code
+
+
+def uses_default_filters(filters) -> bool:
+    """True when ``filters`` are :data:`DEFAULT_FILTERS` (what :func:`failure_codes_default` mirrors)."""
+    return len(filters) == len(DEFAULT_FILTERS) and all(
+        type(a) is type(b) for a, b in zip(filters, DEFAULT_FILTERS, strict=True))
+
+
+def failure_codes_default(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+    """(len(nodes),) int16 :func:`gpupool.engine.filters.failure_codes` for :data:`DEFAULT_FILTERS`, compiled."""
+    r = req.requested
+    has_spec = bool(r.gpu_spec)
+    has_type = bool(r.gpu_type_include or r.gpu_type_exclude)
+    n_slots = len(state.model_names) + 1
+    spec_ok = _spec_allowed(state, r.gpu_spec) if has_spec else np.ones(n_slots, dtype=bool)
+    type_ok = _type_allowed(state, req) if has_type and req.num_gpu else np.ones(n_slots, dtype=bool)
+    restricts = has_spec or has_type
+    allowed = allowed_models(state, req) if restricts and req.num_gpu else np.ones(n_slots, dtype=bool)
+    out = np.empty(len(nodes), dtype=np.int16)
+    _codes_kernel(np.asarray(nodes, dtype=np.int64), r.cpu_milli, r.memory_mib, r.num_gpu, req.gpu_milli,
+                  r.gpu_memory_mib, req.is_slice_ask, has_spec, has_type, restricts, spec_ok, type_ok, allowed,
+                  state.cpu_free, state.mem_free, state.node_model, state.node_gpu_mem, state.gpu_count,
+                  state.gpu_replicas, state.slice_milli, state._usable, state.gpu_free, state.gpu_healthy,
+                  state.gpu_exists, state.gpu_model, state.gpu_mem_cap, state.gpu_mem_free, out)
+    return out
+
+
+assert (_CPU, _MEM, _MODEL, _TYPE, _GMEM, _GPU) == (4, 8, 12, 16, 20, 24) and CODE_STRIDE == 4
+assert (SUB_SICK, SUB_MEMORY, SUB_SLICED) == (1, 2, 3) and isinstance(DEFAULT_FILTERS[5], GpuFit)
+
+
+# --------------------------------------------------------------------------- FGD / gpupool scores
+@_jit
+def _cells_row(free, i, total, cpu, mi, mem, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu,
+               out, o):  # pragma: no cover - compiled
+    """Row ``o`` of ``out`` (2-D view): FragModel cells of the node state ``free[i]`` (as :meth:`FragModel.frag`)."""
+    for t in range(t_milli.shape[0]):
+        cell = total
+        if t_gpu[t] and access[mi, t] and cpu >= t_cpu[t] and (not use_mem or mem >= t_mem[t]):
+            count = 0
+            small = 0
+            for g in range(free.shape[1]):
+                x = free[i, g]
+                if x >= t_milli[t]:
+                    count += 1
+                else:
+                    small += x
+            if count >= t_num[t]:
+                cell = small
+        out[o, t] = cell
+
+
+@_jit
+def _frag_cells(free, cpu, model, mem, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu,
+                out):  # pragma: no cover - compiled
+    n_models = access.shape[0] - 1
+    for i in range(free.shape[0]):
+        total = 0
+        for g in range(free.shape[1]):
+            total += free[i, g]
+        m = model[i]
+        _cells_row(free, i, total, cpu[i], m if m >= 0 else n_models, mem[i], use_mem, access, t_milli, t_num,
+                   t_cpu, t_mem, t_gpu, out, i)
+
+
+@_jit
+def _fits(nodes, share, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy, gpu_model, mem_cap,
+          mem_free, out):  # pragma: no cover - compiled
+    """gpu_fit_matrix of ``nodes`` (``share``: node_share of each) into ``out`` (k, G) bool."""
+    n_models = allowed.shape[0] - 1
+    for i in range(nodes.shape[0]):
+        n = nodes[i]
+        milli = share[i]
+        for g in range(usable.shape[1]):
+            ok = True
+            if gpu_milli > 0:
+                ok = usable[n, g] >= milli
+            else:
+                ok = healthy[n, g] and gpu_free[n, g] >= milli
+            if ok and restricts:
+                m = gpu_model[n, g]
+                ok = allowed[m if m >= 0 else n_models]
+            if ok:
+                if need_mem:
+                    ok = mem_cap[n, g] > 0 and mem_free[n, g] >= need_mem
+                else:
+                    ok = mem_free[n, g] >= mem_cap[n, g] * milli // 1000
+            out[i, g] = ok
+
+
+@_jit
+def _after_share_cells(free, milli, cpu_a, model, mem_a, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu,
+                       out):  # pragma: no cover - compiled
+    """FragModel.frag_after_share's (k, G, T) cells: GPU g of node i gives ``milli`` (never below 0)."""
+    n_models = access.shape[0] - 1
+    n_gpus = free.shape[1]
+    for i in range(free.shape[0]):
+        m = model[i]
+        mi = m if m >= 0 else n_models
+        total = 0
+        for g in range(n_gpus):
+            total += free[i, g]
+        for t in range(t_milli.shape[0]):
+            tm = t_milli[t]
+            count = 0
+            small = 0
+            for g in range(n_gpus):
+                if free[i, g] >= tm:
+                    count += 1
+                else:
+                    small += free[i, g]
+            serve = t_gpu[t] and access[mi, t] and cpu_a[i] >= t_cpu[t] and (not use_mem or mem_a[i] >= t_mem[t])
+            for g in range(n_gpus):
+                x = free[i, g]
+                a = x - milli if x > milli else 0
+                c = count - (1 if x >= tm else 0) + (1 if a >= tm else 0)
+                s = small - (0 if x >= tm else x) + (0 if a >= tm else a)
+                if serve and c >= t_num[t]:
+                    out[i, g, t] = s
+                else:
+                    out[i, g, t] = total - (x - a)
+
+
+@_jit
+def _take(free, fits, share, num_gpu, out):  # pragma: no cover - compiled
+    """Free share after the lowest-index fitting GPUs give ``share`` each (at most ``num_gpu`` of them)."""
+    for i in range(free.shape[0]):
+        taken = 0
+        for g in range(free.shape[1]):
+            x = free[i, g]
+            if fits[i, g] and taken < num_gpu:
+                taken += 1
+                x -= share[i]
+            out[i, g] = x
+
+
+@_jit
+def _fgd_fast(free, before, cpu_a, mem_a, model, mode, gpu_milli, share, fits, num_gpu, prob, use_mem, access,
+              t_milli, t_num, t_cpu, t_mem, t_gpu, scores, choice):  # pragma: no cover - compiled
+    """FGD's integer scores ``floor(100 * sigmoid((before - after) / 1000))`` and, for a fractional pod
+    (``mode`` 1), the best GPU of each node; ``mode`` 0: no GPU, 2: whole GPUs / replicas (the lowest-index
+    fitting GPUs give ``share``). The fragmentation after placement is summed here in order, which may differ
+    from NumPy's BLAS product in the last bits: returns True when any score lies within ``_MARGIN`` of an
+    integer (where such a difference could move the floor), and the caller then takes NumPy's exact path."""
+    n_models = access.shape[0] - 1
+    n_gpus = free.shape[1]
+    n_shapes = t_milli.shape[0]
+    count = np.empty(n_shapes, dtype=np.int64)
+    small = np.empty(n_shapes, dtype=np.int64)
+    row = np.empty(n_gpus, dtype=np.int64)
+    unsure = False
+    for i in range(free.shape[0]):
+        m = model[i]
+        mi = m if m >= 0 else n_models
+        if mode == 1:
+            total = 0
+            for g in range(n_gpus):
+                total += free[i, g]
+            for t in range(n_shapes):
+                c = 0
+                sm = 0
+                for g in range(n_gpus):
+                    if free[i, g] >= t_milli[t]:
+                        c += 1
+                    else:
+                        sm += free[i, g]
+                count[t] = c
+                small[t] = sm
+            best = -np.inf
+            best_g = 0
+            for g in range(n_gpus):
+                if not fits[i, g]:
+                    continue
+                x = free[i, g]
+                a = x - gpu_milli if x > gpu_milli else 0
+                after = 0.0
+                for t in range(n_shapes):
+                    tm = t_milli[t]
+                    cell = total - (x - a)
+                    if (t_gpu[t] and access[mi, t] and cpu_a[i] >= t_cpu[t]
+                            and (not use_mem or mem_a[i] >= t_mem[t])):
+                        c = count[t] - (1 if x >= tm else 0) + (1 if a >= tm else 0)
+                        if c >= t_num[t]:
+                            cell = small[t] - (0 if x >= tm else x) + (0 if a >= tm else a)
+                    after += cell * prob[t]
+                v = 100.0 / (1.0 + math.exp(-(before[i] - after) / 1000.0))
+                f = math.floor(v)
+                if v - f < _MARGIN or f + 1.0 - v < _MARGIN:
+                    unsure = True
+                if f > best:
+                    best = f
+                    best_g = g
+            scores[i] = best
+            choice[i] = best_g
+            continue
+        taken = 0
+        total = 0
+        for g in range(n_gpus):
+            x = free[i, g]
+            if mode == 2 and fits[i, g] and taken < num_gpu:
+                taken += 1
+                x -= share[i]
+            row[g] = x
+            total += x
+        after = 0.0
+        for t in range(n_shapes):
+            cell = total
+            if t_gpu[t] and access[mi, t] and cpu_a[i] >= t_cpu[t] and (not use_mem or mem_a[i] >= t_mem[t]):
+                c = 0
+                sm = 0
+                for g in range(n_gpus):
+                    if row[g] >= t_milli[t]:
+                        c += 1
+                    else:
+                        sm += row[g]
+                if c >= t_num[t]:
+                    cell = sm
+            after += cell * prob[t]
+        v = 100.0 / (1.0 + math.exp(-(before[i] - after) / 1000.0))
+        f = math.floor(v)
+        if v - f < _MARGIN or f + 1.0 - v < _MARGIN:
+            unsure = True
+        scores[i] = f
+        choice[i] = 0
+    return unsure
+
+
+def _source_hash(*objs) -> str:
+    h = hashlib.sha256()
+    for obj in objs:
+        h.update(inspect.getsource(obj).encode())
+    return h.hexdigest()[:16]
+
+
+def _mirrored():
+    from gpupool.frag import FragModel
+    from gpupool.policies.fgd import FGD, _distinct_rows
+
+    return (FGD._evaluate, FGD._evaluate_dedup, FGD.score, FGD._transform, _distinct_rows, FragModel.frag,
+            FragModel._frag_few, FragModel._combine, FragModel.frag_after_share, FragModel.__init__, gpu_fit_matrix,
+            node_share)
+
+
+FGD_FINGERPRINTS = ("aa61e8288d1d60eb", "d0c94cebb36fb023")
+"""Hashes of the source of the NumPy code :class:`FGDScorer` mirrors (``_mirrored``), each version checked
+against the kernels by tests/test_decision_cost.py; when none matches (someone changed the policy), the compiled
+path is not used until the kernels are checked again and the new hash added here."""
+
+_fingerprint_ok: bool | None = None
+
+
+def fingerprint() -> str:
+    """The current hash of the mirrored methods' source."""
+    return _source_hash(*_mirrored())
+
+
+def fgd_mirror_current() -> bool:
+    """True when the FGD / FragModel code the compiled scorer mirrors is the one it was written for."""
+    global _fingerprint_ok
+    if _fingerprint_ok is None:
+        try:
+            _fingerprint_ok = fingerprint() in FGD_FINGERPRINTS
+        except (OSError, TypeError):  # no source to read (frozen install): do not trust the mirror
+            _fingerprint_ok = False
+    return _fingerprint_ok
+
+
+class FGDScorer:
+    """``policy.score(state, req, nodes)`` for :class:`gpupool.policies.fgd.FGD` and subclasses that keep its
+    evaluation (``gpupool``), with the integer work compiled; the same scores, the same GPU choices and the
+    same books (``_before``, ``_choices``) as the policy's own ``score``."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.model = None
+        self._load()
+
+    def _load(self) -> None:
+        """Take the shapes of the policy's current FragModel (again after a new ``prepare``)."""
+        model = self.model = self.policy.model
+        self.shapes = (np.ascontiguousarray(model.access), np.ascontiguousarray(model.milli, dtype=np.int64),
+                       np.ascontiguousarray(model.num, dtype=np.int64), np.ascontiguousarray(model.cpu, dtype=np.int64),
+                       np.ascontiguousarray(model.mem, dtype=np.int64), np.ascontiguousarray(model.gpu_shape))
+        self.n_shapes = len(model.prob)
+        self.prob = np.ascontiguousarray(model.prob, dtype=np.float64)
+
+    @staticmethod
+    def supports(policy) -> bool:
+        """True when the compiled scorer reproduces ``policy.score`` exactly (see :data:`FGD_FINGERPRINTS`)."""
+        if not enabled():
+            return False
+        from gpupool.frag import FragModel
+        from gpupool.policies.fgd import FGD
+
+        cls = type(policy)
+        return (isinstance(policy, FGD) and cls._evaluate is FGD._evaluate and cls.score is FGD.score
+                and not getattr(policy, "gpu_best_fit", False) and getattr(policy, "integer_scores", True)
+                and cls._evaluate_dedup is FGD._evaluate_dedup and type(policy.model) is FragModel
+                and fgd_mirror_current())
+
+    def _frag(self, free, cpu, model, mem):
+        out = np.empty((free.shape[0], self.n_shapes), dtype=np.int64)
+        _frag_cells(free, cpu, model, mem, self.model.use_memory, *self.shapes, out)
+        return out @ self.model.prob
+
+    def _fit_matrix(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray, share: np.ndarray):
+        r = req.requested
+        restricts = bool(r.gpu_spec or r.gpu_type_include or r.gpu_type_exclude)
+        allowed = allowed_models(state, req) if restricts else _ALL_MODELS
+        out = np.empty((len(nodes), state.max_gpus), dtype=bool)
+        _fits(nodes, share, req.gpu_milli, r.gpu_memory_mib, restricts, allowed, state._usable, state.gpu_free,
+              state.gpu_healthy, state.gpu_model, state.gpu_mem_cap, state.gpu_mem_free, out)
+        return out
+
+    def _evaluate(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray):
+        """FGD._evaluate, same rows to NumPy for every floating-point step."""
+        pol = self.policy
+        free = state._usable[nodes].astype(np.int64)
+        cpu = state.cpu_free[nodes]
+        mem = state.mem_free[nodes]
+        model = state.node_model[nodes]
+        version = state.version[nodes]
+        stale = pol._before_at[nodes] != version
+        if stale.all():
+            pol._before[nodes] = self._frag(free, cpu, model, mem)
+            pol._before_at[nodes] = version
+        elif stale.any():
+            idx = nodes[stale]
+            pol._before[idx] = self._frag(free[stale], cpu[stale], model[stale], mem[stale])
+            pol._before_at[idx] = version[stale]
+        before = pol._before[nodes]
+        cpu_a = cpu - req.cpu_milli
+        mem_a = mem - req.memory_mib
+        if req.num_gpu == 0:
+            share, fits = _NO_SHARE, _NO_FITS
+        else:
+            share = node_share(state, req, nodes)
+            fits = self._fit_matrix(state, req, nodes, share)
+        if pol.integer_scores:  # one compiled pass; NumPy's exact path only where a score nears an integer
+            mode = 0 if req.num_gpu == 0 else (1 if req.is_fractional else 2)
+            scores = np.empty(len(nodes))
+            choice = np.empty(len(nodes), dtype=np.int64)
+            unsure = _fgd_fast(free, before, cpu_a, mem_a, model, mode, req.gpu_milli, share, fits, req.num_gpu,
+                               self.prob, self.model.use_memory, *self.shapes, scores, choice)
+            if not unsure:
+                return scores, (choice if mode == 1 else None)
+        if req.num_gpu == 0:
+            return pol._transform(before - self._frag(free, cpu_a, model, mem_a)), None
+        if req.is_fractional:
+            cells = np.empty((len(nodes), state.max_gpus, self.n_shapes), dtype=np.int64)
+            _after_share_cells(free, req.gpu_milli, cpu_a, model, mem_a, self.model.use_memory, *self.shapes, cells)
+            fa = cells @ self.model.prob
+            s = np.where(fits, pol._transform(before[:, None] - fa), -np.inf)
+            choice = np.argmax(s, axis=1)
+            return s[np.arange(len(nodes)), choice], choice
+        after = np.empty_like(free)
+        _take(free, fits, share, req.num_gpu, after)
+        return pol._transform(before - self._frag(after, cpu_a, model, mem_a)), None
+
+    def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+        """(len(nodes),) float64: ``policy.score(state, req, nodes)``."""
+        pol = self.policy
+        if pol.model is not self.model:
+            self._load()
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if len(nodes) >= pol.DEDUP_MIN_NODES:  # FGD._evaluate_dedup: nodes in identical states evaluated once
+            from gpupool.policies.fgd import _distinct_rows
+
+            key = np.column_stack([state.node_model[nodes], state.cpu_free[nodes], state.mem_free[nodes],
+                                   state.gpu_free[nodes], state.gpu_healthy[nodes], state.gpu_mem_free[nodes],
+                                   state.gpu_mem_cap[nodes], state.slice_milli[nodes]])
+            first, inverse = _distinct_rows(key)
+            scores, choice = self._evaluate(state, req, nodes[first])
+            scores, choice = scores[inverse], (None if choice is None else choice[inverse])
+        else:
+            scores, choice = self._evaluate(state, req, nodes)
+        if choice is not None:
+            key = pol.score_key(req)
+            chosen = pol._choices.get(key)
+            if chosen is None:
+                chosen = pol._choices[key] = np.zeros(state.n_nodes, dtype=np.int16)
+            chosen[nodes] = choice
+        return pol._final_score(state, req, nodes, scores)
+
+
+_ALL_MODELS = np.ones(1, dtype=bool)  # placeholder: never read when restricts is False
+_NO_FITS = np.zeros((0, 0), dtype=bool)  # placeholders for a pod without GPUs (never read)
+_NO_SHARE = np.zeros(0, dtype=np.int64)
+assert MILLI == 1000  # the kernels divide by 1000 as MILLI

@@ -1,0 +1,389 @@
+"""Decision cost flat in the cluster size (issue 12, item 3), with the decisions of before.
+
+The engine now finds changed nodes from the cluster's change log, keeps each node's first failing filter with
+its mask (the unschedulable message is a count), picks the best node of a ``tie_break = "first"`` policy from a
+heap, and refreshes masks and FGD / gpupool scores with compiled kernels (numba) where present. Checked here:
+
+* every policy decides exactly as the engine before these changes (:class:`ReferenceEngine`, its code kept
+  verbatim below) over a few thousand pods on a few hundred nodes, with pods that fit nowhere, releases, GPU
+  failures and repairs and touched nodes, with the compiled kernels on and off;
+* the failure-code message equals the full scan's, and the compiled codes equal the NumPy ones;
+* the compiled FGD / gpupool scorer gives the policy's own scores, GPU choices and books, bit for bit;
+* the change log, including when it is trimmed;
+* without numba (``GPUPOOL_NO_NUMBA=1``, a subprocess) the decisions are the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import node, pod
+from gpupool.cluster import ClusterState
+from gpupool.engine import compiled
+from gpupool.engine.core import Decision, Engine
+from gpupool.engine.filters import (
+    CODE_STRIDE,
+    DEFAULT_FILTERS,
+    EffectiveRequest,
+    failure_codes,
+    feasible,
+    reason_from_counts,
+    unschedulable_reason,
+)
+from gpupool.model import AllocationError, NodeSpec
+from gpupool.policies import REGISTRY, make_policy
+
+needs_numba = pytest.mark.skipif(not compiled.enabled(), reason="numba not installed or GPUPOOL_NO_NUMBA set")
+
+
+# --------------------------------------------------------------------------- the engine as it was (3936f61)
+class _RefEntry:
+    __slots__ = ("snap", "seen", "values")
+
+    def __init__(self, n: int) -> None:
+        self.snap = np.full(n, -1, dtype=np.int64)
+        self.seen = -1
+        self.values = None
+
+
+class _RefCache:
+    def __init__(self, state: ClusterState, size: int) -> None:
+        self.state = state
+        self.size = size
+        self.entries: OrderedDict = OrderedDict()
+
+    def get(self, key, compute, dtype):
+        state = self.state
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = _RefEntry(state.n_nodes)
+            entry.values = np.empty(state.n_nodes, dtype=dtype)
+            self.entries[key] = entry
+            if len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        else:
+            self.entries.move_to_end(key)
+            if entry.seen == state.changes:
+                return entry.values
+        stale = (entry.snap != state.version).nonzero()[0]
+        if len(stale):
+            entry.values[stale] = compute(stale)
+            entry.snap[stale] = state.version[stale]
+        entry.seen = state.changes
+        return entry.values
+
+
+class ReferenceEngine(Engine):
+    """The engine's selection before the change log, failure codes, best-node heap and compiled kernels:
+    version scans, ``feasible`` masks, ``argmax`` over the candidates, the full-scan unschedulable message."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._ref_mask = _RefCache(self.state, 512)
+        self._ref_score = _RefCache(self.state, 512)
+        self._ref_reasons: dict = {}
+
+    def feasible_mask(self, eff):
+        state, filters = self.state, self.policy.filters
+        return self._ref_mask.get(eff.key(), lambda idx: feasible(state, eff, idx, filters), bool)
+
+    def _select(self, req):
+        policy, state = self.policy, self.state
+        eff = policy.effective(req)
+        mask = self.feasible_mask(eff)
+        candidates = mask.nonzero()[0]
+        if len(candidates) == 0:
+            return eff, -1, ()
+        if policy.node_local:
+            all_scores = self._ref_score.get(
+                ("score",) + policy.score_key(eff), lambda idx: policy.score(state, eff, idx), np.float64
+            )
+            scores = all_scores[candidates]
+        else:
+            scores = policy.score(state, eff, candidates)
+        node = policy.pick(state, candidates, scores, self.rng)
+        return eff, node, policy.select_gpus(state, eff, node)
+
+    def unschedulable_reason(self, eff):
+        key = eff.key()
+        hit = self._ref_reasons.get(key)
+        if hit is not None and hit[0] == self.state.changes:
+            return hit[1]
+        reason = unschedulable_reason(self.state, eff, self.policy.filters)
+        self._ref_reasons[key] = (self.state.changes, reason)
+        return reason
+
+
+# --------------------------------------------------------------------------- a mixed cluster and workload
+MODELS = ("V100M16", "T4", "A100", "G2")
+
+
+def mixed_nodes(rng: random.Random, n: int) -> list[NodeSpec]:
+    """Nodes of several models (some CPU-only, some time-sliced, some of unknown GPU memory)."""
+    out = []
+    for i in range(n):
+        r = rng.random()
+        if r < 0.08:
+            out.append(node(f"n{i}", cpu=rng.choice([16000, 64000]), mem=rng.choice([32768, 131072])))
+            continue
+        model = rng.choice(MODELS)
+        spec = NodeSpec(f"n{i}", cpu_milli=rng.choice([16000, 32000, 64000, 96000]),
+                        memory_mib=rng.choice([65536, 131072, 262144]), gpu_count=rng.choice([1, 2, 4, 8]),
+                        gpu_model=model, gpu_replicas=4 if r > 0.95 else 1,
+                        gpu_memory_mib=0 if model != "G2" or rng.random() < 0.5 else 16384)
+        out.append(spec)
+    return out
+
+
+def random_pod(rng: random.Random, name: str):
+    r = rng.random()
+    cpu = rng.choice([0, 1000, 2000, 4000, 8000, 16000])
+    mem = rng.choice([0, 1024, 4096, 16384])
+    if r < 0.12:
+        return pod(name, cpu=cpu, mem=mem)
+    if r < 0.5:
+        return pod(name, cpu=cpu, mem=mem, gpus=1, milli=rng.choice([100, 250, 300, 500, 700]),
+                   gpu_mem=rng.choice([0, 0, 0, 4000]), spec=rng.choice([(), (), (), ("T4",), ("A100", "V100M16")]))
+    if r < 0.85:
+        return pod(name, cpu=cpu, mem=mem, gpus=rng.choice([1, 1, 2, 4]),
+                   spec=rng.choice([(), (), ("G2",), ("V100M16", "T4")]))
+    if r < 0.92:  # too large for any node: fits nowhere
+        return pod(name, cpu=cpu, mem=mem, gpus=rng.choice([8, 16]), spec=rng.choice([(), ("T4",), ("H100",)]))
+    return pod(name, cpu=rng.choice([128000, 200000]), mem=mem, gpus=1)
+
+
+def _outcome(d: Decision):
+    a = d.assignment
+    return (a.node, a.gpus, a.gpu_milli) if a is not None else d.reason
+
+
+def _place(engine: Engine, p):
+    """The outcome of ``engine.place(p)``; an AllocationError the policy's device choice runs into (k8s-default
+    picks whole free GPUs on a time-sliced node) is an outcome too, which both engines must share."""
+    try:
+        return _outcome(engine.place(p))
+    except AllocationError as e:
+        return ("error", str(e))
+
+
+def run_side_by_side(policy: str, n_nodes: int, n_pods: int, seed: int, compiled_on: bool = True) -> int:
+    """Both engines through the same pods, releases, GPU failures / repairs and touches; asserts each decision
+    is the same; returns how many pods fit nowhere."""
+    rng = random.Random(seed)
+    specs = mixed_nodes(rng, n_nodes)
+    workload = [random_pod(rng, f"w{i}") for i in range(300)]
+    ref_state, new_state = ClusterState(specs), ClusterState(specs)
+    ref = ReferenceEngine(ref_state, make_policy(policy), seed=seed, workload=workload)
+    new = Engine(new_state, make_policy(policy), seed=seed, workload=workload)
+    if not compiled_on:
+        new._codes = new._scorer = None
+    failed = 0
+    for i in range(n_pods):
+        r = rng.random()
+        if r < 0.2 and ref_state.assignments:
+            name = rng.choice(sorted(ref_state.assignments))
+            assert ref.release(name) == new.release(name)
+            continue
+        if r < 0.23:
+            n = rng.randrange(n_nodes)
+            if ref_state.gpu_count[n]:
+                g = rng.randrange(int(ref_state.gpu_count[n]))
+                healthy = rng.random() < 0.5
+                ref_state.set_gpu_health(n, g, healthy)
+                new_state.set_gpu_health(n, g, healthy)
+            else:
+                ref_state.touch(n)
+                new_state.touch(n)
+            continue
+        p = random_pod(rng, f"p{i}")
+        if rng.random() < 0.1:  # schedule only (no change), then place
+            assert _outcome(ref.schedule(p)) == _outcome(new.schedule(p)), (policy, i)
+        a, b = _place(ref, p), _place(new, p)
+        assert a == b, (policy, i, p)
+        failed += isinstance(a, str)
+    np.testing.assert_array_equal(ref_state.gpu_free, new_state.gpu_free)
+    return failed
+
+
+@pytest.mark.parametrize("policy", sorted(REGISTRY))
+def test_every_policy_decides_as_before(policy) -> None:
+    failed = run_side_by_side(policy, n_nodes=150, n_pods=1200, seed=5)
+    assert failed > 50  # the stream does exercise the unschedulable path
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+@pytest.mark.parametrize("policy", ["gpupool", "fgd"])
+def test_gpupool_and_fgd_decide_as_before_over_thousands_of_pods(policy, compiled_on) -> None:
+    failed = run_side_by_side(policy, n_nodes=300, n_pods=3000, seed=11, compiled_on=compiled_on)
+    assert failed > 100
+
+
+def test_dedup_path_of_a_large_cluster_decides_as_before() -> None:
+    """Over 1,024 nodes a fresh request class is scored on distinct node states only (FGD's dedup path)."""
+    run_side_by_side("gpupool", n_nodes=1100, n_pods=400, seed=3)
+
+
+# --------------------------------------------------------------------------- failure codes
+def _random_state(rng: random.Random, n: int = 60) -> ClusterState:
+    st = ClusterState(mixed_nodes(rng, n))
+    for k in range(6 * n):
+        p = random_pod(rng, f"x{k}")
+        nd = rng.randrange(n)
+        eff = EffectiveRequest(p, p.gpu_milli)
+        ok = failure_codes(st, eff, np.array([nd])) == 0
+        if ok[0]:
+            from gpupool.engine.core import best_fit_gpus
+
+            st.allocate(p, nd, best_fit_gpus(st, eff, nd))
+    for _ in range(n // 4):
+        nd = rng.randrange(n)
+        if st.gpu_count[nd]:
+            st.set_gpu_health(nd, rng.randrange(int(st.gpu_count[nd])), False)
+    return st
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reason_from_failure_codes_equals_the_full_scan(seed) -> None:
+    rng = random.Random(seed)
+    st = _random_state(rng)
+    nodes = np.arange(st.n_nodes)
+    for i in range(80):
+        p = random_pod(rng, f"q{i}")
+        eff = EffectiveRequest(p, p.gpu_milli if rng.random() < 0.8 or not p.num_gpu else 1000)
+        codes = failure_codes(st, eff, nodes)
+        np.testing.assert_array_equal(codes == 0, feasible(st, eff, nodes))
+        counts = np.bincount(codes, minlength=(len(DEFAULT_FILTERS) + 1) * CODE_STRIDE)
+        assert reason_from_counts(st, eff, counts) == unschedulable_reason(st, eff)
+        if compiled.enabled():
+            np.testing.assert_array_equal(compiled.failure_codes_default(st, eff, nodes), codes)
+            sub = np.array(sorted(rng.sample(range(st.n_nodes), 5)))
+            np.testing.assert_array_equal(compiled.failure_codes_default(st, eff, sub), codes[sub])
+
+
+# --------------------------------------------------------------------------- compiled scorer
+@needs_numba
+def test_compiled_fgd_mirror_is_current() -> None:
+    assert compiled.fgd_mirror_current(), (
+        "FGD / FragModel changed since the compiled scorer was checked: run tests/test_decision_cost.py, and if "
+        f"it passes add {compiled.fingerprint()!r} to compiled.FGD_FINGERPRINTS")
+
+
+@needs_numba
+@pytest.mark.parametrize("name", ["fgd", "gpupool"])
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_scorer_equals_the_policy_score(name, seed) -> None:
+    rng = random.Random(seed)
+    st = _random_state(rng, 80)
+    workload = [random_pod(rng, f"w{i}") for i in range(200)]
+    pol = make_policy(name)
+    pol.prepare(st, workload)
+    twin = copy.deepcopy(pol)
+    scorer = compiled.FGDScorer(twin)
+    assert compiled.FGDScorer.supports(twin)
+    for i in range(60):
+        p = random_pod(rng, f"q{i}")
+        eff = EffectiveRequest(p, p.gpu_milli)
+        k = rng.choice([1, 3, 7, 20, st.n_nodes])
+        idx = np.array(sorted(rng.sample(range(st.n_nodes), k)))
+        want = pol.score(st, eff, idx)
+        got = scorer.score(st, eff, idx)
+        assert got.tobytes() == want.tobytes()
+        np.testing.assert_array_equal(twin._before, pol._before)
+        assert twin._choices.keys() == pol._choices.keys()
+        for key in pol._choices:
+            np.testing.assert_array_equal(twin._choices[key], pol._choices[key])
+        if i % 5 == 0:  # change some nodes between calls
+            nd = rng.randrange(st.n_nodes)
+            if st.gpu_count[nd]:
+                st.set_gpu_health(nd, 0, not bool(st.gpu_healthy[nd, 0]))
+
+
+@needs_numba
+def test_a_changed_policy_turns_the_compiled_scorer_off(monkeypatch) -> None:
+    from gpupool.policies.fgd import FGD
+
+    class Tweaked(FGD):
+        def _evaluate(self, state, req, nodes):
+            return super()._evaluate(state, req, nodes)
+
+    st = ClusterState([node("n0", gpus=2)])
+    policies = [make_policy("gpupool"), Tweaked(), make_policy("fgd")]
+    for p in policies:
+        p.prepare(st, [pod("w", gpus=1)])
+    assert compiled.FGDScorer.supports(policies[0])
+    assert not compiled.FGDScorer.supports(policies[1])
+    assert Engine(st, policies[1])._scorer is None
+    monkeypatch.setattr(compiled, "_fingerprint_ok", False)
+    assert not compiled.FGDScorer.supports(policies[2])
+
+
+# --------------------------------------------------------------------------- change log
+def test_changed_since_lists_each_changed_node_once_and_gives_up_past_the_log(monkeypatch) -> None:
+    st = ClusterState([node(f"n{i}", gpus=2) for i in range(5)])
+    monkeypatch.setattr(ClusterState, "LOG_KEEP", 4)
+    assert st.changed_since(0) == []
+    a = st.allocate(pod("a", gpus=1), 3, (0,))
+    st.set_gpu_health(1, 1, False)
+    st.touch(3)
+    assert st.changed_since(0) == [1, 3]
+    assert st.changed_since(2) == [3]
+    assert st.changed_since(3) == []
+    assert st.changed_since(4) is None  # not a past count
+    for _ in range(12):
+        st.touch(0)
+    st.release(a.pod)
+    assert st.changed_since(0) is None  # trimmed away: the caller scans versions
+    assert st.changed_since(st.changes - 2) == [0, 3]
+    with pytest.raises(AllocationError):
+        st.touch(9)
+
+
+# --------------------------------------------------------------------------- without numba
+_SCRIPT = """
+import hashlib, json, random, sys
+sys.path.insert(0, {tests!r})
+from test_decision_cost import mixed_nodes, random_pod, _outcome
+from gpupool.cluster import ClusterState
+from gpupool.engine import compiled
+from gpupool.engine.core import Engine
+from gpupool.policies import make_policy
+rng = random.Random(9)
+state = ClusterState(mixed_nodes(rng, 120))
+eng = Engine(state, make_policy("gpupool"), seed=9, workload=[random_pod(rng, f"w{{i}}") for i in range(200)])
+h = hashlib.sha256()
+for i in range(600):
+    d = eng.place(random_pod(rng, f"p{{i}}"))
+    if i % 4 == 0 and state.assignments:
+        eng.release(sorted(state.assignments)[i % len(state.assignments)])
+    h.update(repr(_outcome(d)).encode())
+print(json.dumps({{"compiled": compiled.enabled(), "scorer": eng._scorer is not None, "hash": h.hexdigest()}}))
+"""
+
+
+def _run_script(env_extra: dict) -> dict:
+    env = dict(os.environ, **env_extra)
+    code = _SCRIPT.format(tests=str(Path(__file__).resolve().parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_decisions_are_the_same_without_numba() -> None:
+    off = _run_script({"GPUPOOL_NO_NUMBA": "1"})
+    assert off["compiled"] is False and off["scorer"] is False
+    on = _run_script({"GPUPOOL_NO_NUMBA": "0"})
+    assert on["hash"] == off["hash"]
+    if compiled.AVAILABLE:
+        assert on["compiled"] is True and on["scorer"] is True
+    assert len(hashlib.sha256(b"").hexdigest()) == len(on["hash"])
