@@ -38,9 +38,12 @@ class EvictionActions:
 
     # ------------------------------------------------------------------ the shared solver
     @staticmethod
-    def _holdings(pods: Sequence[Assignment], allowed: np.ndarray | None) -> list[tuple[int, int]]:
+    def _holdings(pods: Sequence[Assignment], allowed: np.ndarray | list[bool] | None) -> list[tuple[int, int]]:
         """(node, GPUs) a victim's pods would free on nodes the preemptor may use (running pods sit on
         healthy GPUs: a failure kills its pods at once)."""
+        if allowed is None and len(pods) == 1:
+            a = pods[0]
+            return [(a.node, len(a.gpus))]
         out: dict[int, int] = {}
         for a in pods:
             if allowed is not None and not allowed[a.node]:
@@ -223,6 +226,15 @@ class EvictionActions:
             got = self._lca_paths[key] = [b for b in self.paths[r] if b not in above_q]
         return got
 
+    def _reclaim_pairs(self, q: int) -> list[tuple[int, list[int], bool]]:
+        """For leaf ``q``: every other leaf ``r`` with its path below their lowest common ancestor and
+        whether ``r``'s priority is below ``q``'s (fixed by the queue tree; cached)."""
+        pairs = self._lca_pairs.get(q)
+        if pairs is None:
+            pairs = self._lca_pairs[q] = [(r, self._path_below_lca(r, q), self.qprio[r] < self.qprio[q])
+                                          for r in self.tree.leaves.tolist() if r != q]
+        return pairs
+
     # ------------------------------------------------------------------ reclaim
     def _reclaim(self, now: float, res: CycleResult) -> bool:
         """Cross-queue reclaim up to fair share, and in-quota reclaim by priority (scheduler docstring)."""
@@ -236,34 +248,44 @@ class EvictionActions:
         leaves = self.tree.leaves.tolist()
         order = sorted((self._qkey(q), q) for q in leaves if len(self.pending[q]))
         extras_all = self._extras(now) if self.elastic_running else []
+        due = now + 1e-9
+        running = self.running
         for _, q in order:
             if self.alloc[q][0] >= fs[q] - _EPS and self.alloc[q][0] >= self.quota_g[q] - _EPS:
                 continue
+            scan = self.pending[q].jobs[:_SCAN]  # the first jobs that may reclaim, one per shape
+            if not any(job.retry_at <= due for job in scan):
+                continue  # every one is backing off: nothing below can act (a shortcut, no other effect)
             path_q = self.paths[q]
             # queues that may give GPUs: by priority (to an in-quota job), by fair share (to an in-share job)
             by_prio: list[int] = []
             by_fs: list[tuple[int, list[int]]] = []
-            prio_q = self.qprio[q]
-            for r in leaves:
-                if r == q or not self.running[r]:
+            for r, path_r, lower in self._reclaim_pairs(q):
+                if not running[r]:
                     continue
-                if self.qprio[r] < prio_q:
+                if lower:
                     by_prio.append(r)
                 if any_over:
-                    path_r = self._path_below_lca(r, q)
-                    if all(over[b] > _EPS for b in path_r):
+                    for b in path_r:
+                        if over[b] <= _EPS:
+                            break
+                    else:
                         by_fs.append((r, path_r))
             if not by_prio and not by_fs:
                 continue
             attempts = 0
             tried: set[tuple[int, int]] = set()
-            for job in list(self.pending[q].jobs[:_SCAN]):  # the first jobs that may reclaim, one per shape
+            in_fs_by_need: dict[int, bool] = {}  # within-share test per GPU count (until an action moves alloc)
+            for job in scan:
                 if attempts >= self.cfg.max_attempts:
                     break
-                if job.status != PENDING or job.retry_at > now + 1e-9:
+                if job.status != PENDING or job.retry_at > due:
                     continue
                 need = job.min_pods * job.gpus_per_pod
-                in_fs = bool(by_fs) and all(self.alloc[a][0] + need <= fs[a] + _EPS for a in path_q)
+                in_fs = in_fs_by_need.get(need)
+                if in_fs is None:
+                    in_fs = in_fs_by_need[need] = bool(by_fs) and all(
+                        self.alloc[a][0] + need <= fs[a] + _EPS for a in path_q)
                 in_quota = bool(by_prio) and self.alloc[q][0] + need <= self.quota_g[q] + _EPS
                 shape = (job.gpus_per_pod, job.min_pods)
                 if not (in_fs or in_quota) or shape in tried or not self._admissible(job, job.min_pods):
@@ -315,6 +337,7 @@ class EvictionActions:
                 if done:
                     acted = True
                     self._victim_cache.clear()
+                    in_fs_by_need.clear()
                     over = [self.alloc[b][0] - fs[b] for b in range(nq)]
                     any_over = any(x > _EPS for x in over)
                 else:
@@ -430,6 +453,19 @@ class EvictionActions:
         room = int(free.sum()) + sum(c[0].running_gpus for c in evict)
         if room < n * g:
             return False
+        # An upper bound first: if even every preemptible running job (a superset of the candidates and
+        # movers below) and every candidate left could not free room, the search below fails at its first
+        # bound. Only the victim lists' wake-up notes of that search are kept (_queue_victims, cached).
+        sup = free + self.qnode.sum(axis=0)
+        for c in evict:
+            for a in c[1]:
+                sup[a.node] += len(a.gpus)
+        if allowed is not None:
+            sup = np.where(allowed, sup, 0)
+        if int((sup // max(g, 1)).sum()) < n:
+            for q in range(len(self.running)):
+                self._queue_victims(q, now)
+            return False
         # movable: preemptible, past their minimum runtime, with a node elsewhere that has (or could get,
         # evicting every candidate on it) room for one of its pods
         pot = free.copy()
@@ -438,24 +474,37 @@ class EvictionActions:
                 if allowed is None or allowed[a.node]:
                     pot[a.node] += len(a.gpus)
         top = np.argsort(-pot, kind="stable")[:4].tolist()
+        pot_l = pot.tolist()
+        top_pot = [(k, pot_l[k]) for k in top]
+        allowed_l = None if allowed is None else allowed.tolist()
         taken = {c[0].seq for c in evict}
-        movers: list[Candidate] = []
+        keyed: list[tuple[int, float, int, PoolJob]] = []  # (GPUs, -run_since, seq, mover): the order of moves
         for q in range(len(self.running)):
             for v in self._queue_victims(q, now):
-                if v.seq in taken or v.running_gpus >= room:
+                placed = v.placed
+                gpp = v.gpus_per_pod
+                rg = len(placed) * gpp  # v.running_gpus
+                if rg >= room or v.seq in taken:
                     continue
-                if allowed is not None and not all(allowed[a.node] for a in v.placed):
+                if allowed_l is not None and not all(allowed_l[a.node] for a in placed):
                     continue
-                mine = {a.node for a in v.placed}
-                if not any(pot[k] >= v.gpus_per_pod and k not in mine for k in top):
+                if len(placed) == 1:
+                    home = placed[0].node
+                    if any(p >= gpp and k != home for k, p in top_pot):
+                        keyed.append((rg, -v.run_since, v.seq, v))
                     continue
-                movers.append((v, v.placed, False))
-        movers.sort(key=lambda c: (c[0].running_gpus, -c[0].run_since, c[0].seq))
+                for k, p in top_pot:
+                    if p >= gpp and all(a.node != k for a in placed):
+                        keyed.append((rg, -v.run_since, v.seq, v))
+                        break
+        keyed.sort(key=lambda t: t[:3])  # seq is unique: the order of sorting the movers by these keys
+        movers: list[Candidate] = [(t[3], t[3].placed, False) for t in keyed]
         cands = list(evict) + movers
         if not cands:
             return False
         n_evict = len(evict)
-        holdings = [self._holdings(p, allowed) for _, p, _ in cands]
+        # a mover's pods are all on allowed nodes: its holdings need no mask
+        holdings = [self._holdings(p, allowed_l) for _, p, _ in evict] + [self._holdings(p, None) for _, p, _ in movers]
         all_costs = None if costs is None else list(costs) + [[] for _ in movers]
         for _ in range(8):  # choose; make room for the movers, or drop those that find none; choose again
             chosen = select_victims(free, max(g, 1), n, holdings, all_costs, budget)

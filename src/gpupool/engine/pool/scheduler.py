@@ -304,6 +304,7 @@ class PoolScheduler(EvictionActions):
         self.qnode = np.zeros((nq, state.n_nodes), dtype=np.int64)  # GPUs of preemptible running jobs per node
         self.knode: list[dict[tuple, np.ndarray]] = [{} for _ in range(nq)]  # the same per order class (-prio, level)
         self.jobs_by_name: dict[str, PoolJob] = {}
+        self._fail_ver = 0  # counts the failed-shape memos written by _try_place (_allocate skips re-checks)
         self._failed_place: tuple | None = None  # (job, pods, min_pods, state.changes) of a failed _place
         self._infeasible: dict[tuple, str] = {}  # infeasible_reason by job shape, queue and priority
         self._topology_setup()
@@ -794,12 +795,14 @@ class PoolScheduler(EvictionActions):
         """
         if self._fs is not None and not self._fs_dirty:
             return self._fs
+        refresh = self.cfg.fair_share_refresh_s
+        if self._fs is not None and now is not None and refresh > 0 and now - self._fs_time < refresh:
+            # only whether each queue has demand matters here (GPUs of running plus waiting jobs)
+            active = [ra[0] + rp[0] > _EPS for ra, rp in zip(self.alloc, self.pend, strict=True)]
+            if active == self._active:
+                return self._fs
         demand = [[a + p for a, p in zip(ra, rp, strict=True)] for ra, rp in zip(self.alloc, self.pend, strict=True)]
         active = [d[0] > _EPS for d in demand]
-        refresh = self.cfg.fair_share_refresh_s
-        if (self._fs is not None and now is not None and refresh > 0 and now - self._fs_time < refresh
-                and active == self._active):
-            return self._fs
         st = self.state
         cap = np.array([float(self.healthy_gpus()), float(st.cpu_cap.sum()), float(st.mem_cap.sum())])
         self._fs = fair_shares(self.tree, cap, np.array(demand), self.quota)
@@ -1006,6 +1009,7 @@ class PoolScheduler(EvictionActions):
             plist = self.pending[grp]
             i = cursor[grp]
             placed = False
+            checked = self._fail_ver  # _dominated is False for these memos (or the loop would have ended)
             while i < len(plist.jobs):
                 job = plist.jobs[i]
                 if r is not None and r.job is job:
@@ -1020,8 +1024,10 @@ class PoolScheduler(EvictionActions):
                     break
                 if not self.cfg.backfill or self.free_gpus <= 0:
                     return placed_any
-                if self._dominated(grp, failed) and (not exempt or self._dominated(grp, failed_any)):
-                    break
+                if checked != self._fail_ver:  # the pending shapes are unchanged until a job starts
+                    checked = self._fail_ver
+                    if self._dominated(grp, failed) and (not exempt or self._dominated(grp, failed_any)):
+                        break
                 i += 1
             cursor[grp] = i
             if placed:
@@ -1043,6 +1049,7 @@ class PoolScheduler(EvictionActions):
         if placed is None:
             memo = failed.setdefault(shape[2], {})
             memo[g] = min(memo.get(g, 1 << 30), nmin)
+            self._fail_ver += 1
             return False
         self._start(job, placed, now, res)
         return True
