@@ -193,3 +193,42 @@ def test_fairness_cost_per_queue_and_overall():
     assert o["fair_mean_jct_h"] == pytest.approx(sum(j["jct"] for j in fair.jobs) / 2 / H)
     with pytest.raises(ValueError):
         fairness_cost(fair.jobs, one.jobs[:1])
+
+
+# -------------------------------------------------------------------------------------------- the CLI
+def test_cli_job_model_switches_and_fairness_cost(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from gpupool.cli import app
+
+    rows = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for i in range(24):
+        gpus, dur = (1, 1, 2, 4)[i % 4], 600 + 900 * (i % 5)
+        rows.append(f"2017-10-01 10:{i:02d}:00,{dur},{gpus},{dur * gpus},{'ab'[i % 2]}")
+    trace = tmp_path / "p.csv"
+    trace.write_text("\n".join(rows) + "\n")
+    prior = tmp_path / "prior.txt"
+    prior.write_text("600\n1500\n2400\n")
+    small = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "clusters" / "small.yaml"
+    runner = CliRunner()
+    args = ["compare", "--jobs", trace, "--cluster", small, "-p", "gpupool,gittins", "--restart-overhead", "0",
+            "--no-topology-slowdown", "--gpus-per-pod", "1", "--las-thresholds", "600,3600", "--min-run", "0",
+            "--max-preemptions", "3", "--size-prior", prior, "--fairness-cost", "--json", "-", "-q"]
+    res = runner.invoke(app, [str(a) for a in args])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [r["policy"] for r in doc["results"]] == ["gpupool", "gittins"]
+    for r in doc["results"]:
+        cost = r["fairness_cost"]
+        assert set(cost["queues"]) == {"a", "b"} and cost["overall"]["jobs"] == 24
+        assert r["finished_jobs"] == 24
+    bad = runner.invoke(app, [str(a) for a in ["simulate", "--jobs", trace, "--cluster", small,
+                                                "--las-thresholds", "10,5"]])
+    assert bad.exit_code != 0 and "increasing" in bad.output
+    bad = runner.invoke(app, [str(a) for a in ["simulate", "--jobs", trace, "--cluster", small, "--one-queue",
+                                                "--fairness-cost"]])
+    assert bad.exit_code != 0 and "--fairness-cost" in bad.output
+    bad = runner.invoke(app, ["simulate", "--job-order", "gittins"])  # pod traces: job-only flag
+    assert bad.exit_code != 0 and "--job-order" in bad.output

@@ -105,7 +105,8 @@ class PoolConfig:
       ``size_dims``: 2 (a size is GPU-seconds, Tiresias' 2D) or 1 (seconds of run time); ``aging``: expected
       service (s, or GPU-s in 2D per GPU) a job gains per second it waits (0: none; see ``_score``);
       ``scored_levels``: only the first this many levels are ordered by score, the others stay FIFO as
-      in Tiresias-L (None: every level).
+      in Tiresias-L (None: every level); ``victims_by_score``: evict the running jobs of worst score first
+      (else, within a level, the latest submitted first, as Tiresias-L).
     * ``max_preemptions``: a job evicted this many times (preempt, reclaim or consolidate) is no victim any
       more (None: no bound); ``protect_after_s``: nor is a job that has run this many seconds in all (it
       finishes undisturbed; None: no bound); with ``min_run_s`` they bound how often and how soon a job is
@@ -137,6 +138,7 @@ class PoolConfig:
     max_preemptions: int | None = None
     protect_after_s: float | None = None
     scored_levels: int | None = None
+    victims_by_score: bool = True
 
 
 JOB_POLICIES: dict[str, tuple[str, PoolConfig, str]] = {
@@ -151,6 +153,9 @@ JOB_POLICIES: dict[str, tuple[str, PoolConfig, str]] = {
     "gpupool": ("gpupool", PoolConfig(),
                 "default: Tiresias 2D-LAS + DRF fair share + gang reservation/backfill + reclaim + "
                 "topology-aware gpupool placement"),
+    "gittins": ("gpupool", PoolConfig(order="gittins", promote_knob=1.0),
+                "gpupool with Tiresias-G's job order: Gittins index within the 2D-LAS levels, job sizes "
+                "learned online from finished jobs; a job that waited as long as it ran goes back to level 0"),
     "lowest-power": ("lowest-power", PoolConfig(),
                      "gpupool's scheduling, pods on the lowest-power GPU model first (energy vs JCT studies)"),
 }
@@ -258,7 +263,10 @@ class PoolScheduler(EvictionActions):
                                     delta=self.cfg.gittins_delta, model=self.sizes)
             self._sizes_keyed = self.sizes.version
             self._set_key = self._set_score_key  # type: ignore[method-assign]
-            self._victim_rank = self._score_victim_rank  # type: ignore[method-assign]
+            if self.cfg.victims_by_score:
+                self._victim_rank = self._score_victim_rank  # type: ignore[method-assign]
+            else:
+                self._victim_rank = self._fifo_victim_rank  # type: ignore[method-assign]
         else:
             self.order = make_order(self.cfg.order, self.cfg.thresholds, self.cfg.promote_knob)
         if self.cfg.max_preemptions is not None or self.cfg.protect_after_s is not None:
@@ -422,6 +430,11 @@ class PoolScheduler(EvictionActions):
         k = job.key
         run_s = job.run_s + max(0.0, self._now - job.run_since)
         return (-k[0], -k[1], -self._score(job, job.attained_at(self._now), run_s), -k[3], -job.run_since)
+
+    def _fifo_victim_rank(self, job: PoolJob) -> tuple:
+        """Victim order of Tiresias-L under a scored order: lowest priority, highest level, latest submitted."""
+        k = job.key
+        return (-k[0], -k[1], -k[3], -job.run_since)
 
     def _bounded_victim_ok(self, v: PoolJob, now: float, min_run_s: float) -> bool:
         """``_victim_ok``, evicted fewer than ``max_preemptions`` times and run less than ``protect_after_s``."""
