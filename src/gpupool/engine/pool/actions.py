@@ -479,6 +479,8 @@ class EvictionActions:
         allowed_l = None if allowed is None else allowed.tolist()
         taken = {c[0].seq for c in evict}
         keyed: list[tuple[int, float, int, PoolJob]] = []  # (GPUs, -run_since, seq, mover): the order of moves
+        bound = list(pot_l)  # free GPUs per node with every candidate evicted and every mover moved
+        homes: dict[int, tuple[int, ...]] = {}  # top nodes with room for a pod of that many GPUs
         for q in range(len(self.running)):
             for v in self._queue_victims(q, now):
                 placed = v.placed
@@ -486,22 +488,34 @@ class EvictionActions:
                 rg = len(placed) * gpp  # v.running_gpus
                 if rg >= room or v.seq in taken:
                     continue
-                if allowed_l is not None and not all(allowed_l[a.node] for a in placed):
-                    continue
                 if len(placed) == 1:
-                    home = placed[0].node
-                    if any(p >= gpp and k != home for k, p in top_pot):
+                    a = placed[0]
+                    home = a.node
+                    if allowed_l is not None and not allowed_l[home]:
+                        continue
+                    ok = homes.get(gpp)
+                    if ok is None:
+                        ok = homes[gpp] = tuple(k for k, p in top_pot if p >= gpp)
+                    if len(ok) > 1 or (ok and ok[0] != home):  # a top node other than its own has room
                         keyed.append((rg, -v.run_since, v.seq, v))
+                        bound[home] += len(a.gpus)
+                    continue
+                if allowed_l is not None and not all(allowed_l[a.node] for a in placed):
                     continue
                 for k, p in top_pot:
                     if p >= gpp and all(a.node != k for a in placed):
                         keyed.append((rg, -v.run_since, v.seq, v))
+                        for a in placed:
+                            bound[a.node] += len(a.gpus)
                         break
+        if not evict and not keyed:
+            return False
+        gg = max(g, 1)
+        if sum(x // gg for x in bound) < n:  # select_victims' first bound: it would choose nothing
+            return False
         keyed.sort(key=lambda t: t[:3])  # seq is unique: the order of sorting the movers by these keys
         movers: list[Candidate] = [(t[3], t[3].placed, False) for t in keyed]
         cands = list(evict) + movers
-        if not cands:
-            return False
         n_evict = len(evict)
         # a mover's pods are all on allowed nodes: its holdings need no mask
         holdings = [self._holdings(p, allowed_l) for _, p, _ in evict] + [self._holdings(p, None) for _, p, _ in movers]
