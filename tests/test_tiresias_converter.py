@@ -166,3 +166,20 @@ def test_gpupool_spec_parsing() -> None:
         run.parse_gpupool_spec("gpupool+nonsense=1")
     cfg = run.matched_config("fifo", {})
     assert cfg.restart_overhead_s == 0.0 and set(cfg.topology.factors.values()) == {1.0}
+
+
+def test_committed_results_render() -> None:
+    """The committed results file renders to the table (peer and gpupool rows at both sizes)."""
+    import json
+
+    results = ROOT / "benchmarks" / "results" / "tiresias_peer.json"
+    if not results.exists():
+        pytest.skip("no committed tiresias_peer.json")
+    run = _load("tiresias_run", ROOT / "benchmarks" / "tiresias" / "run.py")
+    report = json.loads(results.read_text())
+    md = run.markdown(report)
+    assert f"at {report['tiresias']['commit']}" in md and "NumPy" in md
+    rows = [line for line in md.splitlines() if line.startswith("| ") and "JCT" not in line]
+    assert len(rows) == len({(r["simulator"], r["policy"]) for r in report["results"]})
+    assert all(r["same_jobs_as_window"] for r in report["results"])
+    assert all(r["finished_jobs"] == report["window"]["jobs"] for r in report["results"])

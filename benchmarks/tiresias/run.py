@@ -263,6 +263,8 @@ def _f(x: float, digits: int) -> str:
 def markdown(report: dict) -> str:
     sizes = report["gpus"]
     w = report["window"]
+    t = report["tiresias"]
+    peer_env = f"Python {t['python2']} / NumPy {t['numpy']}" if "python2" in t else "not run"
     m = report["machine"]
     lines = [
         "# gpupool vs the Tiresias simulator (same jobs, same cluster)",
@@ -274,8 +276,7 @@ def markdown(report: dict) -> str:
         + ", ".join(f"{g} GPUs (offered load {w['offered_load'][str(g)]:.2f}; Tiresias: "
                     f"{report['tiresias_switches'][str(g)]} switches)" for g in sizes) + ".",
         f"Peer: Tiresias `simulator/` at {report['tiresias']['commit']} ({report['tiresias']['repo']}), "
-        f"unmodified, Python {report['tiresias'].get('python2', '-')} / NumPy {report['tiresias'].get('numpy', '-')}"
-        " (not run)" * ("python2" not in report["tiresias"]) + ". "
+        f"unmodified, {peer_env}. "
         f"gpupool {report['gpupool_revision']}: matched model (no restart overhead, no topology slowdown, one queue, "
         f"no failures; racks of {report['gpupool_model']['nodes_per_rack']} nodes, "
         f"{report['gpupool_model']['racks_per_switch']} racks per switch).",
@@ -337,12 +338,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the json and md")
     p.add_argument("--name", default="tiresias_peer", help="file name stem of the results")
+    p.add_argument("--render", metavar="JSON", default=None,
+                   help="only rewrite the .md next to JSON from that results file (no runs)")
     p.add_argument("--keep", default=None, help="keep the converted trace and the peer's logs in this folder")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        src = Path(args.render)
+        src.with_suffix(".md").write_text(markdown(json.loads(src.read_text())))
+        return 0
     from gpupool.traces import load_jobs
 
     sizes = [int(g) for g in args.gpus.split(",") if g]
