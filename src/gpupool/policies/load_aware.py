@@ -145,7 +145,7 @@ def service_of(req: PodRequest) -> str | None:
 
 class LoadAware(Policy):
     name = "load-aware"
-    description = "inference replicas: avoid hot GPUs (live util/memory), spread a service over nodes"
+    description = "inference replicas: avoid hot GPUs (live telemetry), spread each service"
     node_local = False
 
     def __init__(self) -> None:
