@@ -29,6 +29,9 @@ E2E_ETCD = $(or $(ETCD),$(wildcard $(KCP_CACHE)/bin/etcd))
 e2e: $(STAMP)
 	@test -n "$(E2E_APISERVER)" -a -x "$(E2E_APISERVER)" || { echo "make e2e: no kube-apiserver (set KUBE_APISERVER or run ../shared/tools/kube-control-plane/build.sh)" >&2; exit 3; }
 	@test -n "$(E2E_ETCD)" -a -x "$(E2E_ETCD)" || { echo "make e2e: no etcd (set ETCD or run ../shared/tools/kube-control-plane/build.sh)" >&2; exit 3; }
+	@command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null 2>&1; } \
+	  || echo "note: no prometheus binary (Debian package prometheus); the real-Prometheus autoscaler e2e variant will skip" >&2
 	KUBE_APISERVER="$(E2E_APISERVER)" ETCD="$(E2E_ETCD)" $(BIN)/pytest tests/e2e -m real_apiserver -p no:cacheprovider -p no:logging -W "ignore:Unverified HTTPS request" -rfEsP $(E2E_ARGS)
 
 bench: $(STAMP)
