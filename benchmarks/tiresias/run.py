@@ -108,7 +108,8 @@ def fetch_tiresias(source: str, commit: str, cache: Path) -> Path:
             _git("checkout", "--quiet", "--detach", commit, cwd=tmp / "repo")
         except subprocess.CalledProcessError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise RuntimeError(f"cannot get Tiresias {commit} from {source}: {exc.stderr.strip()}") from None
+            raise RuntimeError(f"cannot get Tiresias {commit} from {source}: {exc.stderr.strip()}\n"
+                               "(no access to it? set TIRESIAS_SRC to a clone or git dir of Tiresias)") from None
         (tmp / "repo").rename(dest)
         tmp.rmdir()
     head = _git("rev-parse", "HEAD", cwd=dest)
@@ -445,4 +446,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (RuntimeError, ValueError, OSError, subprocess.CalledProcessError) as exc:  # one clear line
+        print(f"{Path(__file__).name}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
