@@ -369,6 +369,7 @@ class JobSimulator:
                                num_gpu=g, gpu_milli=1000)
                     for g, c in shapes.items() for i in range(max(1, round(1000 * c / max(1, len(self.records)))))]
         self.sched = PoolScheduler(st, placement, self.tree, pool, seed=config.seed, workload=workload)
+        self.sched.victims_across_cycles = True  # no job here is ever protected from eviction (protected_until)
         self.leaf_names = tuple(self.tree.names[i] for i in self.tree.leaves.tolist())
         self.leaf_col = {int(q): k for k, q in enumerate(self.tree.leaves.tolist())}
         self.meter = _Meter(len(self.tree), self.tree.quota_gpu)

@@ -33,6 +33,21 @@ Candidate = tuple[PoolJob, Sequence[Assignment], bool]
 """(job, the pods it would give up, True for an elastic shrink / False for an eviction)."""
 
 
+class _VictimKeep:
+    """A queue's victim list kept across cycles: valid while the queue's running books are at ``version``
+    and ``built <= now < until`` (the earliest minimum-runtime or protection end among the others)."""
+
+    __slots__ = ("version", "built", "until", "jobs", "agg", "multi")
+
+    def __init__(self, version: int, built: float, until: float, jobs: list[PoolJob]) -> None:
+        self.version = version
+        self.built = built
+        self.until = until
+        self.jobs = jobs
+        self.agg: np.ndarray | None = None  # (max GPUs per node + 1, n_nodes): GPUs of single-pod victims
+        self.multi: list[PoolJob] = []
+
+
 class EvictionActions:
     """Reclaim, preempt and elastic actions (mixin; see the module docstring)."""
 
@@ -192,13 +207,71 @@ class EvictionActions:
     def _queue_victims(self, q: int, now: float, reclaim: bool = False) -> list[PoolJob]:
         """Evictable running jobs of leaf queue ``q``, most evictable first (cached for the cycle); past
         ``reclaim_min_run_s`` for a reclaim, else past ``min_run_s``."""
-        got = self._victim_cache.get((q, reclaim))
-        if got is None:
-            min_run = self.cfg.reclaim_min_run_s if reclaim else self.cfg.min_run_s
+        key = (q, reclaim)
+        got = self._victim_cache.get(key)
+        if got is not None:
+            return got
+        min_run = self.cfg.reclaim_min_run_s if reclaim else self.cfg.min_run_s
+        if not self._keep_victims():
             got = sorted((v for v in self.running[q].values() if self._victim_ok(v, now, min_run)),
                          key=self._victim_rank)
-            self._victim_cache[(q, reclaim)] = got
+            self._victim_cache[key] = got
+            return got
+        # Kept across cycles (VictimKeep): the same list, and the same wake-up note, as computing it again,
+        # while no running job of the queue changed and no job crossed its minimum runtime or protection.
+        ent = self._victim_keep.get(key)
+        if ent is not None and ent.version == self._run_ver[q] and ent.built <= now and now + 1e-9 < ent.until:
+            self._wake_at = min(self._wake_at, ent.until)
+            self._victim_cache[key] = ent.jobs
+            return ent.jobs
+        lim = now + 1e-9
+        nxt = math.inf
+        got = []
+        for v in self.running[q].values():  # _victim_ok, with the earliest time a verdict changes
+            if not v.preemptible:
+                continue
+            if v.protected_until > lim:
+                nxt = min(nxt, v.protected_until)
+                continue
+            ready = v.run_since + min_run
+            if ready > lim:
+                nxt = min(nxt, ready)
+                continue
+            got.append(v)
+        got.sort(key=self._victim_rank)
+        self._wake_at = min(self._wake_at, nxt)
+        self._victim_keep[key] = _VictimKeep(self._run_ver[q], now, nxt, got)
+        self._victim_cache[key] = got
         return got
+
+    def _keep_victims(self) -> bool:
+        """Victim lists may be kept across cycles: the driver said it never changes ``protected_until``
+        between cycles (``victims_across_cycles``) and victims are chosen and ranked the default way."""
+        return self.victims_across_cycles and "_victim_ok" not in self.__dict__ and "_victim_rank" not in self.__dict__
+
+    def _mover_room(self, q: int, now: float) -> _VictimKeep | None:
+        """The kept victim list of ``q`` (for moves) with its GPUs per node summed by GPUs per pod (single-pod
+        jobs; ``agg``) and its multi-pod jobs (``multi``), or None when lists are not kept."""
+        if not self._keep_victims():
+            return None
+        self._queue_victims(q, now)
+        ent = self._victim_keep.get((q, False))
+        if ent is None or ent.version != self._run_ver[q]:
+            return None
+        if ent.agg is None:
+            n_nodes = self.state.n_nodes
+            rows = int(self.state.gpu_count.max()) + 1 if n_nodes else 1
+            agg = np.zeros((rows, n_nodes), dtype=np.int64)
+            multi = []
+            for v in ent.jobs:
+                placed = v.placed
+                if len(placed) == 1 and v.gpus_per_pod < rows:
+                    a = placed[0]
+                    agg[v.gpus_per_pod, a.node] += len(a.gpus)
+                else:
+                    multi.append(v)
+            ent.agg, ent.multi = agg, multi
+        return ent
 
     def _failed_search(self, job: PoolJob, now: float) -> None:
         """Back off: no new victim search for ``job`` for 30 s, doubling up to 480 s (simulated time),
@@ -477,6 +550,8 @@ class EvictionActions:
         pot_l = pot.tolist()
         top_pot = [(k, pot_l[k]) for k in top]
         allowed_l = None if allowed is None else allowed.tolist()
+        if self._movers_cannot_help(pot, top_pot, room, allowed, max(g, 1), n, now):
+            return False
         taken = {c[0].seq for c in evict}
         keyed: list[tuple[int, float, int, PoolJob]] = []  # (GPUs, -run_since, seq, mover): the order of moves
         bound = list(pot_l)  # free GPUs per node with every candidate evicted and every mover moved
@@ -570,6 +645,42 @@ class EvictionActions:
             self.stats["moved_jobs"] += 1
         self._start(job, placed, now, res)
         return True
+
+    def _movers_cannot_help(self, pot: np.ndarray, top_pot: list[tuple[int, int]], room: int,
+                            allowed: np.ndarray | None, g: int, n: int, now: float) -> bool:
+        """An upper bound of the room the mover scan of :meth:`_make_room` could find, from the kept victim
+        lists: True when even that leaves fewer than ``n`` slots of ``g`` GPUs (the scan would fail at
+        select_victims' first bound). A single-pod job of ``gpp`` GPUs moves only when a top node other than
+        its own has ``gpp`` free: surely when the second top node has, else only off the first top node."""
+        ents = []
+        for q in range(len(self.running)):
+            ent = self._mover_room(q, now)
+            if ent is None:
+                return False
+            ents.append(ent)
+        p1 = top_pot[0][1] if top_pot else -1
+        p2 = top_pot[1][1] if len(top_pot) > 1 else -1
+        hi = min(p1, room - 1)  # rows (GPUs per pod) that may move at all: room for it, and rg < room
+        bound = pot.copy()
+        if hi >= 0:
+            total = ents[0].agg.copy()
+            for ent in ents[1:]:
+                total += ent.agg
+            lo = min(p2, hi)  # rows that move wherever they are
+            if lo >= 0:
+                bound += total[: lo + 1].sum(axis=0)
+            if hi > lo:
+                part = total[max(lo, -1) + 1: hi + 1].sum(axis=0)
+                part[top_pot[0][0]] = 0
+                bound += part
+        for ent in ents:
+            for v in ent.multi:
+                if len(v.placed) * v.gpus_per_pod < room:
+                    for a in v.placed:
+                        bound[a.node] += len(a.gpus)
+        if allowed is not None:
+            bound = np.where(allowed, bound, 0)
+        return int((bound // g).sum()) < n
 
     @staticmethod
     def _room_for_movers(cands: Sequence[Candidate], chosen: Sequence[int], homeless: Sequence[int], n_evict: int,

@@ -313,6 +313,11 @@ class PoolScheduler(EvictionActions):
         self.knode: list[dict[tuple, np.ndarray]] = [{} for _ in range(nq)]  # the same per order class (-prio, level)
         self.jobs_by_name: dict[str, PoolJob] = {}
         self._fail_ver = 0  # counts the failed-shape memos written by _try_place (_allocate skips re-checks)
+        # a driver that never sets a job's protected_until between cycles (the job simulator) may let the
+        # victim lists live across cycles: each is kept while its queue's running books stay put
+        self.victims_across_cycles = False
+        self._run_ver = [0] * nq  # changes of each queue's running jobs (membership, size, level, run_since)
+        self._victim_keep: dict[tuple[int, bool], object] = {}
         self._failed_place: tuple | None = None  # (job, pods, min_pods, state.changes) of a failed _place
         self._infeasible: dict[tuple, str] = {}  # infeasible_reason by job shape, queue and priority
         self._topology_setup()
@@ -958,6 +963,7 @@ class PoolScheduler(EvictionActions):
         """Count ``job`` (+1) or not (-1) in its group's running (priority, level) books."""
         key = job.key[:2]
         grp = self._group(job)
+        self._run_ver[job.q] += 1  # every change of a running job passes here (kept victim lists)
         lv, lg = self.levels[grp], self.level_gpus[grp]
         lv[key] += sign
         lg[key] += sign * (job.running_gpus if gpus is None else gpus)
