@@ -229,6 +229,12 @@ def test_gpupool_and_fgd_decide_as_before_over_thousands_of_pods(policy, compile
     assert failed > 100
 
 
+@pytest.mark.parametrize("policy", ["gpupool", "fgd"])
+def test_a_best_node_heap_of_a_few_nodes_rebuilds_when_they_run_out(policy, monkeypatch) -> None:
+    monkeypatch.setattr(Engine, "HEAP_KEEP", 3)
+    run_side_by_side(policy, n_nodes=120, n_pods=1500, seed=13)
+
+
 def test_dedup_path_of_a_large_cluster_decides_as_before() -> None:
     """Over 1,024 nodes a fresh request class is scored on distinct node states only (FGD's dedup path)."""
     run_side_by_side("gpupool", n_nodes=1100, n_pods=400, seed=3)
@@ -387,3 +393,20 @@ def test_decisions_are_the_same_without_numba() -> None:
     if compiled.AVAILABLE:
         assert on["compiled"] is True and on["scorer"] is True
     assert len(hashlib.sha256(b"").hexdigest()) == len(on["hash"])
+
+
+@needs_numba
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_distinct_nodes_equal_the_policy_dedup(seed) -> None:
+    from gpupool.policies.fgd import _distinct_rows
+
+    rng = random.Random(seed)
+    st = _random_state(rng, 200)
+    for nodes in (np.arange(st.n_nodes), np.array(sorted(rng.sample(range(st.n_nodes), 120)))):
+        key = np.column_stack([st.node_model[nodes], st.cpu_free[nodes], st.mem_free[nodes], st.gpu_free[nodes],
+                               st.gpu_healthy[nodes], st.gpu_mem_free[nodes], st.gpu_mem_cap[nodes],
+                               st.slice_milli[nodes]])
+        want_first, want_inverse = _distinct_rows(key)
+        first, inverse = compiled.distinct_nodes(st, nodes)
+        np.testing.assert_array_equal(first, want_first)
+        np.testing.assert_array_equal(inverse, want_inverse)

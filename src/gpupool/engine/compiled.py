@@ -365,6 +365,84 @@ def _fgd_fast(free, before, cpu_a, mem_a, model, mode, gpu_milli, share, fits, n
     return unsure
 
 
+@_jit
+def _row_word(n, j, n_gpus, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap, slice_milli):
+    # pragma: no cover - compiled
+    """Column ``j`` of FGD._evaluate_dedup's key row of node ``n`` (as int64)."""
+    if j == 0:
+        return np.int64(node_model[n])
+    if j == 1:
+        return np.int64(cpu_free[n])
+    if j == 2:
+        return np.int64(mem_free[n])
+    j -= 3
+    if j < n_gpus:
+        return np.int64(gpu_free[n, j])
+    j -= n_gpus
+    if j < n_gpus:
+        return np.int64(1 if healthy[n, j] else 0)
+    j -= n_gpus
+    if j < n_gpus:
+        return np.int64(mem_free_g[n, j])
+    j -= n_gpus
+    if j < n_gpus:
+        return np.int64(mem_cap[n, j])
+    return np.int64(slice_milli[n])
+
+
+@_jit
+def _distinct_nodes(nodes, weights, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap,
+                    slice_milli, first_out, inverse):  # pragma: no cover - compiled
+    """fgd._distinct_rows of FGD._evaluate_dedup's key over ``nodes``, read from the state arrays: the same
+    hashes (wrapping uint64 dot product), ``first`` (returns how many) in sorted-hash order with each hash's
+    first row, ``inverse``; returns -1 on a hash collision (the caller then takes the policy's own path)."""
+    k = nodes.shape[0]
+    n_gpus = gpu_free.shape[1]
+    n_cols = 4 + 4 * n_gpus
+    h = np.empty(k, dtype=np.uint64)
+    for i in range(k):
+        acc = np.uint64(0)
+        for j in range(n_cols):
+            word = _row_word(nodes[i], j, n_gpus, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g,
+                             mem_cap, slice_milli)
+            acc += np.uint64(word) * weights[j]
+        h[i] = acc
+    order = np.argsort(h, kind="mergesort")  # stable: equal hashes keep row order, so the first is the first row
+    n_first = 0
+    for r in range(k):
+        i = order[r]
+        if r == 0 or h[i] != h[order[r - 1]]:
+            first_out[n_first] = i
+            n_first += 1
+        inverse[i] = n_first - 1
+    for i in range(k):  # a collision: two different rows with one hash
+        rep = nodes[first_out[inverse[i]]]
+        for j in range(n_cols):
+            a = _row_word(nodes[i], j, n_gpus, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap,
+                          slice_milli)
+            b = _row_word(rep, j, n_gpus, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap,
+                          slice_milli)
+            if a != b:
+                return -1
+    return n_first
+
+
+def distinct_nodes(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(first, inverse) as ``fgd._distinct_rows`` gives them for FGD._evaluate_dedup's key of ``nodes``, or None
+    on a hash collision."""
+    from gpupool.policies.fgd import _HASH_WEIGHTS
+
+    n_cols = 4 + 4 * state.max_gpus
+    if n_cols > len(_HASH_WEIGHTS):
+        return None
+    first = np.empty(len(nodes), dtype=np.int64)
+    inverse = np.empty(len(nodes), dtype=np.int64)
+    n = _distinct_nodes(nodes, _HASH_WEIGHTS[:n_cols], state.node_model, state.cpu_free, state.mem_free,
+                        state.gpu_free, state.gpu_healthy, state.gpu_mem_free, state.gpu_mem_cap, state.slice_milli,
+                        first, inverse)
+    return None if n < 0 else (first[:n], inverse)
+
+
 def _source_hash(*objs) -> str:
     h = hashlib.sha256()
     for obj in objs:
@@ -504,12 +582,10 @@ class FGDScorer:
             self._load()
         nodes = np.asarray(nodes, dtype=np.int64)
         if len(nodes) >= pol.DEDUP_MIN_NODES:  # FGD._evaluate_dedup: nodes in identical states evaluated once
-            from gpupool.policies.fgd import _distinct_rows
-
-            key = np.column_stack([state.node_model[nodes], state.cpu_free[nodes], state.mem_free[nodes],
-                                   state.gpu_free[nodes], state.gpu_healthy[nodes], state.gpu_mem_free[nodes],
-                                   state.gpu_mem_cap[nodes], state.slice_milli[nodes]])
-            first, inverse = _distinct_rows(key)
+            distinct = distinct_nodes(state, nodes)
+            if distinct is None:  # a hash collision: the policy's own (exact) path
+                return pol.score(state, req, nodes)
+            first, inverse = distinct
             scores, choice = self._evaluate(state, req, nodes[first])
             scores, choice = scores[inverse], (None if choice is None else choice[inverse])
         else:

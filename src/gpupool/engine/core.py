@@ -185,12 +185,15 @@ class _Best:
     """Best node of one request class for a policy that picks the highest score, first node among ties (the
     ``tie_break = "first"`` of :meth:`Policy.pick`): a heap of ``(-score, node)`` over feasible nodes, pushed
     when a node's score or feasibility is refreshed; an entry whose node no longer has that score or no longer
-    passes the filters is dropped when it reaches the top. Same node as ``candidates[np.argmax(scores)]``."""
+    passes the filters is dropped when it reaches the top. Built from the best ``Engine.HEAP_KEEP`` nodes only
+    (an O(n) NumPy selection, not n Python tuples), with a bound that says when the nodes left out might win
+    (then it is rebuilt). Same node as ``candidates[np.argmax(scores)]``."""
 
-    __slots__ = ("heap", "seen", "mask", "scores")
+    __slots__ = ("heap", "seen", "mask", "scores", "bound")
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int]] = []
+        self.bound: tuple[float, int] | None = None  # every feasible node outside the heap has a larger key
         self.seen = -1  # state.changes when last brought up to date
         # the cached arrays it was built from: a cache entry made afresh (LRU) recomputes every node, and a
         # recomputed score may differ in its last bits where nothing changed, so the heap is rebuilt then
@@ -250,6 +253,9 @@ class Engine:
         entry.seen = state.changes
         return entry.values
 
+    HEAP_KEEP = 128
+    """A best-node heap is built from the (about) this many best feasible nodes, not from all of them."""
+
     def _best_node(self, key: tuple, mask: np.ndarray, scores: np.ndarray) -> int:
         """The first node with the highest score among feasible ones (-1 if none), from the class's heap."""
         state = self.state
@@ -264,24 +270,57 @@ class Engine:
             if best.seen >= 0:
                 changed = state.changed_since(best.seen)
         heap = best.heap
+        best.seen = state.changes
         if (changed is None or best.mask is not mask or best.scores is not scores
-                or len(heap) > 4 * state.n_nodes + 64):  # (re)build from every feasible node
-            best.mask, best.scores = mask, scores
-            cand = mask.nonzero()[0]
-            heap[:] = zip((-scores[cand]).tolist(), cand.tolist(), strict=True)
-            heapq.heapify(heap)
+                or len(heap) > 4 * state.n_nodes + 64):
+            node = self._build_best(best, mask, scores)
+            if node is not None:
+                return node
         else:
             push = heapq.heappush
             for node in changed:
                 if mask[node]:
                     push(heap, (-float(scores[node]), node))
-        best.seen = state.changes
-        while heap:
-            neg, node = heap[0]
-            if mask[node] and scores[node] == -neg:
+        while True:
+            while heap:
+                top = heap[0]
+                neg, node = top
+                if mask[node] and scores[node] == -neg:
+                    if best.bound is None or top <= best.bound:
+                        return node
+                    break  # nodes left out of the heap may beat it: rebuild
+                heapq.heappop(heap)
+            else:
+                if best.bound is None:
+                    return -1
+            node = self._build_best(best, mask, scores)
+            if node is not None:
                 return node
-            heapq.heappop(heap)
-        return -1
+
+    def _build_best(self, best: _Best, mask: np.ndarray, scores: np.ndarray) -> int | None:
+        """Fill ``best.heap`` with the HEAP_KEEP best feasible nodes by (-score, node) and set ``best.bound`` to the
+        last of them (every feasible node left out has a larger key, until it changes and is pushed); returns the
+        best node directly (and leaves the heap to be rebuilt) if a score is NaN, else None."""
+        best.mask, best.scores = mask, scores
+        cand = mask.nonzero()[0]
+        sc = scores[cand]
+        keep = self.HEAP_KEEP
+        if np.isnan(sc).any():  # no order for a heap: what np.argmax picks, and rebuild next time
+            best.heap.clear()
+            best.seen = -1
+            return int(cand[np.argmax(sc)]) if len(cand) else -1
+        if len(cand) <= keep:
+            best.heap[:] = zip((-sc).tolist(), cand.tolist(), strict=True)
+            best.bound = None
+        else:
+            theta = np.partition(sc, len(sc) - keep)[len(sc) - keep]  # the keep-th highest score
+            above = np.flatnonzero(sc > theta)
+            ties = np.flatnonzero(sc == theta)[: keep - len(above)]  # lowest nodes first (cand is sorted)
+            sel = np.concatenate([above, ties])
+            best.heap[:] = zip((-sc[sel]).tolist(), cand[sel].tolist(), strict=True)
+            best.bound = (-float(theta), int(cand[ties[-1]]))
+        heapq.heapify(best.heap)
+        return None
 
     def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
         """One cycle for ``req``: (effective request, node, devices), node -1 if no node passes the filters."""
