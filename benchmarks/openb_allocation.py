@@ -36,6 +36,14 @@ ABLATIONS = {
     "gpupool-no-scarcity": type("NoScarcity", (GpupoolPolicy,), {"kappa": 0.0}),
     "gpupool-no-packing": type("NoPacking", (GpupoolPolicy,), {"pack_epsilon": 0.0}),
     "gpupool-no-memory": type("NoMemory", (GpupoolPolicy,), {"use_memory": False}),
+    # options measured for issue 12 (placement gap to the optimum), each on its own, then together
+    "gpupool-all-shapes": type("AllShapes", (GpupoolPolicy,), {"typical_threshold": 1.0}),
+    "gpupool-gpu-best-fit": type("GpuBestFit", (GpupoolPolicy,), {"gpu_best_fit": True}),
+    "gpupool-strand": type("Strand", (GpupoolPolicy,), {"strand_weight": 25.0}),
+    "gpupool-strand-memory": type("StrandMemory", (GpupoolPolicy,), {"strand_weight": 25.0, "strand_memory": True}),
+    "gpupool-demand-weighted": type("DemandWeighted", (GpupoolPolicy,), {"demand_weighted": True}),
+    "gpupool-combined": type("Combined", (GpupoolPolicy,), {"typical_threshold": 1.0, "gpu_best_fit": True,
+                                                            "strand_weight": 25.0}),
     # FGD variants behind the README's tie-break finding
     "fgd-random-ties": type("FgdRandomTies", (FGD,), {"tie_break": "random"}),
     "fgd-exact-deltas": type("FgdExactDeltas", (FGD,), {"integer_scores": False}),
@@ -85,6 +93,47 @@ def ablation_table(rows: list[dict], variants: list[str]) -> list[str]:
                                 if r["variant"] == v and r["policy"] == p and r["seed"] in seeds]) for p in names]
         out.append(f"| {v} | {min(seeds)}..{max(seeds)} | " + " | ".join(f"{m:.2f}" for m in means) + " |")
     return out
+
+
+def gap_table(rows: list[dict], variants: list[str], optimum_file: Path) -> tuple[list[str], list[dict]]:
+    """Markdown and JSON rows: per (variant, policy), the mean, the smallest per-seed margin over fgd (seeds
+    both ran) and the mean gap to the offline optimum's upper bound and to its best known packing
+    (``benchmarks/optimum.py``'s results, same variant and seed, else the arrived demand, 100%, as the bound;
+    the packing is the larger of the optimum script's and the best policy's on that seed)."""
+    opt = {}
+    if optimum_file.exists():
+        opt = {(r["variant"], r["seed"]): r for r in json.loads(optimum_file.read_text())["runs"]}
+    out = ["", "Margin over fgd and gap to the offline optimum (points of GPU capacity; per seed, then mean):", "",
+           "| variant | policy | seeds | mean | mean - fgd | min seed margin | gap to bound | gap to best packing |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    table = []
+    for v in variants:
+        fgd = {r["seed"]: r["gpu_allocation_ratio_at_100"] for r in rows if r["variant"] == v and r["policy"] == "fgd"}
+        best = {}
+        for r in rows:
+            if r["variant"] == v:
+                best[r["seed"]] = max(best.get(r["seed"], 0.0), r["gpu_allocation_ratio_at_100"])
+        for p in dict.fromkeys(r["policy"] for r in rows if r["variant"] == v):
+            mine = {r["seed"]: r["gpu_allocation_ratio_at_100"] for r in rows if r["variant"] == v and r["policy"] == p}
+            both = sorted(set(mine) & set(fgd))
+            margins = [100 * (mine[s] - fgd[s]) for s in both]
+            # without a computed bound for the seed: the arrived demand itself (100% of capacity)
+            bound = [100 * (opt[(v, s)]["bound"] if (v, s) in opt else 1.0) - 100 * mine[s] for s in mine]
+            packed = [100 * (max(opt[(v, s)]["packed"] if (v, s) in opt else 0.0, best[s]) - mine[s]) for s in mine]
+            row = {"variant": v, "policy": p, "seeds": len(mine), "mean_pct": 100 * float(np.mean(list(mine.values()))),
+                   "mean_margin_over_fgd": float(np.mean(margins)) if margins else None,
+                   "min_margin_over_fgd": min(margins) if margins else None,
+                   "gap_to_bound": float(np.mean(bound)) if bound else None,
+                   "gap_to_best_packing": float(np.mean(packed)) if packed else None}
+            table.append(row)
+
+            def f(x: float | None) -> str:
+                return "-" if x is None else f"{x:+.2f}"
+
+            out.append(f"| {v} | {p} | {row['seeds']} | {row['mean_pct']:.2f} | {f(row['mean_margin_over_fgd'])} | "
+                       f"{f(row['min_margin_over_fgd'])} | {f(row['gap_to_bound'])} | "
+                       f"{f(row['gap_to_best_packing'])} |")
+    return out, table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
                "numpy": np.__version__, "date": datetime.now(UTC).isoformat(timespec="seconds"),
                "wall_s": round(time.time() - start, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "openb_allocation.json").write_text(json.dumps(
-        {"machine": machine, "summary": summary, "runs": rows}, indent=1))
     lines = ["| variant | policy | seeds | GPU alloc @100% arrived (mean) | std | min..max | published |",
              "|---|---|---:|---:|---:|---|---:|"]
     for s in summary:
@@ -152,6 +199,18 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {s['variant']} | {s['policy']} | {s['seeds']} | {s['mean_at_100_pct']:.2f} | "
                      f"{s['std_pct']:.2f} | {s['min_pct']:.2f}..{s['max_pct']:.2f} | {pub} |")
     lines += ablation_table(rows, variants)
+    gap_lines, gaps = gap_table(rows, [v for v in dict.fromkeys(r["variant"] for r in rows)],
+                                args.out / "openb_optimum.json")
+    lines += gap_lines
+    lines += ["", "Per seed (GPU allocation % at 100% arrived):", "",
+              "| variant | policy | " + " | ".join(str(s) for s in sorted({r["seed"] for r in rows})) + " |",
+              "|---|---|" + "---:|" * len({r["seed"] for r in rows})]
+    seeds_all = sorted({r["seed"] for r in rows})
+    for v, p in pairs:
+        by = {r["seed"]: r["gpu_allocation_ratio_at_100"] for r in rows if r["variant"] == v and r["policy"] == p}
+        lines.append(f"| {v} | {p} | " + " | ".join(f"{100 * by[s]:.2f}" if s in by else "-" for s in seeds_all) + " |")
+    (args.out / "openb_allocation.json").write_text(json.dumps(
+        {"machine": machine, "summary": summary, "gaps": gaps, "runs": rows}, indent=1))
     lines.append(f"\nSeeds from 42 on (count in the seeds column); last run's machine: {machine}")
     (args.out / "openb_allocation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import cluster, engine, node, occupy, placed, pod, typical
-from gpupool.policies.gpupool_policy import GpupoolPolicy, cpu_per_gpu_milli, stranded_gpus
+from gpupool.policies.gpupool_policy import GpupoolPolicy, per_gpu_milli, stranded_gpus
 
 pytest.importorskip("highspy", reason="the optimum needs the bench extra (highspy)")
 
@@ -63,6 +63,39 @@ def test_bound_respects_gpu_models_and_leaves_cpu_pods_out() -> None:
     assert res.packed == pytest.approx(0.5)
 
 
+def test_gpu_knapsack_by_hand() -> None:
+    # one GPU: 810 + 190 fills it (1.0); 400 + 400 + 190 = 990 (0.99) does not beat it; two 600s never fit
+    weights = np.array([810, 190, 400, 600])
+    best, pat = optimum.best_gpu_pattern(weights, weights / 1000, np.array([1, 1, 2, 2]))
+    assert best == pytest.approx(1.0) and pat == {0: 1, 1: 1}
+    # worth nothing: left out; limits respected (one 400 only): 400 + 190 = 0.59
+    best, pat = optimum.best_gpu_pattern(weights, np.array([0.0, 0.19, 0.4, 0.0]), np.array([1, 1, 1, 2]))
+    assert best == pytest.approx(0.59) and pat == {1: 1, 2: 1}
+
+
+@pytest.mark.parametrize(("pods", "expected"), [
+    # five 400-milli pods on 2 GPUs: two per GPU (the node-level relaxation says all five)
+    ([pod(f"p{i}", cpu=1000, gpus=1, milli=400) for i in range(5)], 0.8),
+    # three 600s and a whole GPU: the whole GPU + one 600
+    ([pod(f"p{i}", cpu=1000, gpus=1, milli=600) for i in range(3)] + [pod("w", cpu=1000, gpus=1)], 0.8),
+    # 810 + 190 and 700 + 300 fill both GPUs; the 500 is left out
+    ([pod("a", gpus=1, milli=810), pod("b", gpus=1, milli=190), pod("c", gpus=1, milli=700),
+      pod("d", gpus=1, milli=300), pod("e", gpus=1, milli=500)], 1.0),
+    # three 700s: one per GPU, 0.7 + 0.7 of 2
+    ([pod(f"p{i}", gpus=1, milli=700) for i in range(3)], 0.7),
+])
+def test_gpu_packing_bound_by_hand(pods, expected: float) -> None:
+    nodes = [node("n0", cpu=8000, mem=16384, gpus=2)]
+    assert optimum.gpu_packing_bound(nodes, pods) == pytest.approx(expected)
+
+
+def test_gpu_packing_bound_respects_models() -> None:
+    # a T4-only whole pod and a T4-only 600: one T4 GPU holds one of them; the V100 takes the free 500
+    nodes = [node("v", gpus=1), node("t", gpus=1, model="T4")]
+    pods = [pod("a", gpus=1, spec=("T4",)), pod("b", gpus=1, milli=600, spec=("T4",)), pod("c", gpus=1, milli=500)]
+    assert optimum.gpu_packing_bound(nodes, pods) == pytest.approx(0.75)
+
+
 def test_arrived_prefix_stops_at_full_demand() -> None:
     nodes = [node("n0", cpu=64000, mem=65536, gpus=4)]
     trace = [pod(f"p{i}", cpu=1000, gpus=1, milli=500) for i in range(4)]
@@ -73,10 +106,12 @@ def test_arrived_prefix_stops_at_full_demand() -> None:
 # ------------------------------------------------------------------------------ scoring terms
 
 
-def test_cpu_per_gpu_milli_ignores_cpu_only_pods() -> None:
-    pods = [pod("a", cpu=8000, gpus=1), pod("b", cpu=2000, gpus=1, milli=500), pod("c", cpu=16000)]
-    assert cpu_per_gpu_milli(pods) == pytest.approx(10000 / 1500)
-    assert cpu_per_gpu_milli([pod("c", cpu=16000)]) == 0.0
+def test_per_gpu_milli_ignores_cpu_only_pods() -> None:
+    pods = [pod("a", cpu=8000, mem=4096, gpus=1), pod("b", cpu=2000, mem=2048, gpus=1, milli=500),
+            pod("c", cpu=16000, mem=9999)]
+    assert per_gpu_milli(pods) == pytest.approx(10000 / 1500)
+    assert per_gpu_milli(pods, "memory_mib") == pytest.approx(6144 / 1500)
+    assert per_gpu_milli([pod("c", cpu=16000)]) == 0.0
 
 
 def test_stranded_gpus_by_hand() -> None:
@@ -85,13 +120,17 @@ def test_stranded_gpus_by_hand() -> None:
     out = stranded_gpus(np.array([2000, 1000]), np.array([4000, 8000]), 4.0)
     assert np.allclose(out, [1.0, 0.0])
     assert np.allclose(stranded_gpus(np.array([2000]), np.array([0]), 0.0), [0.0])
+    # memory too (8 MiB per milli-GPU): 8,192 MiB feeds 1,024 milli of the 2,000 free, the CPU all of it
+    out = stranded_gpus(np.array([2000]), np.array([64000]), 4.0, np.array([8192]), 8.0)
+    assert np.allclose(out, [0.976])
 
 
 def test_strand_weight_moves_a_cpu_heavy_pod_off_a_cpu_poor_node() -> None:
     # Typical pods: one whole GPU and 1 core (fits both nodes before and after: FGD's scores tie). n0 has
-    # 2 GPUs and 6 cores, n1 2 GPUs and 64 cores. Workload: 4 cores per GPU. A 4-core half-GPU pod on n0
-    # leaves 1.5 GPUs and 2 cores (feeds 0.5 GPU): 1.0 GPU stranded; on n1 nothing. Without the term the
-    # tie goes to n0 (same GPU share left, node order); with it, to n1.
+    # 2 GPUs and 6 cores, n1 2 GPUs and 64 cores. Workload: 4 cores per GPU. n0 strands 2 - 1.5 = 0.5 GPU
+    # before; a 4-core half-GPU pod there leaves 1.5 GPUs and 2 cores (feeds 0.5 GPU): 1.0 stranded, +0.5
+    # caused by the pod; on n1 nothing. Without the term the tie goes to n0 (same GPU share left, node
+    # order); with it, n0 loses 0.5 point and n1 wins.
     def run(weight: float) -> str:
         s = cluster(node("n0", cpu=6000, gpus=2), node("n1", cpu=64000, gpus=2))
         pol = type("P", (GpupoolPolicy,), {"strand_weight": weight})(typical=typical((1000, 1, 1000, 1.0)))
@@ -100,6 +139,18 @@ def test_strand_weight_moves_a_cpu_heavy_pod_off_a_cpu_poor_node() -> None:
 
     assert run(0.0) == "n0"
     assert run(1.0) == "n1"
+
+
+def test_strand_term_counts_only_what_the_placement_strands() -> None:
+    # n0 already strands 1.5 GPUs (2 GPUs, 2 cores; 4 cores per GPU); a CPU-only pod of 1 core there strands
+    # 0.25 more; n1 (2 GPUs, 9 cores) strands nothing before and 0.0 after (8 cores feed 2 GPUs). Scores
+    # of the final step, by hand: n0 -0.25 x weight, n1 0 (CPU-only pods take no GPU share; FGD ties).
+    s = cluster(node("n0", cpu=2000, gpus=2), node("n1", cpu=9000, gpus=2))
+    pol = type("P", (GpupoolPolicy,), {"strand_weight": 2.0, "pack_epsilon": 0.0})(typical=typical((0, 1, 1000, 1.0)))
+    pol.prepare(s, [pod("w", cpu=4000, gpus=1)])
+    req = pol.effective(pod("x", cpu=1000))
+    out = pol._final_score(s, req, np.array([0, 1]), np.zeros(2))
+    assert np.allclose(out, [-0.5, 0.0])
 
 
 @pytest.mark.parametrize(("best_fit", "gpu"), [(False, 1), (True, 2)])
