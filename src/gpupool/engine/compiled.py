@@ -22,6 +22,7 @@ Off when numba is not installed or ``GPUPOOL_NO_NUMBA=1``; decisions are the sam
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import inspect
 import math
 import os
@@ -45,24 +46,41 @@ from gpupool.engine.filters import (
 )
 from gpupool.model import MILLI
 
-try:  # optional: the engine works the same, only slower, without it
-    if os.environ.get("GPUPOOL_NO_NUMBA", "") not in ("", "0"):
-        raise ImportError("disabled by GPUPOOL_NO_NUMBA")
-    import numba
-except ImportError:  # pragma: no cover - exercised with GPUPOOL_NO_NUMBA=1
-    numba = None
 
-AVAILABLE = numba is not None
-"""True when the compiled kernels are in use (numba importable and not disabled)."""
+def _disabled() -> bool:
+    return os.environ.get("GPUPOOL_NO_NUMBA", "") not in ("", "0")
 
 
-def enabled() -> bool:
-    """Whether the engine uses the compiled kernels (numba present, ``GPUPOOL_NO_NUMBA`` unset or 0)."""
-    return AVAILABLE and os.environ.get("GPUPOOL_NO_NUMBA", "") in ("", "0")
+AVAILABLE = importlib.util.find_spec("numba") is not None and not _disabled()
+"""True when numba is installed and not disabled (``GPUPOOL_NO_NUMBA=1``); it is imported on first use."""
+
+_KERNELS: list[str] = []
+_loaded: bool | None = None
 
 
 def _jit(fn):
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn) if AVAILABLE else fn
+    """Mark ``fn`` a kernel: compiled (``numba.njit``) by :func:`enabled` on first use, so that importing the
+    engine does not import numba (a second at start-up)."""
+    _KERNELS.append(fn.__name__)
+    return fn
+
+
+def enabled() -> bool:
+    """Whether the engine uses the compiled kernels (numba present, ``GPUPOOL_NO_NUMBA`` unset or 0); the first
+    call imports numba and wraps the kernels (each compiles on its first call, cached on disk)."""
+    global _loaded
+    if _loaded is None:
+        _loaded = False
+        if AVAILABLE and not _disabled():
+            try:
+                import numba
+            except ImportError:  # pragma: no cover - find_spec said it was there
+                return False
+            g = globals()
+            for name in _KERNELS:  # kernels calling kernels find the compiled ones in these globals
+                g[name] = numba.njit(cache=True, nogil=True, boundscheck=False)(g[name])
+            _loaded = True
+    return _loaded and not _disabled()
 
 
 # --------------------------------------------------------------------------- filters
