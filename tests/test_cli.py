@@ -409,7 +409,7 @@ def test_ctrl_c_writes_the_finished_runs_exit_130(tiny, tmp_path, monkeypatch):
     nodes, pods = tiny
     js, out = tmp_path / "r.json", tmp_path / "plots"
     result = invoke("compare", "--nodes", nodes, "--pods", pods, "-p", "best-fit,spread,fgd",
-                    "--json", js, "--out", out)
+                    "--json", js, "--out", out, "--jobs-parallel", "1")  # serial: the patch counts calls here
     assert result.exit_code == 130, result.output
     doc = json.loads(js.read_text())
     assert doc["interrupted"] is True and doc["runs_planned"] == 3
@@ -442,7 +442,7 @@ def test_ctrl_c_in_a_job_comparison(tmp_path, monkeypatch):
     trace.write_text("\n".join(rows) + "\n")
     js = tmp_path / "jobs.json"
     result = invoke("compare", "--jobs", trace, "--cluster", repo / "examples" / "clusters" / "small.yaml",
-                    "--json", js)
+                    "--json", js, "--jobs-parallel", "1")  # serial: the patch counts calls in this process
     assert result.exit_code == 130, result.output
     doc = json.loads(js.read_text())
     assert doc["interrupted"] is True and len(doc["results"]) == 1

@@ -262,6 +262,18 @@ OneQueueOpt = Annotated[
 FairCostOpt = Annotated[
     bool, typer.Option("--fairness-cost", help="Also run every policy with one queue and report what fair "
                        "share costs per queue and overall (mean and p95 JCT).", rich_help_panel=_MODEL)]
+ObjectiveOpt = Annotated[
+    str | None, typer.Option("--objective", metavar="jct|energy|balanced", show_default=False,
+                             help="With --gpu-speed catalog on mixed GPU models: place each job on the model "
+                             "that minimizes time, energy or both (default: speed-blind); a comma list runs "
+                             "each and says what each traded against jct.", rich_help_panel="Job traces")]
+ParallelOpt = Annotated[
+    int | None, typer.Option("--jobs-parallel", metavar="N", show_default=False,
+                             help="Runs at a time, one process each (default: all cores).")]
+ExecutorOpt = Annotated[
+    str, typer.Option("--executor", metavar="local|ray",
+                      help="local: processes on this machine; ray: a Ray cluster "
+                      "(pip install 'gpupool[ray]', RAY_ADDRESS).")]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -488,9 +500,38 @@ class _RunProgress:
 
 
 def _run_all(items: Sequence[tuple[str, int]], run_one: Callable[[str, int, Callable[[int, int], None]], Any],
-             *, quiet: bool, errors: tuple[type[BaseException], ...]) -> tuple[list[Any], bool]:
+             *, quiet: bool, errors: tuple[type[BaseException], ...], workers: int | None = 1,
+             executor: str = "local") -> tuple[list[Any], bool]:
     """``run_one(policy, seed, tick)`` for every item, with progress. Returns the finished results and
-    whether Ctrl-C stopped the loop (the results then hold only the runs that finished)."""
+    whether Ctrl-C stopped the loop (the results then hold only the runs that finished). ``workers`` >1
+    (None: all cores) or ``executor="ray"``: in parallel (:mod:`gpupool.sweep`), same results."""
+    from gpupool import sweep
+
+    if workers is not None and workers < 1:
+        _fail(f"--jobs-parallel must be >= 1, got {workers}")
+    if executor not in sweep.EXECUTORS:
+        _fail(f"--executor must be one of {', '.join(sweep.EXECUTORS)}, got {executor!r}")
+    if executor == "ray" or (len(items) > 1 and (workers or sweep.default_workers()) > 1):
+        with _RunProgress(len(items), quiet=quiet) as progress:
+            n_done = [0]
+            progress.begin(0, f"{len(items)} runs, {executor}")
+
+            def on_done(k: int, result: Any) -> None:
+                n_done[0] += 1
+                progress.update(n_done[0], description=f"{items[k][0]} (seed {items[k][1]}) done "
+                                f"[{n_done[0]}/{len(items)}]")
+
+            try:
+                return sweep.run_sweep(items, run_one, workers=workers, executor=executor, on_done=on_done), False
+            except sweep.SweepInterrupted as exc:
+                progress.stop()
+                return exc.results, True
+            except sweep.SweepError as exc:
+                progress.stop()
+                _fail(str(exc))
+            except errors as exc:
+                progress.stop()
+                _fail(f"{exc}", code=1)
     results: list[Any] = []
     with _RunProgress(len(items), quiet=quiet) as progress:
         try:
@@ -545,7 +586,7 @@ def _print_table(console: Console, table: Any, wide: bool) -> None:
 def _execute(
     *, policies: Sequence[str], nodes: Path | None, pods: Path | None, protocol: Protocol,
     seed: Sequence[str] | None, ratio: float, out: Path | None, json_file: str | None, quiet: bool,
-    wide: bool = False,
+    wide: bool = False, workers: int | None = 1, executor: str = "local",
 ) -> None:
     policy_names = _check_policies(policies)
     seeds = _parse_seeds(seed)
@@ -574,7 +615,8 @@ def _execute(
         return convert(runner(node_list, pod_list, name, **kwargs), capacity_gpus=gpus)
 
     items = [(name, s) for name in policy_names for s in seeds]
-    runs, interrupted = _run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError))
+    runs, interrupted = _run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError), workers=workers,
+                                 executor=executor)
     if interrupted and not runs:
         _interrupted(0, len(items), False)
     if interrupted:  # the title names the seeds of the finished runs only
@@ -647,7 +689,8 @@ def _execute_jobs(
     *, policies: Sequence[str], jobs: Path, fmt: JobFormat | None, cluster: Path | None, queues: Path | None,
     seed: Sequence[str] | None, out: Path | None, json_file: str | None, quiet: bool, checkpoint: float,
     node_mtbf: float | None, gpu_mtbf: float | None, repair: float, elastic: float, gpu_speed: str,
-    max_jobs: int | None, wide: bool = False, model: dict[str, Any] | None = None,
+    max_jobs: int | None, wide: bool = False, model: dict[str, Any] | None = None, workers: int | None = 1,
+    executor: str = "local",
 ) -> None:
     """``simulate``/``compare`` on a job trace: the pool scheduler's job-level policies. ``model``: the
     job-model switches (:func:`_job_model`)."""
@@ -714,18 +757,30 @@ def _execute_jobs(
     console = Console(width=None if sys.stdout.isatty() else 200)
     pools = {name: replace(job_policy(name)[1], **overrides) if overrides else None for name in names}
     one_runs: dict[tuple[str, int], Any] = {}
+    objectives = _objectives((model or {}).get("objective"))
+    if len(objectives) == 1:
+        config = replace(config, objective=objectives[0])
+    elif objectives:  # one row per objective for the policies that place by GPU model (gpupool placement)
+        names = [f"{n}@{o}" if JOB_POLICIES[n][0] == "gpupool" else n for n in names for o in objectives]
+        names = list(dict.fromkeys(names))
 
-    def run_one(name: str, s: int, tick: Callable[[int, int], None]) -> report.JobRun:
-        res = run_jobs(node_list, records, name, seed=s, queues=tree, config=replace(config, pool=pools[name]),
-                       progress=tick)
+    def run_one(label: str, s: int, tick: Callable[[int, int], None]) -> report.JobRun:
+        name, _, objective = label.partition("@")
+        cfg = replace(config, pool=pools[name], **({"objective": objective} if objective else {}))
+        res = run_jobs(node_list, records, name, seed=s, queues=tree, config=cfg, progress=tick)
+        res.policy = label
+        if "policy" in res.metrics:
+            res.metrics["policy"] = label
         if fair_cost:
-            one = run_jobs(node_list, one_queue(records), name, seed=s, config=replace(config, pool=pools[name]))
+            one = run_jobs(node_list, one_queue(records), name, seed=s, config=cfg)
             res.metrics["fairness_cost"] = fairness_cost(res.jobs, one.jobs)
-            one_runs[(name, s)] = res.metrics["fairness_cost"]
         return report.run_from_jobs(res)
 
     items = [(name, s) for name in names for s in seeds]
-    runs, interrupted = _run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError, KeyError))
+    runs, interrupted = _run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError, KeyError),
+                                 workers=workers, executor=executor)
+    if fair_cost:  # from the records: a run in another process cannot fill one_runs
+        one_runs = {(r.policy, r.record["seed"]): r.record["fairness_cost"] for r in runs}
     if interrupted and not runs:
         _interrupted(0, len(items), False)
     if interrupted:  # the title names the seeds of the finished runs only
@@ -746,6 +801,8 @@ def _execute_jobs(
         _print_table(console, report.jobs_table(summary, title, **_table_kwargs(report.jobs_table, wide)), wide)
         for (name, s), cost in one_runs.items():
             console.print(fairness_table(f"{name}, seed {s}", cost))
+        for line in _objective_trades(summary):
+            console.print(line, highlight=False, soft_wrap=True)
         unfinished = sum(len(r.record["unfinished"]) for r in runs)
         if unfinished:
             first = next(u for r in runs for u in r.record["unfinished"])
@@ -771,6 +828,38 @@ def _execute_jobs(
         typer.echo(f"wrote {path}", err=to_stdout)
     if interrupted:
         _interrupted(len(runs), len(items), bool(written))
+
+
+def _objectives(value: str | None) -> list[str]:
+    """The --objective list (empty: not given); exits with a clear error for an unknown objective."""
+    from gpupool.engine.pool.hetero import OBJECTIVES
+
+    if value is None:
+        return []
+    out = list(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    bad = [v for v in out if v not in OBJECTIVES]
+    if bad or not out:
+        _fail(f"--objective must be {', '.join(OBJECTIVES)} or a comma list of them, got {value!r}")
+    return out
+
+
+def _objective_trades(summary: Sequence[Any]) -> list[str]:
+    """'P@balanced: mean JCT +4.0%, energy -12.0% vs P@jct' for each non-jct objective row with a jct row."""
+    rows = {s["policy"]: s for s in summary} if summary and isinstance(summary[0], dict) else {}
+    out = []
+    for label, row in rows.items():
+        base, _, objective = label.partition("@")
+        ref = rows.get(f"{base}@jct")
+        if not objective or objective == "jct" or ref is None:
+            continue
+        parts = []
+        for key, what in (("mean_jct_s", "mean JCT"), ("energy_kwh", "energy")):
+            a, b = row.get(key), ref.get(key)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+                parts.append(f"{what} {100.0 * (a - b) / b:+.1f}%")
+        if parts:
+            out.append(f"{label}: {', '.join(parts)} vs {base}@jct")
+    return out
 
 
 def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool) -> tuple[Any, dict[str, Any], bool]:
@@ -836,7 +925,7 @@ _MODEL_ARGS = {"restart_overhead": ("--restart-overhead", 30.0), "topology_slowd
                "las_thresholds": ("--las-thresholds", None), "min_run": ("--min-run", None),
                "max_preemptions": ("--max-preemptions", None), "protect_after_hours": ("--protect-after-hours", None),
                "size_prior": ("--size-prior", None), "one_queue": ("--one-queue", False),
-               "fairness_cost": ("--fairness-cost", False)}
+               "fairness_cost": ("--fairness-cost", False), "objective": ("--objective", None)}
 """Job-model switches of simulate/compare: parameter -> (flag, default)."""
 
 
@@ -933,6 +1022,7 @@ def simulate_cmd(
     size_prior: PriorOpt = None,
     one_queue: OneQueueOpt = False,
     fairness_cost: FairCostOpt = False,
+    objective: ObjectiveOpt = None,
 ) -> None:
     """Run one placement policy on a trace and print its GPU allocation, fragmentation and failures.
 
@@ -994,6 +1084,9 @@ def compare_cmd(
     size_prior: PriorOpt = None,
     one_queue: OneQueueOpt = False,
     fairness_cost: FairCostOpt = False,
+    objective: ObjectiveOpt = None,
+    jobs_parallel: ParallelOpt = None,
+    executor: ExecutorOpt = "local",
 ) -> None:
     """Run several placement policies on the same trace and seeds and show them side by side.
 
@@ -1008,14 +1101,15 @@ def compare_cmd(
         _execute_jobs(policies=_split(policies) or list(DEFAULT_JOB_POLICIES), jobs=jobs, fmt=fmt, cluster=cluster,
                       queues=queues, seed=seed, out=out, json_file=json_file, quiet=quiet, checkpoint=checkpoint,
                       node_mtbf=node_mtbf, gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed,
-                      max_jobs=max_jobs, wide=wide, model=_model_args(locals()))
+                      max_jobs=max_jobs, wide=wide, model=_model_args(locals()), workers=jobs_parallel,
+                      executor=executor)
         return
     _job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
                              "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
                              "--max-jobs": max_jobs, "--elastic-fraction": elastic, **_model_flags(locals())})
     names = _split(policies) or list(REGISTRY)
     _execute(policies=names, nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
-             out=out, json_file=json_file, quiet=quiet, wide=wide)
+             out=out, json_file=json_file, quiet=quiet, wide=wide, workers=jobs_parallel, executor=executor)
 
 
 EXTENSION_MODULES = ("gpupool.k8s.scheduler_cli", "gpupool.k8s.extender_cli", "gpupool.sim.jobs_cli",

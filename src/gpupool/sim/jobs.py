@@ -52,6 +52,7 @@ from gpupool.catalog import get_model
 from gpupool.cluster import ClusterState
 from gpupool.energy import JOULES_PER_KWH, power_figures
 from gpupool.engine.pool.fairshare import jain_index
+from gpupool.engine.pool.hetero import hetero_placement
 from gpupool.engine.pool.job import RUNNING, PoolJob, split_gpus
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import JOB_POLICIES, PoolConfig, PoolScheduler, job_policy
@@ -121,6 +122,10 @@ class JobSimConfig:
     * ``max_gpus_per_pod``: at most this many GPUs per pod when a job is split into pods (None: a node's
       GPUs, so a job spans the fewest nodes); 1 places a job's GPUs anywhere, one per pod, as a scheduler
       that only counts free GPUs does (the Tiresias simulator's ``--scheme=count``).
+    * ``objective``: ``"jct"``, ``"energy"`` or ``"balanced"``: heterogeneity-aware placement with
+      ``gpu_speed="catalog"`` on a cluster whose models differ in speed
+      (:func:`gpupool.engine.pool.hetero.hetero_placement`); None or ``"none"``: speed-blind (the
+      default). No effect elsewhere.
     """
 
     policy: str = "gpupool"
@@ -142,6 +147,7 @@ class JobSimConfig:
     gpu_speed: str = "none"
     reference_gpu: str | None = None
     max_gpus_per_pod: int | None = None
+    objective: str | None = None
 
 
 class _SimJob:
@@ -368,6 +374,8 @@ class JobSimulator:
         workload = [PodRequest(f"typical-{g}-{i}", cpu_milli=self.cpu_per_gpu * g, memory_mib=self.mem_per_gpu * g,
                                num_gpu=g, gpu_milli=1000)
                     for g, c in shapes.items() for i in range(max(1, round(1000 * c / max(1, len(self.records)))))]
+        placement = hetero_placement(placement, self.nodes, config.gpu_speed, config.objective,  # engine/pool/hetero.py
+                                     config.reference_gpu, config.gpu_utilization)
         self.sched = PoolScheduler(st, placement, self.tree, pool, seed=config.seed, workload=workload)
         self.sched.victims_across_cycles = True  # no job here is ever protected from eviction (protected_until)
         self.leaf_names = tuple(self.tree.names[i] for i in self.tree.leaves.tolist())
@@ -774,6 +782,7 @@ class JobSimulator:
             }
         worst_deficit = max((v["quota_deficit"] for v in queues.values()), default=0.0)
         worst_raw = max((v["quota_deficit_raw"] for v in queues.values()), default=0.0)
+        objective = getattr(self.sched.picker.inner, "objective", None)  # set where placement is by GPU model
         metrics = {
             "protocol": "jobs",
             "mean_jct_s": _mean(jct),
@@ -809,7 +818,8 @@ class JobSimulator:
             "config": {"checkpoint_interval_s": cfg.checkpoint_interval_s, "restart_overhead_s": cfg.restart_overhead_s,
                        "node_mtbf_h": cfg.node_mtbf_h, "gpu_mtbf_h": cfg.gpu_mtbf_h, "repair_h": cfg.repair_h,
                        "gpu_utilization": cfg.gpu_utilization, "elastic_fraction": cfg.elastic_fraction,
-                       "gpu_speed": cfg.gpu_speed},
+                       "gpu_speed": cfg.gpu_speed,
+                       **({"objective": objective} if objective else {})},  # heterogeneity-aware placement
         }
         jobs = [{
             "job_id": s.rec.job_id, "queue": s.pj.queue, "num_gpu": s.rec.num_gpu, "submit": s.rec.submit_time,

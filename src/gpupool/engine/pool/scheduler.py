@@ -743,6 +743,9 @@ class PoolScheduler(EvictionActions):
             return None
         members = job.pods[:n]
         picker = self.picker
+        gang = getattr(picker.inner, "begin_gang", None)  # heterogeneity-aware placement (hetero.py)
+        if gang is not None:
+            gang(job, n, lambda: self._fits_per_node(job, allowed), self._now)
         if n == 1 and (not self.cfg.topology_aware or job.gpus_per_pod <= 1 or not self.mixed_nvlink):
             if job.gpus_per_pod > 1 or allowed is not None:  # cheap cached check: no failed engine call
                 mask = self.engine.feasible_mask(picker.effective(members[0]))

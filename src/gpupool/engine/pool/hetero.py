@@ -1,0 +1,236 @@
+"""Heterogeneity-aware job placement: put each job on the GPU model where it gets the most out of the
+cluster, with completion time and energy as the two objectives (after Gavel, Narayanan et al., OSDI'20,
+"Heterogeneity-Aware Cluster Scheduling Policies for Deep Learning Workloads").
+
+Gavel places each job on the accelerator type that gives it the most throughput (per job type, from a
+throughput matrix). The job traces here carry no job type, so every job shares one row of that matrix: the
+catalog's ``relative_throughput`` of each model (:mod:`gpupool.catalog`; datasheet FP16 tensor peak
+ratios), as the job simulator's ``gpu_speed="catalog"`` uses it. A ``speeds`` row per job class can be
+given where a trace has classes (:func:`model_cost`'s arguments are per node, so a caller can pass the
+row of the job's class).
+
+Per GPU model, with ``s`` its speed (reference model = 1), ``P`` its busy and ``I`` its idle power (W)
+(:func:`gpupool.energy.power_figures`), the cost of one unit of reference work placed there is
+
+* ``jct``: ``1 / s`` (time: Gavel's max-throughput placement);
+* ``energy``: ``(P - I) / s`` (the marginal energy: a GPU draws ``I`` whether or not it runs the job,
+  so only the busy draw above idle is the job's doing; J per reference-second);
+* ``balanced``: ``(P - I) / s**2``, the energy-delay product per unit of work (energy x time, the
+  usual single figure that weighs both, Gonzalez and Horowitz, IEEE JSSC 1996).
+
+On ``examples/clusters/mixed-models.yaml`` the orders are: jct H100 > L40S > A100 > V100 > L4 > T4;
+energy L4 > H100 > L40S > T4 > A100 > V100; balanced H100 > L40S > A100 > L4 > T4 > V100.
+
+:class:`HeteroPolicy` wraps a placement policy: among the feasible nodes the scheduler allows (its
+topology scope included), it keeps those of the cheapest model and lets the inner policy choose among
+them (fragmentation, tie-break). The first pod of a gang picks the model; the rest of the gang follows
+its node, NVLink domain or switch (:meth:`PoolScheduler._place`), so a gang lands on one model where one
+can hold it (a gang runs at its slowest GPU). The scheduler's topology scope for the first pod only
+contains nodes whose switch / domain can hold the whole gang, so the model chosen can.
+
+The policy is only worth wrapping where models differ in speed: :func:`heterogeneous` says when. With one
+model (or ``gpu_speed="none"``) every node has the same cost and the wrapper would pick as the inner
+policy does; the simulator does not wrap then, so homogeneous outcomes stay bit-identical. It is opt-in
+(``JobSimConfig.objective``, ``--objective``): without one, placement stays speed-blind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from gpupool.cluster import ClusterState
+from gpupool.engine.core import Policy
+from gpupool.engine.filters import EffectiveRequest
+from gpupool.engine.pool.job import PoolJob
+from gpupool.engine.pool.placement import Vetoed
+from gpupool.model import Assignment, PodRequest
+
+__all__ = ["DEFAULT_OBJECTIVE", "OBJECTIVES", "HeteroPolicy", "catalog_speeds", "hetero_placement", "heterogeneous",
+           "model_cost"]
+
+OBJECTIVES = ("jct", "energy", "balanced")
+"""What heterogeneity-aware placement minimizes per unit of work: time, marginal energy, or their product."""
+
+
+def model_cost(objective: str, speed: Sequence[float] | np.ndarray, busy_w: Sequence[float] | np.ndarray,
+               idle_w: Sequence[float] | np.ndarray) -> np.ndarray:
+    """(n,) float64 cost of one unit of reference work on each of ``n`` nodes (lower is better).
+
+    ``speed``: relative throughput of the node's GPU model (reference = 1, > 0 where the node has GPUs);
+    ``busy_w`` / ``idle_w``: one GPU's power (W) busy and idle. Nodes with speed <= 0 (no GPU, unknown
+    model) cost +inf. Raises ValueError for an unknown objective or arrays of different lengths.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    s = np.asarray(speed, dtype=np.float64)
+    busy = np.asarray(busy_w, dtype=np.float64)
+    idle = np.asarray(idle_w, dtype=np.float64)
+    if not (s.shape == busy.shape == idle.shape):
+        raise ValueError(f"speed, busy_w and idle_w differ in length: {s.shape}, {busy.shape}, {idle.shape}")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if objective == "jct":
+            cost = 1.0 / s
+        elif objective == "energy":
+            cost = np.maximum(busy - idle, 0.0) / s
+        else:
+            cost = np.maximum(busy - idle, 0.0) / (s * s)
+    return np.where(s > 0, cost, np.inf)
+
+
+def heterogeneous(speed: Sequence[float] | np.ndarray, gpu_count: Sequence[int] | np.ndarray) -> bool:
+    """True when the GPU nodes (``gpu_count > 0``) do not all have the same speed."""
+    s = np.asarray(speed, dtype=np.float64)[np.asarray(gpu_count) > 0]
+    return bool(len(s) and s.min() != s.max())
+
+
+class HeteroPolicy(Policy):
+    """Wraps ``inner``: each pick is restricted to the feasible candidates of the lowest ``cost``
+    ((n_nodes,) float64, e.g. :func:`model_cost`); the inner policy scores and chooses among them.
+
+    Gangs (:meth:`begin_gang`, called by the pool scheduler before it places a job): a gang runs at its
+    slowest GPU, so its pods go to one model where one can hold the whole gang now (the cheapest such
+    model); where none can, to the fastest *set* of models that can (every node of speed >= v, for the
+    largest such v), slowest of that set first, so that no faster GPU is spent on a gang that runs at
+    ``v`` anyway. ``speed``: (n_nodes,) relative speed per node (needed for gangs; None: cost only).
+
+    Costs are compared after rounding to 6 decimals, so nodes of one model always tie. Everything but
+    :meth:`pick` is the inner policy's (filters, scores and their caches stay valid).
+    """
+
+    def __init__(self, inner: Policy, cost: np.ndarray, objective: str = "",
+                 speed: np.ndarray | None = None, mixed_after_s: float = 3600.0) -> None:
+        self.inner = inner
+        self.objective = objective
+        self.name = inner.name
+        self.description = inner.description
+        self.node_local = inner.node_local
+        self.tie_break = inner.tie_break
+        self.filters = inner.filters
+        c = np.round(np.asarray(cost, dtype=np.float64), 6)
+        finite = np.isfinite(c)
+        levels = np.unique(c[finite])  # rank per node: 0 for the cheapest distinct cost, ...; inf costs last
+        rank = np.full(len(c), len(levels), dtype=np.int64)
+        rank[finite] = np.searchsorted(levels, c[finite])
+        self.rank = rank
+        self.speed = None if speed is None else np.asarray(speed, dtype=np.float64)
+        self._gang = ""  # the job whose pods the plan below is for
+        self._order: np.ndarray | None = None  # (n_nodes,) key to minimize for that gang's pods
+        self.plans = {"single-model": 0, "mixed": 0, "waited": 0}
+        self._veto = False
+        self.mixed_after_s = mixed_after_s
+
+    def begin_gang(self, job: PoolJob, pods: int, fits: Callable[[], np.ndarray], now: float) -> None:
+        """Plan where the ``pods`` pods of ``job`` go; ``fits()``: (n_nodes,) int pods of the job each
+        node could take now (the scheduler's ``_fits_per_node``); ``now``: the scheduler's clock (s).
+        One pod needs no plan (the cost decides)."""
+        self._gang, self._order, self._veto = job.name, None, False
+        if pods <= 1 or self.speed is None:
+            return
+        f = fits()
+        if int(f.sum()) < pods:
+            return
+        ranks = np.unique(self.rank[f > 0])
+        for r in ranks.tolist():  # cheapest model that holds the gang alone
+            if int(f[self.rank == r].sum()) >= pods:
+                self._order = np.where(self.rank == r, 0, 1 + self.rank)
+                self.plans["single-model"] += 1
+                return
+        if now - job.submit_time < self.mixed_after_s:  # wait for one model rather than run at the slowest
+            self._veto = True
+            self.plans["waited"] += 1
+            return
+        for v in np.unique(self.speed[f > 0])[::-1].tolist():  # fastest bottleneck speed that holds it
+            ok = self.speed >= v
+            if int(f[ok].sum()) >= pods:  # slowest of the allowed models first; the rest after
+                self._order = np.where(ok, self.speed, np.inf)
+                self.plans["mixed"] += 1
+                return
+
+    def effective(self, req: PodRequest) -> EffectiveRequest:
+        if self._order is not None and req.name.rpartition("/")[0] != self._gang:
+            self._gang, self._order, self._veto = "", None, False  # a pod of another job: the gang's plan is over
+        return self.inner.effective(req)
+
+    def prepare(self, state: ClusterState, workload: Sequence[PodRequest] | None) -> None:
+        self.inner.prepare(state, workload)
+
+    def score_key(self, req: EffectiveRequest) -> tuple:
+        return self.inner.score_key(req)
+
+    def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+        return self.inner.score(state, req, nodes)
+
+    def pick(self, state: ClusterState, candidates: np.ndarray, scores: np.ndarray,
+             rng: np.random.Generator) -> int:
+        if self._veto:
+            raise Vetoed
+        key = self.rank[candidates] if self._order is None else self._order[candidates]
+        keep = key == key.min()
+        if not keep.all():
+            candidates, scores = candidates[keep], scores[keep]
+        return self.inner.pick(state, candidates, scores, rng)
+
+    def select_gpus(self, state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
+        return self.inner.select_gpus(state, req, node)
+
+    def on_allocate(self, state: ClusterState, assignment: Assignment) -> None:
+        self.inner.on_allocate(state, assignment)
+
+    def on_release(self, state: ClusterState, assignment: Assignment) -> None:
+        self.inner.on_release(state, assignment)
+
+
+DEFAULT_OBJECTIVE: str | None = None
+"""The job simulator's objective when none is given: None, speed-blind placement (opt-in, so that every
+outcome pinned before this module, tests/test_jobsim_hashes.py, stays identical; on mixed-models
+``balanced`` wins on JCT and energy, see benchmarks/results/hetero.md)."""
+
+HETERO_PLACEMENTS = ("gpupool",)
+"""Placement policies the job simulator wraps; the placement baselines (round-robin, lowest-power) stay as
+they are, since what they do is the point of comparing with them."""
+
+
+def catalog_speeds(models: Sequence[str], gpu_count: Sequence[int], reference: str | None = None) -> np.ndarray:
+    """(n_nodes,) relative speed of each node's GPU model against ``reference`` (None: the model with the most
+    GPUs), the catalog's ``relative_throughput`` ratio; 1.0 where either is unknown (as the job simulator)."""
+    from collections import Counter
+
+    from gpupool.catalog import get_model
+
+    ref = reference or Counter(m for m, k in zip(models, gpu_count, strict=True) for m in [m] * int(k)
+                               ).most_common(1)[0][0]
+    ref_tp = get_model(ref).relative_throughput or 0.0
+    out = []
+    for m in models:
+        tp = get_model(m).relative_throughput if m else 0.0
+        out.append(tp / ref_tp if (tp and ref_tp) else 1.0)
+    return np.array(out, dtype=np.float64)
+
+
+def hetero_placement(placement: str | Policy, nodes: Sequence, gpu_speed: str, objective: str | None,
+                     reference: str | None = None, gpu_utilization: float = 1.0) -> str | Policy:
+    """The job simulator's placement: ``placement`` wrapped in a :class:`HeteroPolicy` for ``objective``
+    (None: :data:`DEFAULT_OBJECTIVE`; None or ``"none"``: never wrap, the speed-blind placement) when
+    ``gpu_speed == "catalog"``, the placement is one of
+    :data:`HETERO_PLACEMENTS` and the cluster's GPU models differ in speed; else ``placement`` unchanged.
+    ``nodes``: the cluster's NodeSpecs. Raises ValueError for an unknown objective."""
+    if objective is not None and objective not in (*OBJECTIVES, "none"):
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)} or none, got {objective!r}")
+    objective = objective or DEFAULT_OBJECTIVE
+    if (objective is None or objective == "none" or gpu_speed != "catalog" or not isinstance(placement, str)
+            or placement not in HETERO_PLACEMENTS):
+        return placement
+    from gpupool.energy import power_figures
+    from gpupool.policies import make_policy
+
+    models = [n.gpu_model for n in nodes]
+    counts = [n.gpu_count for n in nodes]
+    speed = catalog_speeds(models, counts, reference)
+    if not heterogeneous(speed, counts):
+        return placement
+    idle, peak, _ = power_figures([m or "none" for m in models])
+    busy = idle + (peak - idle) * gpu_utilization
+    cost = np.where(np.asarray(counts) > 0, model_cost(objective, speed, busy, idle), np.inf)
+    return HeteroPolicy(make_policy(placement), cost, objective, speed)
