@@ -168,8 +168,10 @@ class GittinsOrder(TiresiasOrder):
         """Sort score within a level (smaller runs first), in units of service: the inverse Gittins index
         ``1 / G(a, delta)`` (service spent per completion, as the Tiresias simulator's ``r_gi``) or the
         expected remaining service ``E[S - a | S > a]``, from the sizes of ``group`` (and ``gpus``, see
-        :meth:`SizeModel.table`). A job beyond every known size scores its attained service (it is
-        expected to run as long again); every job scores 0.0 while nothing is known."""
+        :meth:`SizeModel.table`). A job of index 0 (beyond every known size, or no known size ends within
+        its next quantum) and, for ``remaining``, one beyond every known size score ``max(attained, largest
+        known size)``: it is expected to run at least as long again, after every job of positive index.
+        Every job scores 0.0 while nothing is known."""
         table = self.model.table(group, gpus)
         if not table.n:
             return 0.0
