@@ -410,3 +410,17 @@ def test_compiled_distinct_nodes_equal_the_policy_dedup(seed) -> None:
         first, inverse = compiled.distinct_nodes(st, nodes)
         np.testing.assert_array_equal(first, want_first)
         np.testing.assert_array_equal(inverse, want_inverse)
+
+
+def test_a_policy_replaced_after_the_engine_was_built_decides() -> None:
+    """The pool scheduler wraps ``engine.policy`` in a ScopedPolicy after building the engine: its ``pick``
+    (allowed nodes) must decide, not the best-node heap chosen for the inner policy."""
+    from gpupool.engine.pool.placement import ScopedPolicy
+
+    st = ClusterState([node(f"n{i}", gpus=4) for i in range(6)])
+    eng = Engine(st, make_policy("gpupool"), seed=1, workload=[pod("w", gpus=1, milli=500)])
+    assert eng.place(pod("a", gpus=1, milli=500)).assignment.node == 0
+    scoped = ScopedPolicy(eng.policy)
+    scoped.allowed = np.array([False, False, False, True, True, False])
+    eng.policy = scoped
+    assert eng.place(pod("b", gpus=1, milli=500)).assignment.node in (3, 4)

@@ -218,6 +218,13 @@ class Engine:
         self._best: OrderedDict[tuple, _Best] = OrderedDict()  # request class -> best-node heap
         self._cache_size = cache_size
         policy.prepare(state, workload)
+        self._configured: Policy | None = None
+        self._configure(policy)
+
+    def _configure(self, policy: Policy) -> None:
+        """Choose the fast paths for ``policy`` (again whenever ``self.policy`` is replaced, e.g. by the pool
+        scheduler's ScopedPolicy, whose own ``pick`` must decide)."""
+        self._configured = policy
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
         self._codes = (compiled.failure_codes_default if compiled.enabled()
                        and compiled.uses_default_filters(policy.filters) else None)
@@ -325,6 +332,8 @@ class Engine:
     def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
         """One cycle for ``req``: (effective request, node, devices), node -1 if no node passes the filters."""
         policy, state = self.policy, self.state
+        if policy is not self._configured:
+            self._configure(policy)
         eff = policy.effective(req)
         key = eff.key()
         mask = self._feasible(key, eff)
