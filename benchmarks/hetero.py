@@ -122,7 +122,11 @@ def main() -> None:
     if not args.render:
         records = []
         for f in args.add:
-            records += json.loads(Path(f).read_text())["results"]
+            for rec in json.loads(Path(f).read_text())["results"]:
+                objective = (rec.get("config") or {}).get("objective")
+                if objective and "@" not in rec["policy"]:  # one --objective: the CLI keeps the plain name
+                    rec["policy"] = f"{rec['policy']}@{objective}"
+                records.append(rec)
         if not args.add:
             if not TRACE.exists():
                 sys.exit(f"{TRACE} not found")
