@@ -543,3 +543,17 @@ def test_every_policy_places_on_single_fitting_spot(policy) -> None:
     assert placed(d) == ("n1", (2,))
     assert d.assignment.gpu_milli == (1000 if policy == "k8s-default" else 600)
     s.check_invariants()
+
+
+def test_k8s_default_places_whole_gpu_pods_on_a_time_sliced_node():
+    """On a node advertising 4 time-slicing replicas per GPU, a 1-GPU pod is one replica (250 milli) of a GPU:
+    k8s-default (the device plugin's lowest-index order) gives the first GPU four such pods, then the second;
+    it used to ask for a fully free GPU and raise AllocationError on the fifth pod."""
+    from gpupool.model import NodeSpec
+
+    state = cluster(NodeSpec("ts", cpu_milli=64000, memory_mib=262144, gpu_count=2, gpu_model="V100M16",
+                             gpu_replicas=4))
+    e = engine(state, "k8s-default")
+    got = [placed(e.place(pod(f"p{i}", gpus=1))) for i in range(8)]
+    assert got == [("ts", (0,))] * 4 + [("ts", (1,))] * 4
+    assert not e.place(pod("p8", gpus=1)).scheduled

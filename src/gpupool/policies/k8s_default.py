@@ -12,7 +12,7 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Policy
-from gpupool.engine.filters import EffectiveRequest
+from gpupool.engine.filters import EffectiveRequest, fitting_gpus
 from gpupool.model import MILLI, PodRequest
 
 
@@ -34,5 +34,15 @@ class K8sDefault(Policy):
         return ((cpu + mem) // 2).astype(np.float64)
 
     def select_gpus(self, state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
-        free = np.flatnonzero(state.gpu_healthy[node] & (state.gpu_free[node] >= MILLI))
-        return tuple(int(i) for i in free[: req.num_gpu])
+        """The lowest-index fitting GPUs (the device plugin's order), by the filters' own per-GPU test.
+
+        On a time-sliced node a whole-GPU request takes one replica's share, not a whole free GPU, so the
+        test is :func:`~gpupool.engine.filters.fitting_gpus` (which knows the node's sharing), not
+        ``free >= 1000``. Raises ValueError naming the node when too few GPUs fit (the filters rule that out).
+        """
+        if req.num_gpu == 0:
+            return ()
+        idx = fitting_gpus(state, req, node)
+        if len(idx) < req.num_gpu:
+            raise ValueError(f"node {state.node_names[node]} cannot host {req.requested.name}")
+        return tuple(idx[: req.num_gpu])
