@@ -20,8 +20,9 @@ Rules, in the order they are applied (each with its source; the code is our own)
      (target * current)`` and applied to ``current``) and are left out on a scale-down; a recomputed ratio
      that falls within tolerance or changes direction keeps ``current`` (as the HPA does).
    * Tolerance: ``|ratio - 1| <= tolerance`` (default 0.1) proposes ``current``.
-   * A metric absent from ``samples`` (or NaN) makes no proposal (HPA skips invalid metrics); with no
-     proposal at all the replica count is held.
+   * A metric absent from ``samples`` (or not a number, NaN, +-Inf, negative) makes no proposal (HPA skips
+     invalid metrics); with no proposal at all the replica count is held. A proposal is capped at
+     :data:`MAX_PROPOSAL` (a tiny target would otherwise overflow), then by ``max_replicas``.
    * The recommendation is the **max** over the metrics' proposals.
 
 2. **Latency** (``latency_p95_s``, ``latency_p99_s``; gpupool's rule): over target it proposes
@@ -89,6 +90,7 @@ __all__ = [
     "DEFAULT_SCALE_DOWN",
     "DEFAULT_SCALE_UP",
     "LATENCY_METRICS",
+    "MAX_PROPOSAL",
     "METRICS",
     "PERCENT_METRICS",
     "TOTAL_METRICS",
@@ -277,6 +279,27 @@ class AutoscalerSpec:
             raise ValueError(f"spec.{text}" if re.match(r"\w+:", text) else f"spec: {text}") from None
 
 
+#: Largest proposal a metric makes: a tiny target or a huge value (1e300 / 1e-300 is +Inf in float) proposes this
+#: instead of overflowing ``math.ceil``; maxReplicas caps it anyway.
+MAX_PROPOSAL = 2**31 - 1
+
+
+def _ceil(x: float) -> int:
+    """``ceil(x)`` capped at :data:`MAX_PROPOSAL` (x is finite or +Inf here: invalid samples are dropped before)."""
+    return MAX_PROPOSAL if not x < MAX_PROPOSAL else math.ceil(x)
+
+
+def _valid(v: Any) -> float | None:
+    """A metric sample as a float, or None when it is no usable value: not a number, NaN, +-Inf or negative."""
+    if isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x >= 0 else None
+
+
 def _num(v: Any, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float | str):
         raise ValueError(f"{where}: a number expected, got {v!r}")
@@ -400,12 +423,12 @@ class Recommender:
             ratio = value / (m.target * current)
             if abs(ratio - 1) <= tol:
                 return current
-            return math.ceil(value / m.target)
+            return _ceil(value / m.target)
         ratio = value / m.target
         if m.name in LATENCY_METRICS:
             if ratio <= 1 + tol:
                 return None  # under target (or within tolerance): never drives a scale-down
-            return math.ceil(current * ratio)
+            return _ceil(current * ratio)
         # per-replica average (percent), HPA replica_calculator semantics with not-ready replicas
         if abs(ratio - 1) <= tol:
             return current
@@ -414,8 +437,8 @@ class Recommender:
                 ratio = value * ready / (m.target * current)
                 if ratio <= 1 + tol:
                     return current
-            return max(current, math.ceil(ratio * current))
-        return min(current, math.ceil(ratio * ready))
+            return max(current, _ceil(ratio * current))
+        return min(current, _ceil(ratio * ready))
 
     def _window_avg(self, now: float, window: float) -> float:
         vals = [v for t, v in self._conc if t > now - window]
@@ -428,8 +451,9 @@ class Recommender:
 
         ``samples``: metric name -> current value: a service-wide total for concurrency/queue_depth/rps,
         a per-replica average (percent) for gpu_util/tensor_active/cpu_util, the service-level value (s)
-        for latency_*. Names not in the spec are ignored; a spec metric that is missing (or NaN) makes no
-        proposal. ``ready_replicas`` (default ``current_replicas``): replicas that are Ready.
+        for latency_*. Names not in the spec are ignored; a spec metric that is missing, not a number, NaN, +-Inf or
+        negative (every metric here is a count, a percentage or seconds) makes no proposal, as the HPA skips an
+        invalid metric. ``ready_replicas`` (default ``current_replicas``): replicas that are Ready.
         Raises ValueError for negative replica counts.
         """
         spec = self.spec
@@ -437,8 +461,7 @@ class Recommender:
         if cur < 0:
             raise ValueError(f"current_replicas must be >= 0, got {current_replicas}")
         ready = cur if ready_replicas is None else max(0, min(int(ready_replicas), cur))
-        vals = {n: float(v) for n, v in samples.items()
-                if n in self._targets and v is not None and not math.isnan(float(v))}
+        vals = {n: x for n, v in samples.items() if n in self._targets and (x := _valid(v)) is not None}
         if self._last_active is None:
             self._last_active = now_s
         if not self._recs:  # maybeInitScaleDownStabilizationWindow
@@ -456,7 +479,7 @@ class Recommender:
             if cur == 0:
                 if not active:
                     return Recommendation(0, "scaled to zero: no metric above its activation threshold")
-                want = max([1] + [math.ceil(v / self._targets[n].target) for n, v in vals.items()
+                want = max([1] + [_ceil(v / self._targets[n].target) for n, v in vals.items()
                                   if n in TOTAL_METRICS])
                 want = min(want, spec.max_replicas)
                 self._record(now_s, 0, want)
@@ -464,7 +487,7 @@ class Recommender:
                 drivers = ", ".join(f"{n}={v:g}>{self._targets[n].activation:g}" for n, v in vals.items()
                                     if v > self._targets[n].activation)
                 return Recommendation(want, f"activated from zero ({drivers})",
-                                      {n: math.ceil(v / self._targets[n].target) for n, v in vals.items()
+                                      {n: _ceil(v / self._targets[n].target) for n, v in vals.items()
                                        if n in TOTAL_METRICS})
             if vals and not active and now_s - self._last_active >= spec.cooldown_s:
                 self._record(now_s, cur, 0)
@@ -486,8 +509,8 @@ class Recommender:
             if name == "concurrency" and spec.panic_window_s is not None:
                 stable_avg = self._window_avg(now_s, spec.stable_window_s)
                 panic_avg = self._window_avg(now_s, spec.panic_window_s)
-                dspc = math.ceil(stable_avg / m.target)
-                dppc = math.ceil(panic_avg / m.target)
+                dspc = _ceil(stable_avg / m.target)
+                dppc = _ceil(panic_avg / m.target)
                 if dppc / max(1, ready) >= spec.panic_threshold:
                     self._panic_since = now_s
                 elif self._panic_since is not None and now_s - self._panic_since > spec.stable_window_s:
