@@ -226,6 +226,14 @@ def test_lending_and_bounded_reclaim() -> None:
     assert static.lent_gpu_hours == 0.0
 
 
+def test_lending_lends_every_idle_gpu_of_the_pool() -> None:
+    """2 static replicas in a pool of 4: both idle GPUs are lent once idle for lend_after_s (the whole pool counts,
+    not pool - 1)."""
+    lend = LendingSpec(True, 300.0, (10.0, 45.0), 30.0)
+    r = simulate(_wl([10.0], [500], [100], 3900.0), TABLE, _static(2), slo_s=60, pool_gpus=4, lending=lend)
+    assert r.lent_gpu_hours == pytest.approx(2 * (3900.0 - 300.0) / 3600, rel=0.02)
+
+
 def test_capacity_model_orders_slices() -> None:
     stats = TokenStats(1155.0, 211.0, 601.0)
     caps = {n: slice_capacity(TABLE.slices[n], TABLE.model, 15.0, stats) for n in ("1xH200", "3g.71gb", "2g.35gb")}

@@ -727,7 +727,7 @@ def simulate(workload: Workload, table: ThroughputTable, policy: Policy, *, slo_
             slice_changes += 1
         last_slices = slices
         if lending.enabled:
-            idle = int(math.floor(pool_gpus - 1e-9)) - used_gpus() - lent
+            idle = int(math.floor(pool_gpus + 1e-9)) - used_gpus() - lent
             if idle > 0:
                 if idle_since is None:
                     set_idle(now)
