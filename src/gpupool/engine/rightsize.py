@@ -32,16 +32,22 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Literal
 
 from gpupool.catalog import get_model
 
-__all__ = ["TIMESLICE_FRACTIONS", "WHOLE_COUNTS", "RightSizer", "SliceChoice", "SliceOption", "slice_catalog"]
+__all__ = [
+    "MAX_REPLICAS", "TIMESLICE_FRACTIONS", "WHOLE_COUNTS", "RightSizer", "SliceChoice", "SliceOption",
+    "slice_catalog",
+]
 
 #: Time-sliced shares offered per GPU (fraction of one GPU).
 TIMESLICE_FRACTIONS = (0.25, 0.5)
 #: Whole-GPU counts offered per replica.
 WHOLE_COUNTS = (1, 2, 4, 8)
+#: Most replicas a choice may have: a demand needing more on an option (a near-zero capacity) leaves it out.
+MAX_REPLICAS = 1_000_000
 _MIG_COMPUTE_SLICES = 7
 _MIG_MEMORY_SLICES = 8
 
@@ -111,7 +117,7 @@ class RightSizer:
             raise ValueError(f"slice option names must be unique: {names}")
         if not 0 <= hysteresis < 1:
             raise ValueError(f"hysteresis must be within [0, 1), got {hysteresis!r}")
-        if min_dwell_s < 0:
+        if not (isinstance(min_dwell_s, Real) and min_dwell_s >= 0):  # NaN would never let it switch
             raise ValueError(f"min_dwell_s must be >= 0, got {min_dwell_s!r}")
         self.options = tuple(options)
         self.hysteresis = hysteresis
@@ -119,8 +125,14 @@ class RightSizer:
         self.current: SliceOption | None = None
         self.since_s: float = 0.0
 
-    def _sized(self, o: SliceOption, demand: float, cap: float, min_replicas: int) -> tuple[int, float]:
-        n = max(min_replicas, math.ceil(demand / cap - 1e-9)) if demand > 0 else min_replicas
+    def _sized(self, o: SliceOption, demand: float, cap: float, min_replicas: int) -> tuple[int, float] | None:
+        """(replicas, GPU cost) on ``o``; None when the replica count is past :data:`MAX_REPLICAS`."""
+        q = demand / cap
+        if not q <= MAX_REPLICAS:
+            return None
+        # a relative slack absorbs the division's rounding (10.000000000000002 -> 10); any demand > 0 needs a
+        # replica (an absolute slack turned 1 / 1e9 into 0 replicas)
+        n = max(min_replicas, math.ceil(q * (1 - 1e-9)), 1 if demand > 0 else 0)
         return n, n * o.gpu_fraction
 
     def choose(self, now_s: float, demand: float, capacity_per_replica: Mapping[str, float],
@@ -129,28 +141,43 @@ class RightSizer:
         SLO) at time ``now_s`` (s).
 
         ``capacity_per_replica``: option name -> what one replica on it serves within the SLO (options
-        missing or <= 0 are not candidates); ``memory_need_mib``: memory one replica needs (MiB; options
-        with less ``memory_mib`` are excluded); replicas = ``max(min_replicas, ceil(demand / capacity))``.
+        missing, <= 0 or not a finite number are not candidates); ``memory_need_mib``: memory one replica needs
+        (MiB; options with less ``memory_mib`` are excluded); an option needing more than :data:`MAX_REPLICAS`
+        replicas is not a candidate; replicas = ``max(min_replicas, ceil(demand / capacity))``.
         Picks the least ``replicas x gpu_fraction`` (ties: fewer replicas, then catalog order); keeps the
         current option unless that is cheaper by more than ``hysteresis`` x current cost and ``min_dwell_s``
-        has passed since the current one was chosen. Raises ValueError, with the reason, when no option fits
-        or ``demand`` is negative.
+        has passed since the current one was chosen. Raises ValueError, with the reason, when no option fits,
+        or ``demand`` / ``memory_need_mib`` is negative or not finite, or ``min_replicas`` is negative.
         """
-        if not demand >= 0:
-            raise ValueError(f"demand must be >= 0, got {demand!r}")
+        if isinstance(demand, bool) or not isinstance(demand, Real) or not 0 <= demand < math.inf:
+            raise ValueError(f"demand must be a finite number >= 0, got {demand!r}")
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, Integral) or min_replicas < 0:
+            raise ValueError(f"min_replicas must be an integer >= 0, got {min_replicas!r}")
+        if isinstance(memory_need_mib, bool) or not isinstance(memory_need_mib, Real) \
+                or not 0 <= memory_need_mib < math.inf:
+            raise ValueError(f"memory_need_mib must be a finite number >= 0, got {memory_need_mib!r}")
         feasible: list[tuple[float, int, int, SliceOption]] = []
+        too_many: list[str] = []
         for i, o in enumerate(self.options):
-            cap = capacity_per_replica.get(o.name, 0.0)
-            if o.memory_mib < memory_need_mib or not cap or cap <= 0:
+            cap = capacity_per_replica.get(o.name)
+            # a capacity that is not a positive finite number (None, NaN, +-Inf, text) makes no candidate
+            if o.memory_mib < memory_need_mib or isinstance(cap, bool) or not isinstance(cap, Real) \
+                    or not 0 < cap < math.inf:
                 continue
-            n, cost = self._sized(o, demand, cap, min_replicas)
-            feasible.append((cost, n, i, o))
+            sized = self._sized(o, demand, float(cap), min_replicas)
+            if sized is None:
+                too_many.append(o.name)
+                continue
+            feasible.append((sized[1], sized[0], i, o))
         if not feasible:
             mem_ok = [o.name for o in self.options if o.memory_mib >= memory_need_mib]
             if not mem_ok:
                 biggest = max(o.memory_mib for o in self.options)
                 raise ValueError(f"no slice option has {memory_need_mib} MiB (largest: {biggest} MiB)")
-            raise ValueError(f"no capacity given for the options with enough memory: {mem_ok}")
+            if too_many:
+                raise ValueError(f"demand {demand:g} needs more than {MAX_REPLICAS} replicas on every option with "
+                                 f"enough memory and a capacity: {too_many}")
+            raise ValueError(f"no capacity given (a finite number > 0) for the options with enough memory: {mem_ok}")
         feasible.sort(key=lambda x: (x[0], x[1], x[2]))
         best_cost, best_n, _, best = feasible[0]
         cur = next((f for f in feasible if self.current is not None and f[3].name == self.current.name), None)
