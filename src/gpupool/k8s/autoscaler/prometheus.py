@@ -56,11 +56,20 @@ class Sample:
     value: float
 
 
-def _float(raw: Any, query: str) -> float:
+def _float(raw: Any, query: str, what: str = "value") -> float:
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise PrometheusError(query, f"{what} {raw!r} is not a number", 200, "format")
     try:
         return float(raw)  # Prometheus sends "NaN", "+Inf", "-Inf", "1.5e+06": float() reads all of them
     except (TypeError, ValueError):
-        raise PrometheusError(query, f"value {raw!r} is not a number", 200, "format") from None
+        raise PrometheusError(query, f"{what} {raw!r} is not a number", 200, "format") from None
+
+
+def _pair(value: Any, query: str, item: Any) -> tuple[float, float]:
+    """``[<unix seconds>, "<value>"]`` as two floats; a string (a Sequence too) or a wrong length is a format error."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or len(value) != 2:
+        raise PrometheusError(query, f"{item} has no [time, value]", 200, "format")
+    return _float(value[0], query, "sample time"), _float(value[1], query)
 
 
 def parse_response(payload: Any, query: str = "") -> list[Sample]:
@@ -79,9 +88,8 @@ def parse_response(payload: Any, query: str = "") -> list[Sample]:
     data = payload["data"]
     kind, result = data.get("resultType"), data.get("result")
     if kind == "scalar":
-        if not isinstance(result, Sequence) or len(result) != 2:
-            raise PrometheusError(query, f"scalar result {result!r} is not [time, value]", 200, "format")
-        return [Sample({}, float(result[0]), _float(result[1], query))]
+        ts, value = _pair(result, query, f"scalar result {str(result)[:200]!r}")
+        return [Sample({}, ts, value)]
     if kind != "vector":
         raise PrometheusError(query, f"resultType {kind!r}: an instant vector or scalar is needed (a range "
                                      "selector like [5m] must be wrapped, e.g. in rate() or avg_over_time())",
@@ -91,10 +99,12 @@ def parse_response(payload: Any, query: str = "") -> list[Sample]:
     out = []
     for item in result:
         value = item.get("value") if isinstance(item, Mapping) else None
-        if not isinstance(value, Sequence) or len(value) != 2:
-            raise PrometheusError(query, f"vector element {str(item)[:200]!r} has no [time, value]", 200, "format")
+        ts, number = _pair(value, query, f"vector element {str(item)[:200]!r}")
         labels = item.get("metric") or {}
-        out.append(Sample({str(k): str(v) for k, v in labels.items()}, float(value[0]), _float(value[1], query)))
+        if not isinstance(labels, Mapping):
+            raise PrometheusError(query, f"vector element {str(item)[:200]!r}: metric is not a label map", 200,
+                                  "format")
+        out.append(Sample({str(k): str(v) for k, v in labels.items()}, ts, number))
     return out
 
 
@@ -103,7 +113,10 @@ REDUCERS = {"sum": sum, "avg": lambda xs: sum(xs) / len(xs), "max": max, "min": 
 
 def reduce_samples(samples: Sequence[Sample], how: str = "sum") -> float | None:
     """One value from an instant vector: ``how`` in sum / avg / max / min over the finite samples; None when the
-    vector is empty or holds only NaN / Inf (the metric is then missing: it makes no proposal)."""
+    vector is empty or holds only NaN / Inf (the metric is then missing: it makes no proposal). Raises ValueError for
+    an unknown ``how``."""
+    if how not in REDUCERS:
+        raise ValueError(f"reduce {how!r}: expected one of {', '.join(REDUCERS)}")
     values = [s.value for s in samples if math.isfinite(s.value)]
     if not values:
         return None
