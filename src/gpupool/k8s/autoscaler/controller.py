@@ -440,6 +440,9 @@ class AutoscalerController:
             if value is None:
                 self.metrics.queries.labels(result="empty").inc()
                 problems.append(f"{m.name}: the query returned no value (empty vector or NaN)")
+            elif value < 0:  # a count, a percentage or seconds: a negative one is a broken exporter or query
+                self.metrics.queries.labels(result="error").inc()
+                problems.append(f"{m.name}: the query returned a negative value ({value:g}); not used")
             else:
                 self.metrics.queries.labels(result="ok").inc()
                 samples[m.name] = value
