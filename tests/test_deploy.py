@@ -892,3 +892,21 @@ def test_gpuautoscaler_example_is_valid_and_read_by_the_controller():
     assert [m.name for m in cfg.metrics] == ["concurrency", "latency_p99_s"]
     # the docs show this very file
     assert "examples/autoscale/gpuautoscaler.yaml" in (ROOT / "docs" / "autoscaling.md").read_text()
+
+
+def test_gpuautoscaler_example_does_not_scale_an_idle_service_on_bare_latency():
+    """The latency target sits above the bare service time: 2 requests in flight with the p99 e2e latency of a
+    p99-length answer (601 tokens, Azure conv trace) at batch 1 on the slowest slice of capacityPerReplica
+    (the simulator's throughput table) stays at minReplicas; a target below it would pin maxReplicas (rule 2)."""
+    from gpupool.engine.autoscale import Recommender
+    from gpupool.k8s.autoscaler.crd import parse_gpu_autoscaler
+    from gpupool.sim.inference import load_throughput_table
+
+    cfg = parse_gpu_autoscaler(_docs(GPUAS_EXAMPLE.read_text())[1])
+    table = load_throughput_table()
+    bare = max(601 * table.slices[n].step(1) for n in cfg.slice_policy.capacity if n in table.slices)
+    assert bare > 2.5  # what the example's old target (2.5 s) missed
+    rec, cur = Recommender(cfg.engine_spec), cfg.min_replicas
+    for k in range(40):
+        cur = rec.recommend(15.0 * k, cur, {"concurrency": 2.0, "latency_p99_s": 1.1 * bare}).replicas
+    assert cur == cfg.min_replicas
