@@ -287,3 +287,14 @@ def test_ready_and_bad_url(stub: PromStub, prom: PrometheusClient) -> None:
     with pytest.raises(ValueError, match="expected http"):
         PrometheusClient("prometheus:9090")
 
+
+
+def test_cli_help_names_the_retried_statuses() -> None:
+    """`gpupool autoscaler --help` says which answers are retried: RETRY_STATUS exactly (not "5xx": a 500 is not)."""
+    from typer.testing import CliRunner
+
+    from gpupool.cli import app
+    from gpupool.k8s.autoscaler.prometheus import RETRY_STATUS
+
+    out = " ".join(CliRunner().invoke(app, ["autoscaler", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "/".join(map(str, RETRY_STATUS)) in out and "5xx" not in out

@@ -109,7 +109,8 @@ def register(app: typer.Typer) -> None:
         prometheus_timeout: Annotated[float, typer.Option(
             "--prometheus-timeout", metavar="SECONDS", min=0.5, help="Timeout of one query.")] = 5.0,
         prometheus_retries: Annotated[int, typer.Option(
-            "--prometheus-retries", min=0, help="Retries of a query on a connection error or 429/5xx.")] = 2,
+            "--prometheus-retries", metavar="N", min=0,
+            help="Retries of a query on a connection error or 429/502/503/504.")] = 2,
         leader_elect: Annotated[bool, typer.Option(
             "--leader-elect/--no-leader-elect",
             help="Elect one active replica through a coordination.k8s.io Lease.")] = False,
