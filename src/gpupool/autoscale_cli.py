@@ -13,6 +13,7 @@ or what meeting it cost, and gpupool's verdict. Exit codes: 0 success; 1 a polic
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -103,6 +104,14 @@ def simulate_cmd(
             jp.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise _fail(f"--json {jp}: {exc.strerror or exc}") from None
+        # refused now rather than after an hour of simulation (the results would be lost with the traceback)
+        if not os.access(jp if jp.exists() else jp.parent, os.W_OK):
+            raise _fail(f"--json {jp}: not writable")
+    if out is not None and not os.access(out, os.W_OK):
+        raise _fail(f"--out {out}: not writable")
+    for option, given in (("--trace", trace), ("--throughput", throughput)):
+        if given is not None and not given.is_file():
+            raise _fail(f"{option} {given}: no such file")
     try:
         sc = load_scenario(path)
     except InferenceConfigError as exc:
@@ -139,7 +148,11 @@ def simulate_cmd(
         raise _fail(str(exc)) from None
     except InferenceConfigError as exc:
         raise _fail(str(exc)) from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        if exc.filename:  # an input named by the scenario (its trace, its throughput table) cannot be read
+            raise _fail(f"{path.name}: {exc.filename}: {exc.strerror or exc}") from None
+        raise _fail(str(exc), code=1) from None
+    except ValueError as exc:
         raise _fail(str(exc), code=1) from None
     doc = to_json(run)
     if to_stdout:
@@ -153,10 +166,13 @@ def simulate_cmd(
             console.print(run.explanations[name], highlight=False, soft_wrap=wide)
         for line in verdict(run):
             console.print(line, highlight=False)
-    if json_file and not to_stdout:
-        Path(json_file).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    if out is not None and run.results:
-        plot_run(run, out / "autoscale.png")
+    try:
+        if json_file and not to_stdout:
+            Path(json_file).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        if out is not None and run.results:
+            plot_run(run, out / "autoscale.png")
+    except OSError as exc:  # the table is printed above: the results are not lost
+        raise _fail(f"writing {exc.filename or 'the results'}: {exc.strerror or exc}", code=1) from None
     if run.interrupted:
         typer.echo(f"interrupted (Ctrl-C) after {len(run.results)} of {total} policies", err=True)
         raise typer.Exit(130)

@@ -170,8 +170,11 @@ def load_throughput_table(path: str | Path | None = None, gpu_model: str = "H200
         text = resources.files("gpupool.data").joinpath(EMBEDDED_THROUGHPUT).read_text(encoding="utf-8")
         source = f"embedded:{EMBEDDED_THROUGHPUT}"
     else:
-        text = Path(path).read_text(encoding="utf-8")
         source = Path(path).name
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InferenceConfigError(f"{source}: not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -293,7 +296,7 @@ def trace_arrivals(time_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, e
     """
     n = len(time_s)
     if n < 2:
-        raise InferenceConfigError("the trace needs at least 2 requests")
+        raise InferenceConfigError(f"{source}: the trace needs at least 2 requests, it has {n}")
     rng = np.random.default_rng(seed)
     gaps = np.diff(time_s)
     mean_gap = float(time_s[-1] - time_s[0]) / (n - 1)

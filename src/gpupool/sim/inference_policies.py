@@ -382,7 +382,10 @@ def parse_scenario(doc: Any, source: str = "<scenario>") -> Scenario:
     peak = float(_get(wl, "peakRps", ww, positive=True))
     if peak < trough:
         raise InferenceConfigError(f"{ww}.peakRps: {peak} is below troughRps {trough}")
-    env = Envelope(trough, peak, float(_get(wl, "peakHour", ww, 14.0, minimum=0)), tuple(bursts))
+    peak_hour = float(_get(wl, "peakHour", ww, 14.0, minimum=0))
+    if peak_hour >= 24:
+        raise InferenceConfigError(f"{ww}.peakHour: an hour of the day within [0, 24), got {peak_hour:g}")
+    env = Envelope(trough, peak, peak_hour, tuple(bursts))
     rep = _get(spec, "replica", w, {}, kind=dict)
     rw = f"{w}.replica"
     mtbf = rep.get("crashMtbfHours")
@@ -406,8 +409,11 @@ def parse_scenario(doc: Any, source: str = "<scenario>") -> Scenario:
         if not isinstance(p, dict) or p.get("kind") not in ("static", "recommender", "rightsized"):
             raise InferenceConfigError(f"{w}.policies.{pname}.kind: 'static', 'recommender' or 'rightsized'")
     pool = spec.get("poolGpus")
+    seed = _get(spec, "seed", w, 42, kind=int)
+    if isinstance(seed, bool) or seed < 0:
+        raise InferenceConfigError(f"{w}.seed: an integer >= 0 expected, got {seed!r}")
     return Scenario(
-        name=name, source=source, duration_s=duration, seed=int(_get(spec, "seed", w, 42)),
+        name=name, source=source, duration_s=duration, seed=seed,
         gpu_model=str(spec.get("gpuModel", "H200")),
         pool_gpus=math.inf if pool is None else float(_get(spec, "poolGpus", w, positive=True)),
         slo_s=slo_s, attainment=attainment, workload=wl, envelope=env, replica=replica, lending=lending,
@@ -426,6 +432,8 @@ def load_scenario(path: str | Path) -> Scenario:
         doc = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise InferenceConfigError(f"{p.name}: not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InferenceConfigError(f"{p.name}: not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
     return parse_scenario(doc, p.name)
 
 

@@ -80,9 +80,11 @@ def run_scenario(sc: Scenario, *, policies: Sequence[str] | None = None, seed: i
     if unknown:
         raise InferenceConfigError(f"unknown policy {', '.join(unknown)} (the scenario has: {', '.join(sc.policies)})")
     seed = sc.seed if seed is None else seed
+    if seed < 0:
+        raise InferenceConfigError(f"--seed must be >= 0, got {seed}")
     duration = sc.duration_s if hours is None else hours * 3600.0
-    if not duration > 0:
-        raise InferenceConfigError(f"--hours must be > 0, got {hours}")
+    if not 0 < duration < math.inf:
+        raise InferenceConfigError(f"--hours must be a finite number > 0, got {hours}")
     table = load_throughput_table(throughput if throughput is not None else sc.throughput, sc.gpu_model)
     wl = make_workload(sc, seed, duration, trace)
     if len(wl) == 0:
