@@ -71,9 +71,10 @@ def run_scenario(sc: Scenario, *, policies: Sequence[str] | None = None, seed: i
                  progress: Callable[[int, str, float], None] | None = None) -> ScenarioRun:
     """Run ``policies`` (default: all of the scenario's, in file order) on the scenario's workload.
 
-    ``hours`` shortens the day (the envelope is kept: the first ``hours`` of it). ``progress(k, policy,
-    fraction)`` is called as each run advances. Raises InferenceConfigError (bad scenario or policy name),
-    TraceFormatError (bad trace). Ctrl-C stops after the finished policies (``interrupted``).
+    ``hours`` shortens the day (the envelope is kept: the first ``hours`` of it; at most the scenario's
+    ``durationHours``). ``progress(k, policy, fraction)`` is called as each run advances. Raises
+    InferenceConfigError (bad scenario or policy name, ``hours`` out of range), TraceFormatError (bad trace).
+    Ctrl-C stops after the finished policies (``interrupted``).
     """
     names = list(policies) if policies else list(sc.policies)
     unknown = [p for p in names if p not in sc.policies]
@@ -85,6 +86,9 @@ def run_scenario(sc: Scenario, *, policies: Sequence[str] | None = None, seed: i
     duration = sc.duration_s if hours is None else hours * 3600.0
     if not 0 < duration < math.inf:
         raise InferenceConfigError(f"--hours must be a finite number > 0, got {hours}")
+    if duration > sc.duration_s + 1e-6:
+        raise InferenceConfigError(f"--hours must be <= the scenario's durationHours ({sc.duration_s / 3600:g}), "
+                                   f"got {hours:g}")
     table = load_throughput_table(throughput if throughput is not None else sc.throughput, sc.gpu_model)
     wl = make_workload(sc, seed, duration, trace)
     if len(wl) == 0:
