@@ -286,3 +286,48 @@ def test_one_request_trace_names_the_file(tmp_path: Path) -> None:
     tr.write_bytes(b"\xef\xbb\xbfTIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.68,10,5\r\n")
     res = _run("--scenario", str(REFERENCE), "--policies", "static", "--hours", "0.05", "--trace", str(tr))
     assert res.exit_code == 2 and "one.csv" in res.output and "at least 2 requests" in res.output, res.output
+
+
+# ------------------------------------------------------------------ GpuAutoscaler spec parsing
+def _cr(**spec):
+    base = {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llm"}, "maxReplicas": 5,
+            "metrics": [{"name": "gpu_util", "target": 70}]}
+    return {"apiVersion": "gpupool.io/v1alpha1", "kind": "GpuAutoscaler",
+            "metadata": {"name": "a", "namespace": "ns"}, "spec": {**base, **spec}}
+
+
+_SLICE = {"gpuModel": "H200", "demandMetric": "gpu_util", "capacityPerReplica": {"1g.18gb": 1.0}}
+
+
+@pytest.mark.parametrize("spec, field, words", [
+    ({"minReplicas": 6}, "spec", "maxReplicas 5 must be >= max(1, minReplicas=6)"),
+    ({"maxReplicas": 1e300}, "spec.maxReplicas", "int32"),
+    ({"metrics": [{"name": "gpu_util", "target": 10**400}]}, "spec.metrics[0].target", "finite"),
+    ({"behavior": {"scaleUp": {"policies": [{"type": "Pods", "value": 0, "periodSeconds": 15}]}}},
+     "spec.behavior.scaleUp.policies[0].value", "must be > 0"),
+    ({"panicThreshold": 50}, "spec.panicThreshold", "percentage"),
+    ({"slicePolicy": {**_SLICE, "hysteresis": 5}}, "spec.slicePolicy.hysteresis", "[0, 1)"),
+    ({"slicePolicy": {**_SLICE, "memoryMiB": 10**7}}, "spec.slicePolicy.memoryMiB", "largest: 1g.18gb"),
+])
+def test_bad_gpu_autoscaler_specs_name_the_field_once(spec, field: str, words: str) -> None:
+    from gpupool.k8s.autoscaler.crd import SpecError, parse_gpu_autoscaler
+
+    with pytest.raises(SpecError) as err:
+        parse_gpu_autoscaler(_cr(**spec))
+    assert err.value.field == field and words in str(err.value)
+    assert not str(err.value).startswith(f"{field}: {field}") and "spec: spec:" not in str(err.value)
+
+
+@pytest.mark.parametrize("obj", [None, [], "GpuAutoscaler"])
+def test_a_gpu_autoscaler_that_is_not_a_mapping_is_a_spec_error(obj) -> None:
+    from gpupool.k8s.autoscaler.crd import SpecError, parse_gpu_autoscaler
+
+    with pytest.raises(SpecError):
+        parse_gpu_autoscaler(obj)
+
+
+def test_peak_hour_past_the_day_names_the_field(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text(REFERENCE.read_text().replace("peakHour: 14", "peakHour: 30"))
+    res = _run("--scenario", str(sc), "--policies", "static", "--hours", "0.05")
+    assert res.exit_code == 2 and "spec.workload.peakHour" in res.output, res.output

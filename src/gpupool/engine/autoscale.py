@@ -113,6 +113,12 @@ PERCENT_METRICS = frozenset({"gpu_util", "tensor_active", "cpu_util"})
 #: Service-level latency in seconds (scale up only, see rule 2 of the module docstring).
 LATENCY_METRICS = frozenset({"latency_p95_s", "latency_p99_s"})
 
+#: Largest proposal a metric makes: a tiny target or a huge value (1e300 / 1e-300 is +Inf in float) proposes this
+#: instead of overflowing ``math.ceil``; maxReplicas caps it anyway. Also the largest ``maxReplicas`` (a Kubernetes
+#: replica count is an int32).
+MAX_PROPOSAL = 2**31 - 1
+
+
 #: CR metric ``type``/``name`` spellings accepted by :meth:`AutoscalerSpec.from_mapping` besides METRICS.
 _METRIC_ALIASES = {
     "queueDepth": "queue_depth", "queue": "queue_depth", "requestsPerSecond": "rps", "RPS": "rps",
@@ -210,6 +216,9 @@ class AutoscalerSpec:
     def __post_init__(self) -> None:
         if self.min_replicas < 0:
             raise ValueError(f"minReplicas: must be >= 0, got {self.min_replicas}")
+        if self.max_replicas > MAX_PROPOSAL:
+            raise ValueError(f"maxReplicas: at most {MAX_PROPOSAL} (a Kubernetes replica count is an int32), got "
+                             f"{self.max_replicas}")
         if self.max_replicas < max(1, self.min_replicas):
             # two fields disagree: the message names both, not one field as at fault
             raise ValueError(f"maxReplicas {self.max_replicas} must be >= max(1, minReplicas="
@@ -258,6 +267,9 @@ class AutoscalerSpec:
             kw["panic_window_s"] = _num(d["panicWindowSeconds"], "spec.panicWindowSeconds")
         if d.get("panicThreshold") is not None:
             t = _num(d["panicThreshold"], "spec.panicThreshold")
+            if 10 < t <= 100:
+                raise ValueError(f"spec.panicThreshold: {t:g} is read as a percentage (above 10), which must be "
+                                 f"> 100 (Knative's 200); as a ratio it must be > 1 (2.0)")
             kw["panic_threshold"] = t / 100.0 if t > 10 else t
         if d.get("metrics") is not None:
             raw = d["metrics"]
@@ -277,11 +289,6 @@ class AutoscalerSpec:
         except ValueError as e:
             text = str(e)  # "field: why" names one field; other messages are about the spec as a whole
             raise ValueError(f"spec.{text}" if re.match(r"\w+:", text) else f"spec: {text}") from None
-
-
-#: Largest proposal a metric makes: a tiny target or a huge value (1e300 / 1e-300 is +Inf in float) proposes this
-#: instead of overflowing ``math.ceil``; maxReplicas caps it anyway.
-MAX_PROPOSAL = 2**31 - 1
 
 
 def _ceil(x: float) -> int:

@@ -144,8 +144,14 @@ class GpuAutoscalerConfig:
 
 def _num(value: Any, where: str, *, minimum: float | None = None, positive: bool = False,
          integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(float(value)):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(where, f"expected a number, got {value!r}")
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an int past float range (YAML/JSON allow 10**400)
+        finite = False
+    if not finite:
+        raise SpecError(where, f"expected a finite number, got {str(value)[:40]}")
     if integer and float(value) != int(value):
         raise SpecError(where, f"expected a whole number, got {value!r}")
     if positive and value <= 0:
@@ -250,6 +256,8 @@ def parse_slice_policy(spec: Mapping[str, Any], metrics: Sequence[MetricQuery]) 
     if not isinstance(allowed, list) or not all(isinstance(a, str) for a in allowed):
         raise SpecError(f"{where}.allowed", "expected a list of slice names")
     hysteresis = _num(sp.get("hysteresis", 0.2), f"{where}.hysteresis", minimum=0)
+    if hysteresis >= 1:  # the RightSizer refuses it: an InvalidSpec here, not a failed reconcile each period
+        raise SpecError(f"{where}.hysteresis", f"a fraction within [0, 1) expected (0.2 = 20 %), got {hysteresis:g}")
     dwell = _num(sp.get("minDwellSeconds", 600), f"{where}.minDwellSeconds", minimum=0)
     memory = int(_num(sp.get("memoryMiB", 0), f"{where}.memoryMiB", minimum=0, integer=True))
     container = sp.get("container")
@@ -260,7 +268,11 @@ def parse_slice_policy(spec: Mapping[str, Any], metrics: Sequence[MetricQuery]) 
         raise SpecError(f"{where}.apply", f"expected true or false, got {apply!r}")
     policy = SlicePolicy(gpu_model, str(demand), capacity, tuple(allowed), hysteresis, dwell, memory, container,
                          apply)
-    slice_options(policy)  # the names must exist in the catalog
+    options = slice_options(policy)  # the names must exist in the catalog
+    if memory and not any(o.memory_mib >= memory for o in options):
+        biggest = max(options, key=lambda o: o.memory_mib)
+        raise SpecError(f"{where}.memoryMiB", f"{memory} MiB: no allowed slice with a capacity has that much "
+                                              f"(largest: {biggest.name}, {biggest.memory_mib} MiB)")
     return policy
 
 
@@ -290,6 +302,8 @@ def parse_gpu_autoscaler(obj: Mapping[str, Any]) -> GpuAutoscalerConfig:
     """Read a GpuAutoscaler (the API object as a dict). Raises :class:`SpecError` naming the bad field."""
     from gpupool.engine.autoscale import AutoscalerSpec
 
+    if not isinstance(obj, Mapping):
+        raise SpecError("(object)", f"expected a GpuAutoscaler mapping, got {type(obj).__name__}")
     if obj.get("apiVersion") not in (None, API_VERSION) or obj.get("kind") not in (None, KIND):
         raise SpecError("apiVersion", f"{obj.get('apiVersion')}/{obj.get('kind')} is not a {API_VERSION} {KIND}")
     meta = _map(obj.get("metadata"), "metadata")
@@ -304,8 +318,11 @@ def parse_gpu_autoscaler(obj: Mapping[str, Any]) -> GpuAutoscalerConfig:
     except SpecError:
         raise
     except (ValueError, TypeError, KeyError) as exc:
-        text = str(exc)
-        raise SpecError(text.split(":", 1)[0] if text.startswith("spec.") else "spec", text) from None
+        text = str(exc)  # "spec.field: why" or "spec: why" (about several fields): not "spec: spec: why"
+        field, _, why = text.partition(": ")
+        if field.startswith("spec") and why:
+            raise SpecError(field, why) from None
+        raise SpecError("spec", text) from None
     slice_policy = parse_slice_policy(spec, metrics)
     return GpuAutoscalerConfig(namespace, str(meta.get("name") or ""), str(meta.get("uid") or ""),
                                int(meta.get("generation") or 0), target, metrics, engine_spec,
