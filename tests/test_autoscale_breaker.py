@@ -331,3 +331,17 @@ def test_peak_hour_past_the_day_names_the_field(tmp_path: Path) -> None:
     sc.write_text(REFERENCE.read_text().replace("peakHour: 14", "peakHour: 30"))
     res = _run("--scenario", str(sc), "--policies", "static", "--hours", "0.05")
     assert res.exit_code == 2 and "spec.workload.peakHour" in res.output, res.output
+
+
+@pytest.mark.parametrize("spec", [{"tolerance": 1}, {"maxReplicas": 2**31}, {"minReplicas": 2**31, "maxReplicas": 5},
+                                  {"slicePolicy": {**_SLICE, "hysteresis": 1}}])
+def test_crd_schema_refuses_what_the_controller_would_refuse(spec) -> None:
+    """The CRD's bounds match the parser's: the API server refuses at apply time what would be an InvalidSpec."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from gpupool.k8s.autoscaler.crd import SpecError, parse_gpu_autoscaler
+    from test_deploy import validate_gpuautoscaler
+
+    with pytest.raises(SpecError):
+        parse_gpu_autoscaler(_cr(**spec))
+    with pytest.raises(jsonschema.ValidationError):
+        validate_gpuautoscaler(_cr(**spec))
