@@ -345,3 +345,14 @@ def test_crd_schema_refuses_what_the_controller_would_refuse(spec) -> None:
         parse_gpu_autoscaler(_cr(**spec))
     with pytest.raises(jsonschema.ValidationError):
         validate_gpuautoscaler(_cr(**spec))
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--sync-period", "inf"], "--sync-period"),  # Event.wait(inf) raises OverflowError in the reconcile thread
+    (["--prometheus-timeout", "inf"], "--prometheus-timeout"),  # int(inf) in every query's timeout parameter
+    (["--prometheus-retries", "1000000"], "--prometheus-retries"),
+])
+def test_autoscaler_cli_refuses_unbounded_periods(args: list[str], option: str) -> None:
+    res = runner.invoke(app, ["autoscaler", "--prometheus-url", "http://p:9090", "--kubeconfig",
+                              "/nonexistent/kubeconfig", *args])
+    assert res.exit_code == 2 and option in res.output and "no usable Kubernetes" not in res.output, res.output

@@ -104,12 +104,13 @@ def register(app: typer.Typer) -> None:
         namespace: Annotated[str | None, typer.Option(
             show_default=False, help="Watch GpuAutoscalers in this namespace only. Default: all.")] = None,
         sync_period: Annotated[float, typer.Option(
-            "--sync-period", metavar="SECONDS", min=1.0,
+            "--sync-period", metavar="SECONDS", min=1.0, max=86400.0,
             help="Reconcile every GpuAutoscaler at least this often (the HPA's default).")] = 15.0,
         prometheus_timeout: Annotated[float, typer.Option(
-            "--prometheus-timeout", metavar="SECONDS", min=0.5, help="Timeout of one query.")] = 5.0,
+            "--prometheus-timeout", metavar="SECONDS", min=0.5, max=300.0,
+            help="Timeout of one query.")] = 5.0,
         prometheus_retries: Annotated[int, typer.Option(
-            "--prometheus-retries", metavar="N", min=0,
+            "--prometheus-retries", metavar="N", min=0, max=20,
             help="Retries of a query on a connection error or 429/502/503/504.")] = 2,
         leader_elect: Annotated[bool, typer.Option(
             "--leader-elect/--no-leader-elect",
