@@ -356,3 +356,46 @@ def test_autoscaler_cli_refuses_unbounded_periods(args: list[str], option: str) 
     res = runner.invoke(app, ["autoscaler", "--prometheus-url", "http://p:9090", "--kubeconfig",
                               "/nonexistent/kubeconfig", *args])
     assert res.exit_code == 2 and option in res.output and "no usable Kubernetes" not in res.output, res.output
+
+
+@pytest.mark.parametrize("old, new, words", [
+    ("replicas: auto", "replicas: 100000000", "spec.policies.static.replicas: at most 10,000"),  # was a hang
+    ("replicas: auto", "replicas: 0", "spec.policies.static.replicas: must be >= 1"),
+    ("peakRps: 6.0 ", "peakRps: 1000000000000.0 ", "more than the simulator's 20,000,000"),  # was memory
+    ("durationHours: 24", "durationHours: 100000", "at most 744 h"),  # a 3.6e8-point grid
+    ("checkpointSeconds: [10, 45]", "checkpointSeconds: [10, .inf]", "spec.lending.checkpointSeconds"),
+])
+def test_huge_or_impossible_scenario_numbers_exit_2(tmp_path: Path, old: str, new: str, words: str) -> None:
+    text = REFERENCE.read_text()
+    assert old in text
+    sc = tmp_path / "s.yaml"
+    sc.write_text(text.replace(old, new, 1))
+    hours = [] if old.startswith("durationHours") else ["--hours", "0.05"]  # the whole (too long) day
+    res = _run("--scenario", str(sc), "--policies", "static", *hours)
+    assert res.exit_code == 2 and words in res.output, res.output
+
+
+def test_rightsized_slices_as_a_string_is_not_read_letter_by_letter(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    sc.write_text(REFERENCE.read_text().replace("slices: [1xH200]", "slices: 1xH200", 1))
+    res = _run("--scenario", str(sc), "--policies", "gpupool-whole", "--hours", "0.05")
+    assert res.exit_code == 2 and "spec.policies.gpupool-whole.slices: a list" in res.output, res.output
+
+
+def test_min_replicas_past_the_simulator_bound_names_the_field(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    text = REFERENCE.read_text()
+    old = "        minReplicas: 1\n        maxReplicas: 4\n        metrics: [{name: cpu_util"
+    assert old in text
+    sc.write_text(text.replace(old, old.replace("minReplicas: 1", "minReplicas: 100000000")
+                               .replace("maxReplicas: 4", "maxReplicas: 100000000"), 1))
+    sc.write_text(sc.read_text().replace("poolGpus: 4 ", "poolGpus: 100000000 ", 1))
+    res = _run("--scenario", str(sc), "--policies", "hpa-cpu", "--hours", "0.05")
+    assert res.exit_code == 2 and "hpa-cpu.autoscaler.minReplicas: at most 10,000" in res.output, res.output
+
+
+def test_a_trace_of_one_instant_names_the_file(tmp_path: Path) -> None:
+    tr = tmp_path / "same.csv"
+    tr.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n2023-11-16 18:15:46,10,5\n")
+    res = _run("--scenario", str(REFERENCE), "--policies", "static", "--hours", "0.05", "--trace", str(tr))
+    assert res.exit_code == 2 and "same.csv" in res.output and "same timestamp" in res.output, res.output

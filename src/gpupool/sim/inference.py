@@ -277,10 +277,26 @@ class Workload:
         return int(self.arrival_s.shape[0])
 
 
+#: Longest simulated span (s): 31 days. The arrival grid has one point per second (a longer span is memory,
+#: not results).
+MAX_DURATION_S = 31 * 24 * 3600.0
+#: Most requests one simulated span may hold (the workload's arrays and the event loop scale with it).
+MAX_REQUESTS = 20_000_000
+
+
 def _cumulative(env: Envelope, duration_s: float, dt: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Grid (s) and cumulative expected requests of ``env`` over ``[0, duration_s]``. Raises
+    InferenceConfigError past :data:`MAX_DURATION_S` or :data:`MAX_REQUESTS`."""
+    if not 0 < duration_s <= MAX_DURATION_S:
+        raise InferenceConfigError(f"the simulated span is {duration_s / 3600:g} h; at most "
+                                   f"{MAX_DURATION_S / 3600:g} h (durationHours, --hours)")
     grid = np.arange(0.0, duration_s + dt, dt)
     rate = env.rate(grid)
     cum = np.concatenate([[0.0], np.cumsum((rate[1:] + rate[:-1]) / 2 * dt)])
+    if not cum[-1] <= MAX_REQUESTS:
+        raise InferenceConfigError(f"the workload envelope gives {cum[-1]:,.0f} requests over {duration_s / 3600:g} h, "
+                                   f"more than the simulator's {MAX_REQUESTS:,} (lower peakRps / troughRps / bursts "
+                                   f"or the duration)")
     return grid, cum
 
 
@@ -301,7 +317,7 @@ def trace_arrivals(time_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, e
     gaps = np.diff(time_s)
     mean_gap = float(time_s[-1] - time_s[0]) / (n - 1)
     if mean_gap <= 0:
-        raise InferenceConfigError("the trace's requests all have the same timestamp")
+        raise InferenceConfigError(f"{source}: the trace's requests all have the same timestamp")
     gaps = np.concatenate([gaps, [mean_gap]])  # gap after the last row, back to the first
     grid, cum = _cumulative(env, duration_s)
     total = cum[-1]

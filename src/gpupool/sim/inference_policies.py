@@ -398,7 +398,8 @@ def parse_scenario(doc: Any, source: str = "<scenario>") -> Scenario:
     lend = _get(spec, "lending", w, {}, kind=dict)
     lw = f"{w}.lending"
     ck = _get(lend, "checkpointSeconds", lw, [10.0, 45.0], kind=list)
-    if len(ck) != 2 or not all(isinstance(x, int | float) and x >= 0 for x in ck) or ck[0] > ck[1]:
+    if len(ck) != 2 or not all(isinstance(x, int | float) and not isinstance(x, bool) and 0 <= x < math.inf
+                               for x in ck) or ck[0] > ck[1]:
         raise InferenceConfigError(f"{lw}.checkpointSeconds: [low, high] seconds expected, got {ck!r}")
     lending = LendingSpec(bool(lend.get("enabled", True)), float(_get(lend, "lendAfterSeconds", lw, 300.0, minimum=0)),
                           (float(ck[0]), float(ck[1])), float(_get(lend, "graceSeconds", lw, 30.0, minimum=0)))
@@ -437,6 +438,16 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(doc, p.name)
 
 
+#: Most replicas a simulated policy may be asked to run from the start (static replicas, minReplicas): the
+#: simulator steps every replica, so 10**8 of them is a hang, not a result.
+MAX_SIM_REPLICAS = 10_000
+
+
+def _check_sim_replicas(n: int, where: str) -> None:
+    if n > MAX_SIM_REPLICAS:
+        raise InferenceConfigError(f"{where}: at most {MAX_SIM_REPLICAS:,} replicas in the simulator, got {n:,}")
+
+
 def build_policy(name: str, sc: Scenario, table: ThroughputTable,
                  stats: TokenStats) -> StaticPolicy | RecommenderPolicy | RightSizedPolicy:
     """The policy object for ``sc.policies[name]``; raises InferenceConfigError naming the field."""
@@ -449,6 +460,9 @@ def build_policy(name: str, sc: Scenario, table: ThroughputTable,
     if kind == "rightsized":
         names = p.get("slices")
         cat = [o for o in slice_catalog(table.gpu_model) if o.name in table.slices]
+        if names is not None and (not isinstance(names, list) or not all(isinstance(x, str) for x in names)):
+            raise InferenceConfigError(f"{w}.slices: a list of slice names expected (e.g. [1xH200, 3g.71gb]), "
+                                       f"got {names!r}")
         if names is not None:
             unknown = [s for s in names if s not in {o.name for o in cat}]
             if unknown:
@@ -463,6 +477,7 @@ def build_policy(name: str, sc: Scenario, table: ThroughputTable,
             base = AutoscalerSpec.from_mapping(p.get("autoscaler") or {})
         except ValueError as exc:
             raise InferenceConfigError(f"{w}.autoscaler: {exc}") from None
+        _check_sim_replicas(base.min_replicas, f"{w}.autoscaler.minReplicas")
         return RightSizedPolicy(name, table, base, caps, cat, pool_gpus=sc.pool_gpus, reconcile_s=reconcile,
                                 scrape_s=scrape, hysteresis=float(_get(p, "hysteresis", w, 0.2, minimum=0)),
                                 min_dwell_s=float(_get(p, "minDwellSeconds", w, 600.0, minimum=0)))
@@ -484,11 +499,15 @@ def build_policy(name: str, sc: Scenario, table: ThroughputTable,
             sized = f" (peak {peak:.1f} rps / {cap.rps:.2f} rps per replica at the SLO)"
         if not isinstance(replicas, int) or isinstance(replicas, bool):
             raise InferenceConfigError(f"{w}.replicas: an integer or 'auto', got {replicas!r}")
+        if replicas < 1:
+            raise InferenceConfigError(f"{w}.replicas: must be >= 1, got {replicas}")
+        _check_sim_replicas(replicas, f"{w}.replicas")
         return StaticPolicy(name, slice_name, replicas, sized_for=sized)
     try:
         spec = AutoscalerSpec.from_mapping(p.get("autoscaler") or {})
     except ValueError as exc:
         raise InferenceConfigError(f"{w}.autoscaler: {exc}") from None
+    _check_sim_replicas(spec.min_replicas, f"{w}.autoscaler.minReplicas")
     if math.isfinite(sc.pool_gpus):
         frac = table.slices[slice_name].gpu_fraction
         cap_r = max(1, int(math.floor(sc.pool_gpus / frac + 1e-9)))
