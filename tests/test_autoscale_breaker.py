@@ -399,3 +399,23 @@ def test_a_trace_of_one_instant_names_the_file(tmp_path: Path) -> None:
     tr.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,10,5\n2023-11-16 18:15:46,10,5\n")
     res = _run("--scenario", str(REFERENCE), "--policies", "static", "--hours", "0.05", "--trace", str(tr))
     assert res.exit_code == 2 and "same.csv" in res.output and "same timestamp" in res.output, res.output
+
+
+@pytest.mark.parametrize("scale", [{"spec": {"replicas": "three"}}, {"spec": {"replicas": -2}}, ["not", "a", "scale"],
+                                   {"spec": {"replicas": 2.5}}])
+def test_a_scale_answer_that_is_not_a_replica_count_is_failed_get_scale(scale) -> None:
+    pytest.importorskip("kmock")
+    from test_autoscaler_controller import World
+
+    world = World()
+    try:
+        world.deployment(replicas=2)
+        world.autoscaler()
+        world.stub.set("llm_concurrency", 64.0)
+        ctl = world.controller()
+        ctl._read_scale = lambda cfg: scale  # what a broken proxy in front of the API server may answer
+        out = world.reconcile(ctl)
+        assert out.result == "failed_get_scale" and "not a replica count" in out.reason
+        assert world.replicas() == 2 and world.events("FailedGetScale")
+    finally:
+        world.close()

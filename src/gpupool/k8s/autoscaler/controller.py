@@ -414,7 +414,18 @@ class AutoscalerController:
             why = f"the controller was unable to get the target's current scale: {type(exc).__name__}: {exc}"[:500]
             conds.set("AbleToScale", False, "FailedGetScale", why)
             return finish("failed_get_scale", reason=why)
-        current = int((scale.get("spec") or {}).get("replicas") or 0)
+        spec_part = scale.get("spec") if isinstance(scale, dict) else None
+        if isinstance(spec_part, dict):
+            raw = spec_part.get("replicas") or 0  # replicas is omitempty: absent at 0
+        else:
+            raw = 0 if isinstance(scale, dict) and spec_part is None else scale
+        if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:  # a broken API proxy or aggregated API
+            why = f"the controller was unable to get the target's current scale: spec.replicas {str(raw)[:80]!r} " \
+                  "is not a replica count"
+            conds.set("AbleToScale", False, "FailedGetScale", why)
+            self.recorder.event(obj, "Warning", "FailedGetScale", why, "Scaling")
+            return finish("failed_get_scale", reason=why)
+        current = raw
         status["currentReplicas"] = current
         conds.set("AbleToScale", True, "SucceededGetScale", "the controller was able to get the target's current scale")
         if current == 0 and cfg.min_replicas > 0:
