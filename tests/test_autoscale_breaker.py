@@ -419,3 +419,12 @@ def test_a_scale_answer_that_is_not_a_replica_count_is_failed_get_scale(scale) -
         assert world.replicas() == 2 and world.events("FailedGetScale")
     finally:
         world.close()
+
+
+def test_policies_listed_twice_run_once_and_an_empty_list_is_refused() -> None:
+    res = _run("--scenario", str(REFERENCE), "--policies", "static,static", "-p", "static", "--hours", "0.05",
+               "--json", "-")
+    assert res.exit_code == 0, res.output
+    assert res.output.count('"policy": "static"') == 1
+    res = _run("--scenario", str(REFERENCE), "--policies", ",", "--hours", "0.05")
+    assert res.exit_code == 2 and "--policies" in res.output, res.output

@@ -89,7 +89,9 @@ def simulate_cmd(
     from gpupool.sim.inference_report import plot_run, results_table, run_scenario, to_json, verdict
     from gpupool.traces.errors import TraceFormatError
 
-    names = [p.strip() for v in policies or () for p in v.split(",") if p.strip()]
+    names = list(dict.fromkeys(p.strip() for v in policies or () for p in v.split(",") if p.strip()))  # once each
+    if policies is not None and not names:
+        raise _fail(f"--policies {','.join(policies)!r}: no policy name given")
     path = scenario if scenario is not None else _reference()
     if out is not None:
         try:
