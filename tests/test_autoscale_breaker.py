@@ -428,3 +428,62 @@ def test_policies_listed_twice_run_once_and_an_empty_list_is_refused() -> None:
     assert res.output.count('"policy": "static"') == 1
     res = _run("--scenario", str(REFERENCE), "--policies", ",", "--hours", "0.05")
     assert res.exit_code == 2 and "--policies" in res.output, res.output
+
+
+class _RawPrometheus:
+    """A server on 127.0.0.1 that answers every query with ``body`` (status, content type) after ``delay_s``."""
+
+    def __init__(self, status: int, body: bytes, ctype: str = "text/html", delay_s: float = 0.0) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                import time as _t
+
+                _t.sleep(delay_s)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the client gave up (timeout)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status, body, ctype, delay, kind", [
+    (200, b"<html><body>Welcome to nginx</body></html>", "text/html", 0.0, "format"),  # wrong upstream, 200
+    (200, b"", "application/json", 0.0, "format"),  # empty body
+    (200, b'{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1, "5"]}',
+     "application/json", 0.0, "format"),  # truncated JSON
+    (200, b'{"status": "success"}', "application/json", 2.5, "transport"),  # slower than the client's timeout
+])
+def test_prometheus_client_bad_answers_are_prometheus_errors(status, body, ctype, delay, kind) -> None:
+    import time as _t
+
+    from gpupool.k8s.autoscaler.prometheus import PrometheusClient
+
+    server = _RawPrometheus(status, body, ctype, delay)
+    client = PrometheusClient(server.url, timeout=1.0, retries=0)
+    try:
+        t0 = _t.monotonic()
+        with pytest.raises(PrometheusError) as err:
+            client.value("up")
+        assert err.value.error_type == kind and _t.monotonic() - t0 < 2.0  # bounded by the timeout
+    finally:
+        client.close()
+        server.close()
