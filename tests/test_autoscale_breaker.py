@@ -487,3 +487,21 @@ def test_prometheus_client_bad_answers_are_prometheus_errors(status, body, ctype
     finally:
         client.close()
         server.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=_specs(), start=st.integers(1, 20), steps=st.lists(st.tuples(st.sampled_from([5.0, 15.0, 61.0]), _step),
+                                                              min_size=1, max_size=25))
+def test_recommender_scale_up_never_exceeds_the_lowest_recommendation_of_its_window(spec, start, steps) -> None:
+    """HPA scale-up stabilization: outside panic (which bypasses it) and the minReplicas floor, a scale-up goes no
+    higher than the lowest raw recommendation of the scale-up window (this one included)."""
+    rec = Recommender(spec)
+    now, cur = 0.0, start
+    for dt, samples in steps:
+        now += dt
+        r = rec.recommend(now, cur, samples)
+        if cur > 0 and r.replicas > cur and not r.panic and r.replicas > max(1, spec.min_replicas):
+            window = spec.scale_up.stabilization_window_s
+            recent = [raw for t, raw in rec._recs[:-1] if t > now - window] + [rec._recs[-1][1]]  # + this one
+            assert r.replicas <= min(recent), (rec._recs, r)
+        cur = r.replicas
