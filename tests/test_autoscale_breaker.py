@@ -375,6 +375,16 @@ def test_huge_or_impossible_scenario_numbers_exit_2(tmp_path: Path, old: str, ne
     assert res.exit_code == 2 and words in res.output, res.output
 
 
+def test_rightsized_hysteresis_of_one_or_more_names_the_field(tmp_path: Path) -> None:
+    sc = tmp_path / "s.yaml"
+    text = REFERENCE.read_text()
+    old = "      headroom: 0.5\n      autoscaler: *gpupool"
+    assert old in text
+    sc.write_text(text.replace(old, "      headroom: 0.5\n      hysteresis: 1.5\n      autoscaler: *gpupool", 1))
+    res = _run("--scenario", str(sc), "--policies", "gpupool", "--hours", "0.05")
+    assert res.exit_code == 2 and "spec.policies.gpupool.hysteresis" in res.output, res.output
+
+
 def test_rightsized_slices_as_a_string_is_not_read_letter_by_letter(tmp_path: Path) -> None:
     sc = tmp_path / "s.yaml"
     sc.write_text(REFERENCE.read_text().replace("slices: [1xH200]", "slices: 1xH200", 1))

@@ -478,8 +478,12 @@ def build_policy(name: str, sc: Scenario, table: ThroughputTable,
         except ValueError as exc:
             raise InferenceConfigError(f"{w}.autoscaler: {exc}") from None
         _check_sim_replicas(base.min_replicas, f"{w}.autoscaler.minReplicas")
+        hysteresis = float(_get(p, "hysteresis", w, 0.2, minimum=0))
+        if hysteresis >= 1:
+            raise InferenceConfigError(f"{w}.hysteresis: a fraction within [0, 1) expected (0.2 = 20 %), "
+                                       f"got {hysteresis:g}")
         return RightSizedPolicy(name, table, base, caps, cat, pool_gpus=sc.pool_gpus, reconcile_s=reconcile,
-                                scrape_s=scrape, hysteresis=float(_get(p, "hysteresis", w, 0.2, minimum=0)),
+                                scrape_s=scrape, hysteresis=hysteresis,
                                 min_dwell_s=float(_get(p, "minDwellSeconds", w, 600.0, minimum=0)))
     slice_name = str(p.get("slice", table.whole().name))
     if slice_name not in table.slices:
