@@ -42,6 +42,7 @@ from gpupool.engine.autoscale import AutoscalerSpec, MetricTarget, Recommender
 from gpupool.engine.rightsize import RightSizer, SliceOption, slice_catalog
 
 from .inference import (
+    MAX_DURATION_S,
     Burst,
     CpuModel,
     Envelope,
@@ -359,6 +360,8 @@ def parse_scenario(doc: Any, source: str = "<scenario>") -> Scenario:
     w = f"{source}: spec"
     name = str((doc.get("metadata") or {}).get("name", Path(source).stem))
     duration = float(_get(spec, "durationHours", w, 24, positive=True)) * 3600.0
+    if duration > MAX_DURATION_S:  # the envelope is sampled per second over the day (sizing, arrivals)
+        raise InferenceConfigError(f"{w}.durationHours: at most {MAX_DURATION_S / 3600:g}, got {duration / 3600:g}")
     slo = _get(spec, "slo", w, kind=dict)
     slo_s = float(_get(slo, "e2eSeconds", f"{w}.slo", positive=True))
     attainment = float(_get(slo, "attainment", f"{w}.slo", 0.99, positive=True))
