@@ -306,6 +306,11 @@ _SLICE = {"gpuModel": "H200", "demandMetric": "gpu_util", "capacityPerReplica": 
     ({"behavior": {"scaleUp": {"policies": [{"type": "Pods", "value": 0, "periodSeconds": 15}]}}},
      "spec.behavior.scaleUp.policies[0].value", "must be > 0"),
     ({"panicThreshold": 50}, "spec.panicThreshold", "percentage"),
+    ({"minReplicas": 10**400}, "spec.minReplicas", "finite"),  # OverflowError in float()
+    ({"behavior": {"scaleDown": {"policies": [{"type": "Pods", "value": 10**400, "periodSeconds": 15}]}}},
+     "spec.behavior.scaleDown.policies[0].value", "finite"),
+    ({"scaleTargetRef": {"apiVersion": "apps/v1", "kind": ["Deployment"], "name": "llm"}},
+     "spec.scaleTargetRef.kind", "Deployment"),  # unhashable: TypeError
     ({"slicePolicy": {**_SLICE, "hysteresis": 5}}, "spec.slicePolicy.hysteresis", "[0, 1)"),
     ({"slicePolicy": {**_SLICE, "memoryMiB": 10**7}}, "spec.slicePolicy.memoryMiB", "largest: 1g.18gb"),
 ])

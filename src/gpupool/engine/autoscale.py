@@ -314,8 +314,10 @@ def _num(v: Any, where: str) -> float:
         x = float(v)
     except ValueError:
         raise ValueError(f"{where}: a number expected, got {v!r}") from None
+    except OverflowError:  # an int past float range (YAML/JSON allow 10**400)
+        x = math.inf
     if not math.isfinite(x):
-        raise ValueError(f"{where}: a finite number expected, got {v!r}")
+        raise ValueError(f"{where}: a finite number expected, got {str(v)[:40]}")
     return x
 
 

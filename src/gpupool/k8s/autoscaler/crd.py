@@ -193,7 +193,7 @@ def parse_target(spec: Mapping[str, Any]) -> TargetRef:
         raise SpecError("spec.scaleTargetRef", "required (apiVersion, kind, name of a Deployment or StatefulSet)")
     kind, name = ref.get("kind"), ref.get("name")
     api_version = str(ref.get("apiVersion") or TARGET_KINDS.get(str(kind), ""))
-    if kind not in TARGET_KINDS:
+    if not isinstance(kind, str) or kind not in TARGET_KINDS:
         raise SpecError("spec.scaleTargetRef.kind", f"{kind!r}: gpupool scales {' and '.join(TARGET_KINDS)}")
     if api_version != TARGET_KINDS[kind]:
         raise SpecError("spec.scaleTargetRef.apiVersion", f"{api_version!r}: a {kind} is {TARGET_KINDS[kind]}")
