@@ -293,6 +293,12 @@ def test_gpuautoscaler_crd_validates_and_defaults_on_the_apiserver(e2e: E2E,
          "needs a concurrency metric"),
         ("bad-kind", {"scaleTargetRef": {"kind": "Job", "name": "x"}}, "Unsupported value"),
         ("bad-target", {"metrics": [{"name": "concurrency", "target": 0}]}, "should be greater than 0"),
+        ("panic-over-stable", {"panicWindowSeconds": 90}, "must be <= stableWindowSeconds"),
+        ("threshold-pct", {"panicWindowSeconds": 6, "panicThreshold": 50}, "is a ratio (> 1, e.g. 2.0)"),
+        ("demand-not-metric", {"metrics": [{"name": "concurrency", "target": 8}],
+                               "slicePolicy": {"gpuModel": "H200", "demandMetric": "rps", "memoryMiB": 30000,
+                                               "capacityPerReplica": {"3g.71gb": 4}}},
+         "demandMetric must be one of spec.metrics"),
     ]:
         with pytest.raises(client.exceptions.ApiException) as info:
             create(name, **spec)
