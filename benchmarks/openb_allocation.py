@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from gpupool.policies.fgd import FGD
-from gpupool.policies.gpupool_policy import GpupoolPolicy
+from gpupool.policies.gpupool_policy import GpupoolCombined, GpupoolPolicy
 from gpupool.sim.inflation import run_inflation
 from gpupool.traces import load_openb_nodes, load_openb_pods
 
@@ -42,8 +42,7 @@ ABLATIONS = {
     "gpupool-strand": type("Strand", (GpupoolPolicy,), {"strand_weight": 25.0}),
     "gpupool-strand-memory": type("StrandMemory", (GpupoolPolicy,), {"strand_weight": 25.0, "strand_memory": True}),
     "gpupool-demand-weighted": type("DemandWeighted", (GpupoolPolicy,), {"demand_weighted": True}),
-    "gpupool-combined": type("Combined", (GpupoolPolicy,), {"typical_threshold": 1.0, "gpu_best_fit": True,
-                                                            "strand_weight": 25.0}),
+    "gpupool-combined": GpupoolCombined,  # the registered policy (same three options on)
     # FGD variants behind the README's tie-break finding
     "fgd-random-ties": type("FgdRandomTies", (FGD,), {"tie_break": "random"}),
     "fgd-exact-deltas": type("FgdExactDeltas", (FGD,), {"integer_scores": False}),

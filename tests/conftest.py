@@ -24,7 +24,7 @@ from gpupool.policies import make_policy
 
 ALL_POLICIES = (
     "round-robin", "single-node", "lowest-power", "random", "k8s-default", "best-fit", "spread",
-    "dot-product", "gpu-packing", "gpu-clustering", "fgd", "gpupool", "gpupool-strand", "load-aware",
+    "dot-product", "gpu-packing", "gpu-clustering", "fgd", "gpupool", "gpupool-combined", "load-aware",
 )
 
 

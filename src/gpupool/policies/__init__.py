@@ -8,7 +8,7 @@ from gpupool.policies.dot_product import DotProduct
 from gpupool.policies.fgd import FGD
 from gpupool.policies.gpu_clustering import GpuClustering
 from gpupool.policies.gpu_packing import GpuPacking
-from gpupool.policies.gpupool_policy import GpupoolPolicy, GpupoolStrand
+from gpupool.policies.gpupool_policy import GpupoolCombined, GpupoolPolicy
 from gpupool.policies.k8s_default import K8sDefault
 from gpupool.policies.load_aware import LoadAware
 from gpupool.policies.lowest_power import LowestPower
@@ -21,7 +21,7 @@ REGISTRY: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
         RoundRobin, SingleNode, LowestPower, RandomPolicy, K8sDefault,
-        BestFit, Spread, DotProduct, GpuPacking, GpuClustering, FGD, GpupoolPolicy, GpupoolStrand, LoadAware,
+        BestFit, Spread, DotProduct, GpuPacking, GpuClustering, FGD, GpupoolPolicy, GpupoolCombined, LoadAware,
     )
 }
 

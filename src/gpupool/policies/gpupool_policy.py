@@ -160,8 +160,8 @@ class GpupoolPolicy(FGD):
         return scores - self.pack_epsilon * gpu_left
 
 
-class GpupoolStrand(GpupoolPolicy):
-    """``gpupool-strand``: :class:`GpupoolPolicy` plus CPU stranding, every workload shape, GPU best-fit in a node.
+class GpupoolCombined(GpupoolPolicy):
+    """``gpupool-combined``: :class:`GpupoolPolicy` plus CPU stranding, every workload shape, GPU best-fit in a node.
 
     The configuration that measured best against the offline bound (``benchmarks/optimum.py``): on openb at 100%
     arrived, mean of 10 seeds, it leads FGD by +0.75 pt (default), +0.63 (gpushare100), +0.47 (multigpu50) and
@@ -169,7 +169,7 @@ class GpupoolStrand(GpupoolPolicy):
     Not yet the default: the job simulator's pinned outcomes and the compiled fast path follow ``gpupool``.
     """
 
-    name = "gpupool-strand"
+    name = "gpupool-combined"
     description = "gpupool + CPU stranding, all shapes, GPU best-fit in a node (opt-in)"
     typical_threshold = 1.0
     gpu_best_fit = True
