@@ -10,33 +10,22 @@ bursts, Llama-3.1-8B on H200, SLO e2e <= 15 s for >= 99 % of requests).
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from _common import machine_info  # noqa: E402
 from gpupool.sim.inference_policies import load_scenario  # noqa: E402
 from gpupool.sim.inference_report import plot_run, run_scenario, to_json, verdict  # noqa: E402
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
-
-    return (f"{os.cpu_count()}-core {cpu}, Python {platform.python_version()}, NumPy {np.__version__}, "
-            f"{platform.system()} {platform.release()}")
+    """The machine in one line, from :func:`_common.machine_info`."""
+    m = machine_info()
+    return f"{m['cores']}-core {m['cpu']}, Python {m['python']}, NumPy {m['numpy']}, {m['platform']}"
 
 
 def main() -> None:
