@@ -44,8 +44,8 @@ from gpupool.cluster import ClusterState
 from gpupool.engine.core import Policy
 from gpupool.engine.filters import EffectiveRequest
 from gpupool.engine.pool.job import PoolJob
-from gpupool.engine.pool.placement import Vetoed
-from gpupool.model import Assignment, PodRequest
+from gpupool.engine.pool.placement import DelegatingPolicy, Vetoed
+from gpupool.model import PodRequest
 
 __all__ = ["DEFAULT_OBJECTIVE", "OBJECTIVES", "HeteroPolicy", "catalog_speeds", "hetero_placement", "heterogeneous",
            "model_cost"]
@@ -85,7 +85,7 @@ def heterogeneous(speed: Sequence[float] | np.ndarray, gpu_count: Sequence[int] 
     return bool(len(s) and s.min() != s.max())
 
 
-class HeteroPolicy(Policy):
+class HeteroPolicy(DelegatingPolicy):
     """Wraps ``inner``: each pick is restricted to the feasible candidates of the lowest ``cost``
     ((n_nodes,) float64, e.g. :func:`model_cost`); the inner policy scores and chooses among them.
 
@@ -101,13 +101,8 @@ class HeteroPolicy(Policy):
 
     def __init__(self, inner: Policy, cost: np.ndarray, objective: str = "",
                  speed: np.ndarray | None = None, mixed_after_s: float = 3600.0) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.objective = objective
-        self.name = inner.name
-        self.description = inner.description
-        self.node_local = inner.node_local
-        self.tie_break = inner.tie_break
-        self.filters = inner.filters
         c = np.round(np.asarray(cost, dtype=np.float64), 6)
         finite = np.isfinite(c)
         levels = np.unique(c[finite])  # rank per node: 0 for the cheapest distinct cost, ...; inf costs last
@@ -153,15 +148,6 @@ class HeteroPolicy(Policy):
             self._gang, self._order, self._veto = "", None, False  # a pod of another job: the gang's plan is over
         return self.inner.effective(req)
 
-    def prepare(self, state: ClusterState, workload: Sequence[PodRequest] | None) -> None:
-        self.inner.prepare(state, workload)
-
-    def score_key(self, req: EffectiveRequest) -> tuple:
-        return self.inner.score_key(req)
-
-    def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
-        return self.inner.score(state, req, nodes)
-
     def pick(self, state: ClusterState, candidates: np.ndarray, scores: np.ndarray,
              rng: np.random.Generator) -> int:
         if self._veto:
@@ -171,15 +157,6 @@ class HeteroPolicy(Policy):
         if not keep.all():
             candidates, scores = candidates[keep], scores[keep]
         return self.inner.pick(state, candidates, scores, rng)
-
-    def select_gpus(self, state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
-        return self.inner.select_gpus(state, req, node)
-
-    def on_allocate(self, state: ClusterState, assignment: Assignment) -> None:
-        self.inner.on_allocate(state, assignment)
-
-    def on_release(self, state: ClusterState, assignment: Assignment) -> None:
-        self.inner.on_release(state, assignment)
 
 
 DEFAULT_OBJECTIVE: str | None = None

@@ -21,15 +21,16 @@ from gpupool.engine.core import Policy
 from gpupool.engine.filters import EffectiveRequest
 from gpupool.model import Assignment, PodRequest
 
-__all__ = ["ScopedPolicy", "Vetoed"]
+__all__ = ["DelegatingPolicy", "ScopedPolicy", "Vetoed"]
 
 
 class Vetoed(Exception):
     """No feasible node is allowed for the pod (raised from :meth:`ScopedPolicy.pick`)."""
 
 
-class ScopedPolicy(Policy):
-    """Wraps ``inner`` and applies the current ``allowed`` / ``preferred`` masks ((n_nodes,) bool or None)."""
+class DelegatingPolicy(Policy):
+    """Wraps ``inner``: every hook is the inner policy's (filters, scores and their caches stay valid);
+    a subclass overrides what it changes (usually :meth:`pick`)."""
 
     def __init__(self, inner: Policy) -> None:
         self.inner = inner
@@ -38,8 +39,6 @@ class ScopedPolicy(Policy):
         self.node_local = inner.node_local
         self.tie_break = inner.tie_break
         self.filters = inner.filters
-        self.allowed: np.ndarray | None = None
-        self.preferred: np.ndarray | None = None
 
     def effective(self, req: PodRequest) -> EffectiveRequest:
         return self.inner.effective(req)
@@ -55,6 +54,28 @@ class ScopedPolicy(Policy):
 
     def pick(self, state: ClusterState, candidates: np.ndarray, scores: np.ndarray,
              rng: np.random.Generator) -> int:
+        return self.inner.pick(state, candidates, scores, rng)
+
+    def select_gpus(self, state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
+        return self.inner.select_gpus(state, req, node)
+
+    def on_allocate(self, state: ClusterState, assignment: Assignment) -> None:
+        self.inner.on_allocate(state, assignment)
+
+    def on_release(self, state: ClusterState, assignment: Assignment) -> None:
+        self.inner.on_release(state, assignment)
+
+
+class ScopedPolicy(DelegatingPolicy):
+    """Wraps ``inner`` and applies the current ``allowed`` / ``preferred`` masks ((n_nodes,) bool or None)."""
+
+    def __init__(self, inner: Policy) -> None:
+        super().__init__(inner)
+        self.allowed: np.ndarray | None = None
+        self.preferred: np.ndarray | None = None
+
+    def pick(self, state: ClusterState, candidates: np.ndarray, scores: np.ndarray,
+             rng: np.random.Generator) -> int:
         if self.allowed is not None:
             keep = self.allowed[candidates]
             if not keep.all():
@@ -66,12 +87,3 @@ class ScopedPolicy(Policy):
             if keep.any() and not keep.all():
                 candidates, scores = candidates[keep], scores[keep]
         return self.inner.pick(state, candidates, scores, rng)
-
-    def select_gpus(self, state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
-        return self.inner.select_gpus(state, req, node)
-
-    def on_allocate(self, state: ClusterState, assignment: Assignment) -> None:
-        self.inner.on_allocate(state, assignment)
-
-    def on_release(self, state: ClusterState, assignment: Assignment) -> None:
-        self.inner.on_release(state, assignment)
