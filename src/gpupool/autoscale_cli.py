@@ -13,9 +13,6 @@ or what meeting it cost, and gpupool's verdict. Exit codes: 0 success; 1 a polic
 from __future__ import annotations
 
 import json
-import os
-import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -32,8 +29,6 @@ app = typer.Typer(
 )
 
 REFERENCE = Path("examples/autoscale/reference.yaml")
-PROGRESS_LINE_S = 15.0
-"""Seconds between two progress lines on stderr when it is not a terminal (as ``gpupool compare``)."""
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -84,33 +79,18 @@ def simulate_cmd(
     recommender with right-sizing (MIG / time-slice / whole GPU chosen by load). A request meets the SLO
     when its end-to-end latency is within the bound; a policy meets it when enough requests do.
     """
+    from gpupool.cli import _check_outputs, _print_table, _RunProgress, _split
     from gpupool.sim.inference import InferenceConfigError
     from gpupool.sim.inference_policies import load_scenario
     from gpupool.sim.inference_report import plot_run, results_table, run_scenario, to_json, verdict
     from gpupool.traces.errors import TraceFormatError
 
-    names = list(dict.fromkeys(p.strip() for v in policies or () for p in v.split(",") if p.strip()))  # once each
+    names = list(dict.fromkeys(_split(policies)))  # once each
     if policies is not None and not names:
         raise _fail(f"--policies {','.join(policies)!r}: no policy name given")
     path = scenario if scenario is not None else _reference()
-    if out is not None:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _fail(f"--out {out}: {exc.strerror or exc}") from None
-    if json_file and json_file != "-":
-        jp = Path(json_file)
-        if jp.is_dir():
-            raise _fail(f"--json {jp}: is a directory; give a file name")
-        try:
-            jp.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise _fail(f"--json {jp}: {exc.strerror or exc}") from None
-        # refused now rather than after an hour of simulation (the results would be lost with the traceback)
-        if not os.access(jp if jp.exists() else jp.parent, os.W_OK):
-            raise _fail(f"--json {jp}: not writable")
-    if out is not None and not os.access(out, os.W_OK):
-        raise _fail(f"--out {out}: not writable")
+    # refused now rather than after an hour of simulation (the results would be lost with the traceback)
+    _check_outputs(out, json_file, ["autoscale.png"])
     for option, given in (("--trace", trace), ("--throughput", throughput)):
         if given is not None and not given.is_file():
             raise _fail(f"{option} {given}: no such file")
@@ -122,25 +102,13 @@ def simulate_cmd(
         raise _fail(f"--scenario {path}: {exc.strerror or exc}") from None
     console = Console()
     to_stdout = json_file == "-"
-    show = not quiet and sys.stderr.isatty()
-    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                        console=Console(stderr=True), transient=True, disable=not show)
     total = len(names or sc.policies)
-    task = progress.add_task("simulating", total=total)
-
-    lines = not quiet and not sys.stderr.isatty()
-    started = last = time.monotonic()
+    # a bar on a terminal, else a progress line on stderr every 15 s (as gpupool compare)
+    progress = _RunProgress(total, quiet=quiet)
 
     def tick(k: int, name: str, f: float) -> None:
-        nonlocal last
-        progress.update(task, completed=k + f, description=f"{name} [{k + 1}/{total}]")
-        now = time.monotonic()
-        if lines and now - last >= PROGRESS_LINE_S:  # no terminal: a line on stderr now and then
-            last = now
-            typer.echo(f"progress: {name} [{k + 1}/{total}] {f:.0%} of the day, {now - started:.0f} s elapsed",
-                       err=True)
+        progress.description = f"{name} [{k + 1}/{total}]"  # the bar's and the stderr lines' label
+        progress.update(k + f, description=progress.description)
 
     try:
         with progress:
@@ -160,14 +128,11 @@ def simulate_cmd(
     if to_stdout:
         typer.echo(json.dumps(doc, indent=2))
     else:
-        table = results_table(run, wide=wide)
-        if wide:
-            console = Console(width=max(console.width, 220))
-        console.print(table)
+        _print_table(console, results_table(run, wide=wide), wide)
         for name in (r.policy for r in run.results):
             console.print(run.explanations[name], highlight=False, soft_wrap=wide)
         for line in verdict(run):
-            console.print(line, highlight=False)
+            console.print(line, highlight=False, soft_wrap=wide)
     try:
         if json_file and not to_stdout:
             Path(json_file).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
