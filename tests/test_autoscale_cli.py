@@ -59,3 +59,10 @@ def test_help_fits_80_columns() -> None:
     assert res.exit_code == 0
     assert all(len(line) <= 80 for line in res.output.splitlines())
     assert "--scenario" in res.output and "--wide" in res.output
+
+
+def test_wide_prints_every_column_past_80() -> None:
+    res = _run("--hours", "0.5", "--policies", "static", "--wide", "--quiet")
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.output.splitlines() if "policy" in line and "SLO" in line)
+    assert "e2e p50 s" in header and "reclaim s" in header and len(header) > 80

@@ -575,8 +575,9 @@ def _print_table(console: Console, table: Any, wide: bool) -> None:
     if not wide:
         console.print(table)
         return
-    narrow = console.width  # as wide as the table wants, even past the terminal
-    console.width = max(narrow, console.measure(table).maximum)
+    narrow = console.width  # as wide as the table wants, even past the terminal (measured without the
+    # terminal's cap: console.measure alone clamps to console.width and never widens)
+    console.width = max(narrow, console.measure(table, options=console.options.update_width(100_000)).maximum)
     try:
         console.print(table)
     finally:
