@@ -292,13 +292,10 @@ def feasible(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
     return ok
 
 
-def _gpu_fit_parts(state: ClusterState, req: EffectiveRequest, fails: np.ndarray, parts: list[str]) -> int:
-    """Say apart why nodes failed :class:`GpuFit`: unhealthy GPUs (they wait for repair), GPU memory (the share
-    fits but the memory does not), too few distinct GPUs with a free time-slice; returns how many nodes are
-    left for the plain "Insufficient GPU share"."""
-    idx = np.flatnonzero(fails)
-    if not len(idx):
-        return 0
+def _gpu_fit_causes(state: ClusterState, req: EffectiveRequest,
+                    idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sick, memory, sliced), each (len(idx),) bool, for nodes ``idx`` that GpuFit rejected: too few healthy
+    GPUs, the share fits on enough GPUs but GPU memory lacks, or too few distinct time-sliced GPUs (exclusive)."""
     healthy = (state.gpu_healthy[idx] & state.gpu_exists[idx]).sum(axis=1)
     sick = (healthy < req.num_gpu) & (state.gpu_count[idx] >= req.num_gpu)
     share = node_share(state, req, idx)
@@ -306,6 +303,17 @@ def _gpu_fit_parts(state: ClusterState, req: EffectiveRequest, fails: np.ndarray
     memory = ~sick & (by_share >= req.num_gpu)  # the share fits on enough GPUs: memory is what lacks
     sliced = ~sick & ~memory & (state.gpu_replicas[idx] > 1) & (req.num_gpu > 1) if req.is_slice_ask else \
         np.zeros(len(idx), dtype=bool)
+    return sick, memory, sliced
+
+
+def _gpu_fit_parts(state: ClusterState, req: EffectiveRequest, fails: np.ndarray, parts: list[str]) -> int:
+    """Say apart why nodes failed :class:`GpuFit`: unhealthy GPUs (they wait for repair), GPU memory (the share
+    fits but the memory does not), too few distinct GPUs with a free time-slice; returns how many nodes are
+    left for the plain "Insufficient GPU share"."""
+    idx = np.flatnonzero(fails)
+    if not len(idx):
+        return 0
+    sick, memory, sliced = _gpu_fit_causes(state, req, idx)
     if sick.any():
         parts.append(f"{int(sick.sum())} node(s) had unhealthy GPUs")
     if memory.any():
@@ -314,6 +322,18 @@ def _gpu_fit_parts(state: ClusterState, req: EffectiveRequest, fails: np.ndarray
         parts.append(f"{int(sliced.sum())} node(s) had fewer than {req.num_gpu} distinct GPUs with a free "
                      "time-slice (each replica asked goes to its own GPU)")
     return int((~sick & ~memory & ~sliced).sum())
+
+
+def _reason_text(state: ClusterState, req: EffectiveRequest, parts: list[str]) -> str:
+    """The unschedulable message from the per-filter ``parts``, plus a missing GPU model or type."""
+    if req.num_gpu and req.requested.gpu_spec and not any(
+        m in state.model_index for m in req.requested.gpu_spec
+    ):
+        parts.append(f"no node has GPU model {'|'.join(req.requested.gpu_spec)}")
+    include = req.requested.gpu_type_include
+    if req.num_gpu and include and not any(type_matches(t, include) for t in model_texts(state)):
+        parts.append(f"no node has GPU type {'|'.join(include)}")
+    return f"0/{state.n_nodes} nodes are available: " + (", ".join(parts) or "no node passed") + "."
 
 
 def unschedulable_reason(state: ClusterState, req: EffectiveRequest,
@@ -330,14 +350,7 @@ def unschedulable_reason(state: ClusterState, req: EffectiveRequest,
         if count:
             parts.append(f"{count} {f.reason}")
         remaining &= ~fails
-    if req.num_gpu and req.requested.gpu_spec and not any(
-        m in state.model_index for m in req.requested.gpu_spec
-    ):
-        parts.append(f"no node has GPU model {'|'.join(req.requested.gpu_spec)}")
-    include = req.requested.gpu_type_include
-    if req.num_gpu and include and not any(type_matches(t, include) for t in model_texts(state)):
-        parts.append(f"no node has GPU type {'|'.join(include)}")
-    return f"0/{state.n_nodes} nodes are available: " + (", ".join(parts) or "no node passed") + "."
+    return _reason_text(state, req, parts)
 
 
 # --------------------------------------------------------------------------- failure codes
@@ -368,14 +381,7 @@ def failure_codes(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
         codes[fails] = (i + 1) * CODE_STRIDE
         if isinstance(f, GpuFit):
             idx = np.flatnonzero(fails)
-            sub = nodes[idx]
-            healthy = (state.gpu_healthy[sub] & state.gpu_exists[sub]).sum(axis=1)
-            sick = (healthy < req.num_gpu) & (state.gpu_count[sub] >= req.num_gpu)
-            share = node_share(state, req, sub)
-            by_share = (state.usable_gpu_free(sub) >= share[:, None]).sum(axis=1)
-            memory = ~sick & (by_share >= req.num_gpu)
-            sliced = (~sick & ~memory & (state.gpu_replicas[sub] > 1) & (req.num_gpu > 1) if req.is_slice_ask
-                      else np.zeros(len(idx), dtype=bool))
+            sick, memory, sliced = _gpu_fit_causes(state, req, nodes[idx])
             codes[idx] += np.where(sick, SUB_SICK, np.where(memory, SUB_MEMORY, np.where(sliced, SUB_SLICED, 0)))
     return codes
 
@@ -399,11 +405,4 @@ def reason_from_counts(state: ClusterState, req: EffectiveRequest, counts: np.nd
                              "time-slice (each replica asked goes to its own GPU)")
         if count:
             parts.append(f"{count} {f.reason}")
-    if req.num_gpu and req.requested.gpu_spec and not any(
-        m in state.model_index for m in req.requested.gpu_spec
-    ):
-        parts.append(f"no node has GPU model {'|'.join(req.requested.gpu_spec)}")
-    include = req.requested.gpu_type_include
-    if req.num_gpu and include and not any(type_matches(t, include) for t in model_texts(state)):
-        parts.append(f"no node has GPU type {'|'.join(include)}")
-    return f"0/{state.n_nodes} nodes are available: " + (", ".join(parts) or "no node passed") + "."
+    return _reason_text(state, req, parts)
