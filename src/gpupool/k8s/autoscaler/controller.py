@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -51,6 +50,7 @@ from gpupool.k8s.autoscaler.crd import (
 from gpupool.k8s.autoscaler.prometheus import PrometheusClient, PrometheusError
 from gpupool.k8s.events import EventRecorder
 from gpupool.k8s.scheduler import ClusterCache, Reflector, api_reason
+from gpupool.k8s.scheduler import _now as _now_iso
 from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, call, drain, ensure_pool
 
 log = logging.getLogger("gpupool.k8s.autoscaler")
@@ -75,10 +75,6 @@ def _log(level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
     """One structured log line: the event as the message, the fields as ``extra``."""
     if log.isEnabledFor(level):
         log.log(level, event, extra={"event": event, **fields}, exc_info=exc_info)
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _camel(text: str) -> str:
