@@ -329,6 +329,14 @@ class Engine:
         heapq.heapify(best.heap)
         return None
 
+    def _cached_scores(self, eff: EffectiveRequest) -> np.ndarray:
+        """(n_nodes,) float64 scores of a ``node_local`` policy for ``eff``, refreshed where nodes changed (with
+        the compiled scorer where it applies)."""
+        state, policy = self.state, self.policy
+        score = policy.score if self._scorer is None else self._scorer.score
+        return self._score_cache.get(("score",) + policy.score_key(eff), lambda idx: score(state, eff, idx),
+                                     np.float64)
+
     def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
         """One cycle for ``req``: (effective request, node, devices), node -1 if no node passes the filters."""
         policy, state = self.policy, self.state
@@ -340,11 +348,7 @@ class Engine:
         if self._use_heap:
             if not self._mask_cache.entries[key].count:  # no node passes: nothing to score
                 return eff, -1, ()
-            score = policy.score if self._scorer is None else self._scorer.score
-            all_scores = self._score_cache.get(
-                ("score",) + policy.score_key(eff), lambda idx: score(state, eff, idx), np.float64
-            )
-            node = self._best_node(key, mask, all_scores)
+            node = self._best_node(key, mask, self._cached_scores(eff))
             if node < 0:
                 return eff, -1, ()
             return eff, node, policy.select_gpus(state, eff, node)
@@ -352,11 +356,7 @@ class Engine:
         if len(candidates) == 0:
             return eff, -1, ()
         if policy.node_local:
-            score = policy.score if self._scorer is None else self._scorer.score
-            all_scores = self._score_cache.get(
-                ("score",) + policy.score_key(eff), lambda idx: score(state, eff, idx), np.float64
-            )
-            scores = all_scores[candidates]
+            scores = self._cached_scores(eff)[candidates]
         else:
             scores = policy.score(state, eff, candidates)
         node = policy.pick(state, candidates, scores, self.rng)
