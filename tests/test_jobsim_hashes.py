@@ -34,11 +34,11 @@ from pathlib import Path
 import pytest
 
 from gpupool.clusterspec import load_cluster_yaml
-from gpupool.model import NodeSpec
 from gpupool.sim.failures import FailureEvent, FailureModel
 from gpupool.sim.jobs import JobSimConfig, JobSpec, run_jobs
 from gpupool.topology import TopologyConfig
 from gpupool.traces import load_jobs
+from test_sim_fast_paths import mixed_nodes  # the same mixed two-switch cluster
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / ".." / "shared" / "traces"
@@ -73,17 +73,6 @@ def _philly() -> tuple:
 @cache
 def _itp() -> tuple:
     return tuple(load_jobs(ITP)), tuple(load_cluster_yaml(REPO / "examples" / "clusters" / "itp-cluster04.yaml"))
-
-
-def mixed_nodes() -> list[NodeSpec]:
-    """Two switches, NVLink boards and plain nodes, two GPU models, 4- and 8-GPU nodes."""
-    out = []
-    for i in range(12):
-        model = "V100M32" if i % 3 else "A100"
-        out.append(NodeSpec(f"n{i}", cpu_milli=64000, memory_mib=512 * 1024, gpu_count=8 if i % 2 else 4,
-                            gpu_model=model, nvlink_domain=f"d{i}" if i % 4 else "", rack=f"r{i // 6}",
-                            switch=f"leaf{i // 6}" if i < 10 else ""))
-    return out
 
 
 def synthetic_trace(seed: int, n: int) -> list[JobSpec]:
