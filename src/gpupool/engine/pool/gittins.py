@@ -25,7 +25,7 @@ promotion, same preemption across levels) with jobs *within* a level ordered by 
 ``E[S - a | S > a]`` first). Without any size yet every job scores the same, which leaves the order FIFO
 within a level: Tiresias-L exactly.
 
-No I/O here: a prior file is read by the driver (:func:`gpupool.engine.pool.gittins.load_sizes` is a pure
+No I/O here: a prior file is read by the driver (:func:`gpupool.engine.pool.gittins.parse_sizes` is a pure
 parser of its text).
 """
 
@@ -160,7 +160,7 @@ class GittinsOrder(TiresiasOrder):
         if not delta > 0:
             raise ValueError(f"delta must be > 0 GPU-seconds, got {delta}")
         self.metric = metric
-        self.name = "gittins" if metric == "gittins" else "remaining"
+        self.name = metric
         self.delta = float(delta)
         self.model = model if model is not None else SizeModel()
 

@@ -62,7 +62,7 @@ from gpupool.cluster import ClusterState
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.pool.actions import EvictionActions
 from gpupool.engine.pool.fairshare import fair_shares
-from gpupool.engine.pool.gittins import SizeModel
+from gpupool.engine.pool.gittins import DEFAULT_DELTA, SizeModel
 from gpupool.engine.pool.job import DONE, PENDING, REMOVED, RUNNING, PoolJob
 from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, TiresiasOrder, make_order
 from gpupool.engine.pool.placement import ScopedPolicy, Vetoed
@@ -129,7 +129,7 @@ class PoolConfig:
     fair_share_refresh_s: float = 60.0
     restart_evicted: bool = True
     promote_knob: float | None = 8.0
-    gittins_delta: float = 3250.0
+    gittins_delta: float = DEFAULT_DELTA
     size_prior: tuple[float, ...] = ()
     size_min_samples: int = 50
     size_by_gpus: bool = False
