@@ -757,7 +757,7 @@ def _execute_jobs(
         records = one_queue(records)
     console = Console(width=None if sys.stdout.isatty() else 200)
     pools = {name: replace(job_policy(name)[1], **overrides) if overrides else None for name in names}
-    one_runs: dict[tuple[str, int], Any] = {}
+    one_records = one_queue(records) if fair_cost else None  # the counterfactual of --fairness-cost
     objectives = _objectives((model or {}).get("objective"))
     if len(objectives) == 1:
         config = replace(config, objective=objectives[0])
@@ -772,16 +772,15 @@ def _execute_jobs(
         res.policy = label
         if "policy" in res.metrics:
             res.metrics["policy"] = label
-        if fair_cost:
-            one = run_jobs(node_list, one_queue(records), name, seed=s, config=cfg)
+        if one_records is not None:
+            one = run_jobs(node_list, one_records, name, seed=s, config=cfg)
             res.metrics["fairness_cost"] = fairness_cost(res.jobs, one.jobs)
         return report.run_from_jobs(res)
 
     items = [(name, s) for name in names for s in seeds]
     runs, interrupted = _run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError, KeyError),
                                  workers=workers, executor=executor)
-    if fair_cost:  # from the records: a run in another process cannot fill one_runs
-        one_runs = {(r.policy, r.record["seed"]): r.record["fairness_cost"] for r in runs}
+    one_runs = {(r.policy, r.record["seed"]): r.record["fairness_cost"] for r in runs} if fair_cost else {}
     if interrupted and not runs:
         _interrupted(0, len(items), False)
     if interrupted:  # the title names the seeds of the finished runs only
