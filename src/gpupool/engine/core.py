@@ -29,6 +29,7 @@ from gpupool.engine.filters import (
     DEFAULT_FILTERS,
     EffectiveRequest,
     FilterPlugin,
+    enough_fitting_gpus,
     failure_codes,
     fitting_gpus,
     reason_from_counts,
@@ -103,9 +104,7 @@ def best_fit_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tupl
     """Devices for ``req`` on ``node``: the fitting GPUs with the least free share, lowest index first."""
     if req.num_gpu == 0:
         return ()
-    idx = fitting_gpus(state, req, node)
-    if len(idx) < req.num_gpu:
-        raise ValueError(f"node {state.node_names[node]} cannot host {req.requested.name}")
+    idx = enough_fitting_gpus(state, req, node)
     free = state.gpu_free[node].tolist()
     return tuple(sorted(idx, key=free.__getitem__)[: req.num_gpu])  # sorted() is stable
 

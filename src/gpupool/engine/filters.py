@@ -281,6 +281,15 @@ DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (CpuFit(), MemoryFit(), GpuModelMatc
                                              GpuFit())
 
 
+def enough_fitting_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> list[int]:
+    """:func:`fitting_gpus` of ``node``, at least ``req.num_gpu`` of them; raises ValueError naming the node and
+    the pod when fewer fit (the filters rule that out before a node is chosen)."""
+    idx = fitting_gpus(state, req, node)
+    if len(idx) < req.num_gpu:
+        raise ValueError(f"node {state.node_names[node]} cannot host {req.requested.name}")
+    return idx
+
+
 def feasible(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
              filters: tuple[FilterPlugin, ...] = DEFAULT_FILTERS) -> np.ndarray:
     """(len(nodes),) bool: nodes passing every filter."""

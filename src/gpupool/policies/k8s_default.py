@@ -12,7 +12,7 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Policy
-from gpupool.engine.filters import EffectiveRequest, fitting_gpus
+from gpupool.engine.filters import EffectiveRequest, enough_fitting_gpus
 from gpupool.model import MILLI, PodRequest
 
 
@@ -42,7 +42,4 @@ class K8sDefault(Policy):
         """
         if req.num_gpu == 0:
             return ()
-        idx = fitting_gpus(state, req, node)
-        if len(idx) < req.num_gpu:
-            raise ValueError(f"node {state.node_names[node]} cannot host {req.requested.name}")
-        return tuple(idx[: req.num_gpu])
+        return tuple(enough_fitting_gpus(state, req, node)[: req.num_gpu])

@@ -47,7 +47,7 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Policy
-from gpupool.engine.filters import EffectiveRequest, fitting_gpus, gpu_fit_matrix
+from gpupool.engine.filters import EffectiveRequest, enough_fitting_gpus, gpu_fit_matrix
 from gpupool.model import MILLI, Assignment, PodRequest
 
 __all__ = ["HOT_MEM", "HOT_UTIL", "SERVICE_LABELS", "GpuLoad", "LoadAware", "gpu_load_of", "service_of",
@@ -260,9 +260,7 @@ class LoadAware(Policy):
         """The ``num_gpu`` fitting GPUs of ``node`` with the least utilisation, then memory used, then index."""
         if req.num_gpu == 0:
             return ()
-        idx = fitting_gpus(state, req, node)
-        if len(idx) < req.num_gpu:
-            raise ValueError(f"node {state.node_names[node]} cannot host {req.requested.name}")
+        idx = enough_fitting_gpus(state, req, node)
         util, mem = self._gpu_heat(state, np.array([node]))
         key = (util[0] + mem[0] * 1e-6).tolist()  # utilisation, then memory (both 0..1), then index
         return tuple(sorted(idx, key=lambda g: (key[g], g))[: req.num_gpu])
