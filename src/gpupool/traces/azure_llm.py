@@ -8,17 +8,15 @@ file (``AzureLLMInferenceTrace_conv.csv``) has 19,366 requests over 58 minutes; 
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import gzip
-import io
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from .errors import StrPath, TraceFormatError, _Row, check_header
+from .errors import StrPath, TraceFormatError, _Row, check_header, read_header
 
 __all__ = ["AZURE_LLM_COLUMNS", "EMBEDDED_AZURE_LLM", "AzureLlmTrace", "load_azure_llm", "load_embedded_azure_llm"]
 
@@ -68,29 +66,15 @@ def _timestamp(row: _Row) -> float:
     return when.timestamp() + (float("0." + frac) if frac else 0.0)
 
 
-def _parse(text: str, path: Path, source: str) -> AzureLlmTrace:
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise TraceFormatError(path, 1, None, "empty file (no header)") from None
-    except csv.Error as exc:
-        raise TraceFormatError(path, 1, None, f"CSV syntax error: {exc}") from None
+def _parse(data: bytes, path: Path, source: str) -> AzureLlmTrace:
+    """``data``: the CSV's bytes (decompressed); ``path`` names the file in errors."""
+    _, header, records = read_header(path, data)
     check_header(path, header, AZURE_LLM_COLUMNS, ())
     times: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
     start = ""
-    while True:
-        line = reader.line_num + 1
-        try:
-            fields = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as exc:
-            raise TraceFormatError(path, line, None, f"CSV syntax error: {exc}") from None
-        if not fields:
-            continue
+    for line, fields in records:
         if len(fields) != len(header):
             raise TraceFormatError(path, line, None,
                                    f"expected {len(header)} fields ({','.join(header)}), got {len(fields)}")
@@ -110,17 +94,13 @@ def _parse(text: str, path: Path, source: str) -> AzureLlmTrace:
                          np.asarray(outputs, dtype=np.int64), source, start)
 
 
-def _decode(data: bytes, path: Path) -> str:
-    if path.name.endswith(".gz"):
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise TraceFormatError(path, 1, None, f"not a valid gzip file ({exc})") from None
+def _gunzip(data: bytes, path: Path) -> bytes:
+    if not path.name.endswith(".gz"):
+        return data
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise TraceFormatError(path, line, None, f"not valid UTF-8 ({exc.reason})") from None
+        return gzip.decompress(data)
+    except (OSError, EOFError) as exc:
+        raise TraceFormatError(path, 1, None, f"not a valid gzip file ({exc})") from None
 
 
 def load_azure_llm(path: StrPath) -> AzureLlmTrace:
@@ -133,11 +113,11 @@ def load_azure_llm(path: StrPath) -> AzureLlmTrace:
         OSError: the file cannot be read.
     """
     file = Path(path)
-    return _parse(_decode(file.read_bytes(), file), file, file.name)
+    return _parse(_gunzip(file.read_bytes(), file), file, file.name)
 
 
 def load_embedded_azure_llm() -> AzureLlmTrace:
     """The conversation trace shipped with gpupool (``gpupool/data/azure_llm_conv_2023.csv.gz``)."""
     res = resources.files("gpupool.data").joinpath(EMBEDDED_AZURE_LLM)
     path = Path(EMBEDDED_AZURE_LLM)
-    return _parse(_decode(res.read_bytes(), path), path, f"embedded:{EMBEDDED_AZURE_LLM}")
+    return _parse(_gunzip(res.read_bytes(), path), path, f"embedded:{EMBEDDED_AZURE_LLM}")

@@ -128,8 +128,8 @@ def _check_minimum(row: _Row, column: str, number: float, minimum: float | None)
         raise row.error(column, f"expected a value >= {minimum}, got {row.raw(column)!r}")
 
 
-def _decode(path: Path) -> str:
-    data = path.read_bytes()
+def _decode(path: Path, data: bytes | None = None) -> str:
+    data = path.read_bytes() if data is None else data
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -137,14 +137,16 @@ def _decode(path: Path) -> str:
         raise TraceFormatError(path, line, None, f"not valid UTF-8 ({exc.reason})") from None
 
 
-def read_header(path: StrPath) -> tuple[Path, list[str], Iterator[tuple[int, list[str]]]]:
+def read_header(path: StrPath, data: bytes | None = None) -> tuple[Path, list[str], Iterator[tuple[int, list[str]]]]:
     """Open a CSV trace and return ``(path, header, rows)``; ``rows`` yields ``(line, fields)``.
+
+    ``data``: the file's bytes when already read (a decompressed or embedded file; ``path`` then only names it).
 
     Completely empty lines are skipped. Raises :class:`TraceFormatError` for an empty file, an empty
     header line or a CSV syntax error (e.g. an unterminated quote).
     """
     file = Path(path)
-    reader = csv.reader(io.StringIO(_decode(file), newline=""), strict=True)
+    reader = csv.reader(io.StringIO(_decode(file, data), newline=""), strict=True)
 
     def next_record() -> tuple[int, list[str]] | None:
         start = reader.line_num + 1
