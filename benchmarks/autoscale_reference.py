@@ -1,6 +1,6 @@
 """The reference scenario of the inference simulator (issue 10), every policy, recorded.
 
-    .venv/bin/python benchmarks/autoscale_reference.py   # ~1 min on 2 shared cores
+    .venv/bin/python benchmarks/autoscale_reference.py   # ~20 s wall, ~10 s CPU on 2 shared cores (results/.md)
 
 Writes benchmarks/results/autoscale_reference.{json,md} and autoscale_reference.png: the full day of
 examples/autoscale/reference.yaml (Azure LLM conversation trace time-warped onto a diurnal envelope with two
