@@ -18,14 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info  # noqa: E402
 from gpupool.policies.fgd import FGD
 from gpupool.policies.gpupool_policy import GpupoolCombined, GpupoolPolicy
 from gpupool.sim.inflation import run_inflation
@@ -187,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                         "min_pct": round(100 * vals.min(), 2), "max_pct": round(100 * vals.max(), 2),
                         "mean_unallocated_gpus_end": round(float(unalloc.mean()), 1),
                         "published_pct": PUBLISHED.get((v, p))})
-    machine = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-               "numpy": np.__version__, "date": datetime.now(UTC).isoformat(timespec="seconds"),
-               "wall_s": round(time.time() - start, 1)}
+    machine = {**machine_info(), "wall_s": round(time.time() - start, 1)}  # CPU model, cores, versions, load
     args.out.mkdir(parents=True, exist_ok=True)
     lines = ["| variant | policy | seeds | GPU alloc @100% arrived (mean) | std | min..max | published |",
              "|---|---|---:|---:|---:|---|---:|"]

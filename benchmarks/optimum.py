@@ -35,16 +35,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info  # noqa: E402
 from gpupool.model import MILLI, NodeSpec, PodRequest
 from gpupool.sim.inflation import build_inflation_workload
 from gpupool.traces import load_openb_nodes, load_openb_pods
@@ -418,9 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{v:12s} seed {seed}: optimum <= {100 * row['bound']:.2f}% (GPU by GPU {100 * gpu_bound:.2f}%"
                   + (f", node by node {100 * row['node_bound']:.2f}%, packed {100 * row['packed']:.2f}%"
                      if args.node_level else "") + f"), {row['seconds']:.1f}s", flush=True)
-    machine = {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-               "numpy": np.__version__, "date": datetime.now(UTC).isoformat(timespec="seconds"),
-               "wall_s": round(time.time() - start, 1)}
+    machine = {**machine_info(), "wall_s": round(time.time() - start, 1)}  # CPU model, cores, versions, load
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "openb_optimum.json").write_text(json.dumps({"machine": machine, "runs": rows}, indent=1))
     lines = ["| variant | seeds | optimum upper bound (mean) | min | max |", "|---|---:|---:|---:|---:|"]
