@@ -88,7 +88,7 @@ _MARGIN = 1e-7
 """How close to an integer (score points) a compiled score may come before NumPy's exact path decides; the
 compiled and BLAS sums differ by about 1e-12 points."""
 
-_CPU, _MEM, _MODEL, _TYPE, _GMEM, _GPU = ((i + 1) * CODE_STRIDE for i in range(6))
+# _codes_kernel writes filter i's failure code as the literal (i + 1) * 4 (CODE_STRIDE 4, asserted below)
 
 
 @_jit
@@ -183,7 +183,7 @@ def failure_codes_default(state: ClusterState, req: EffectiveRequest, nodes: np.
     return out
 
 
-assert (_CPU, _MEM, _MODEL, _TYPE, _GMEM, _GPU) == (4, 8, 12, 16, 20, 24) and CODE_STRIDE == 4
+assert CODE_STRIDE == 4 and len(DEFAULT_FILTERS) == 6  # the literal codes of _codes_kernel
 assert (SUB_SICK, SUB_MEMORY, SUB_SLICED) == (1, 2, 3) and isinstance(DEFAULT_FILTERS[5], GpuFit)
 
 
