@@ -9,6 +9,7 @@ bursts, Llama-3.1-8B on H200, SLO e2e <= 15 s for >= 99 % of requests).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -28,7 +29,8 @@ def machine() -> str:
     return f"{m['cores']}-core {m['cpu']}, Python {m['python']}, NumPy {m['numpy']}, {m['platform']}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help, no options
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     sc = load_scenario(ROOT / "examples" / "autoscale" / "reference.yaml")
