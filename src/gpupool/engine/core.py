@@ -224,6 +224,7 @@ class Engine:
         """Choose the fast paths for ``policy`` (again whenever ``self.policy`` is replaced, e.g. by the pool
         scheduler's ScopedPolicy, whose own ``pick`` must decide)."""
         self._configured = policy
+        self._filters = policy.filters  # what _codes was chosen for (a policy's filters may be replaced later)
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
         self._codes = (compiled.failure_codes_default if compiled.enabled()
                        and compiled.uses_default_filters(policy.filters) else None)
@@ -247,7 +248,7 @@ class Engine:
             entry.codes = np.zeros(state.n_nodes, dtype=np.int16)
         stale = cache.stale(entry)
         if len(stale):
-            if self._codes is not None and compiled.uses_default_filters(self.policy.filters):
+            if self._codes is not None and self.policy.filters is self._filters:
                 codes = self._codes(state, eff, stale)
             else:
                 codes = failure_codes(state, eff, stale, self.policy.filters)
