@@ -1,8 +1,8 @@
 """Compiled (numba) kernels for the engine's per-decision refresh of the nodes that changed.
 
-Refreshing a request class's filter mask and scores for the few nodes that changed since it was last seen
-(a median of 7) costs tens of NumPy calls per decision, each a microsecond of call overhead on arrays of a
-handful of rows. Two kernels do the integer part of that work in one compiled call each:
+Refreshing a request class's filter mask and scores for the nodes that changed since it was last seen (median
+27 per refresh in bench_decisions --scaling, gpupool, 1,000 and 5,000 nodes) costs tens of NumPy calls, each a
+microsecond of call overhead on a few dozen rows. Two kernels do the integer part in one compiled call each:
 
 * :func:`failure_codes_default`: every node's first failing filter of
   :data:`gpupool.engine.filters.DEFAULT_FILTERS`, as :func:`gpupool.engine.filters.failure_codes` gives it;
