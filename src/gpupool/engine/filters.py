@@ -380,18 +380,18 @@ def failure_codes(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
     failed = np.flatnonzero(~feasible(state, req, nodes, filters))
     if not len(failed):  # usually: every changed node passes, nothing to tell apart
         return codes
-    if len(failed) < len(nodes):
-        codes[failed] = failure_codes(state, req, nodes[failed], filters)
-        return codes
+    sub = nodes[failed]  # each filter again, on the failed nodes only
+    sub_codes = np.zeros(len(failed), dtype=np.int16)
     for i, f in enumerate(filters):
-        fails = ~np.asarray(f.mask(state, req, nodes), dtype=bool) & (codes == 0)
+        fails = ~np.asarray(f.mask(state, req, sub), dtype=bool) & (sub_codes == 0)
         if not fails.any():
             continue
-        codes[fails] = (i + 1) * CODE_STRIDE
+        sub_codes[fails] = (i + 1) * CODE_STRIDE
         if isinstance(f, GpuFit):
             idx = np.flatnonzero(fails)
-            sick, memory, sliced = _gpu_fit_causes(state, req, nodes[idx])
-            codes[idx] += np.where(sick, SUB_SICK, np.where(memory, SUB_MEMORY, np.where(sliced, SUB_SLICED, 0)))
+            sick, memory, sliced = _gpu_fit_causes(state, req, sub[idx])
+            sub_codes[idx] += np.where(sick, SUB_SICK, np.where(memory, SUB_MEMORY, np.where(sliced, SUB_SLICED, 0)))
+    codes[failed] = sub_codes
     return codes
 
 
