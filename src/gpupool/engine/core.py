@@ -15,7 +15,6 @@ since. Policies whose choice depends on more than one node at a time (``round-ro
 from __future__ import annotations
 
 import heapq
-import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -230,8 +229,7 @@ class Engine:
                        and compiled.uses_default_filters(policy.filters) else None)
         self._scorer = compiled.FGDScorer(policy) if compiled.FGDScorer.supports(policy) else None
         # the best node from a heap where the policy picks the first best score the base-class way
-        self._use_heap = (policy.node_local and policy.tie_break == "first" and type(policy).pick is Policy.pick
-                          and os.environ.get("GPUPOOL_NO_BEST_HEAP", "") in ("", "0"))
+        self._use_heap = policy.node_local and policy.tie_break == "first" and type(policy).pick is Policy.pick
 
     def feasible_mask(self, eff: EffectiveRequest) -> np.ndarray:
         """(n_nodes,) bool: nodes that pass every filter for ``eff`` (cached with each node's failure code)."""
