@@ -131,6 +131,24 @@ def test_release_frees_the_node_for_the_next_replica() -> None:
     assert placed(eng.place(replica("llm-c")))[0] == a  # a's node has no peer any more
 
 
+def test_service_books_stay_bounded_in_a_long_run() -> None:
+    # a long-running scheduler scores pods that are then deleted while pending, and releases placed ones:
+    # the pod -> service book keeps only placed pods (plus a bounded slack), not every name ever scored
+    state = cluster(node("n0", gpus=2), node("n1", gpus=2))
+    eng = engine(state, "load-aware")
+    pol = eng.policy
+    assert isinstance(pol, LoadAware)
+    kept = placed(eng.place(replica("llm-keep")))[0]
+    for i in range(3000):
+        pol.peers(state, replica(f"llm-pending-{i}"), np.arange(2))  # scored, never placed
+    assert len(pol._svc) <= 2 * len(state.assignments) + 1024 + 1
+    assert pol._svc.get("llm-keep") == "label:llm"  # a placed pod keeps its service
+    # its peers are still counted by label: a new replica of llm avoids the node holding llm-keep
+    assert placed(eng.place(replica("llm-next")))[0] != kept
+    eng.release("llm-next")
+    assert "llm-next" not in pol._svc
+
+
 def test_set_gpu_load_checks_shapes() -> None:
     state = cluster(node("n0", gpus=2))
     with pytest.raises(ValueError, match="util: shape"):

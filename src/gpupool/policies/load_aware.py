@@ -150,6 +150,7 @@ class LoadAware(Policy):
 
     def __init__(self) -> None:
         self._svc: dict[str, str] = {}          # pod -> label service key, for pods whose labels were seen
+        self._prepared: dict[str, str] = {}     # the same for the workload given to prepare (kept)
         self._where: dict[str, tuple[int, tuple[str, ...]]] = {}  # pod -> (node, its group keys)
         self._count: dict[str, Counter[int]] = {}                 # group key -> node -> replicas
         self._synced: tuple[int, int] | None = None               # (id(state), state.changes) of the books
@@ -159,8 +160,18 @@ class LoadAware(Policy):
         for r in workload or ():
             s = service_of(r)
             if s:
-                self._svc[r.name] = s
+                self._prepared[r.name] = s
+        self._svc.update(self._prepared)
         self._synced = None
+
+    def _prune(self, state: ClusterState) -> None:
+        """Forget the service of pods that are neither placed nor in the prepared workload (a long-running
+        scheduler scores pods that are then deleted while pending): keeps ``_svc`` bounded by the pods
+        placed, the workload and 1,024."""
+        if len(self._svc) <= 2 * len(state.assignments) + len(self._prepared) + 1024:
+            return
+        placed = state.assignments
+        self._svc = {p: s for p, s in self._svc.items() if p in placed or p in self._prepared}
 
     def _keys(self, pod: str) -> tuple[str, ...]:
         """The group keys ``pod`` is counted under: its name group, and with a known label its label and
@@ -199,6 +210,8 @@ class LoadAware(Policy):
             self._synced = (id(state), state.changes)
 
     def on_release(self, state: ClusterState, assignment: Assignment) -> None:
+        if assignment.pod not in self._prepared:
+            self._svc.pop(assignment.pod, None)  # a pod placed again is scored again, which relearns it
         if self._synced is not None and self._synced[0] == id(state):
             self._remove(assignment.pod)
             self._synced = (id(state), state.changes)
@@ -206,6 +219,7 @@ class LoadAware(Policy):
     def peers(self, state: ClusterState, req: PodRequest, nodes: np.ndarray) -> np.ndarray:
         """(len(nodes),) int64: replicas of ``req``'s service on each of ``nodes`` (the pod itself excluded)."""
         self._sync(state)
+        self._prune(state)
         s = service_of(req)
         if s:
             self._svc[req.name] = s
