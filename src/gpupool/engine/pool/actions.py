@@ -330,6 +330,14 @@ class EvictionActions:
             if not any(job.retry_at <= due for job in scan):
                 continue  # every one is backing off: nothing below can act (a shortcut, no other effect)
             path_q = self.paths[q]
+            # The in-share and in-quota tests below only fail more as a job's GPUs grow (alloc + need rises with
+            # need): when the smallest waiting job of the queue fails both, every job in scan does and the
+            # loop below only passes over them (a shortcut, no other effect).
+            least = min(g * n for g, n, _ in self.shapes[q])
+            alloc_q = self.alloc[q][0]
+            if alloc_q + least > self.quota_g[q] + _EPS and not all(
+                    self.alloc[a][0] + least <= fs[a] + _EPS for a in path_q):
+                continue
             # queues that may give GPUs: by priority (to an in-quota job), by fair share (to an in-share job)
             by_prio: list[int] = []
             by_fs: list[tuple[int, list[int]]] = []

@@ -301,6 +301,7 @@ class PoolScheduler(EvictionActions):
         self._fs_g: list[float] = [0.0] * nq
         self._fs_dirty = True
         self._fs_time = -math.inf
+        self._fs_inputs: tuple[bytes, bytes] = (b"", b"")  # (capacity, demand) the last shares were computed for
         self._active: list[bool] = [False] * nq  # queue has demand, as of the last fair-share computation
         self._demote: list[tuple[float, int, float, PoolJob]] = []  # (time, seq, run_since, job) level crossings
         self._promote: list[tuple[float, int, PoolJob]] = []
@@ -826,12 +827,16 @@ class PoolScheduler(EvictionActions):
         active = [d[0] > _EPS for d in demand]
         st = self.state
         cap = np.array([float(self.healthy_gpus()), float(st.cpu_cap.sum()), float(st.mem_cap.sum())])
-        self._fs = fair_shares(self.tree, cap, np.array(demand), self.quota)
-        self._fs_g = self._fs[:, 0].tolist()
+        dem = np.array(demand)
+        inputs = (cap.tobytes(), dem.tobytes())
+        if self._fs is None or inputs != self._fs_inputs:  # the same inputs, bit for bit: the same shares
+            self._fs = fair_shares(self.tree, cap, dem, self.quota)
+            self._fs_g = self._fs[:, 0].tolist()
+            self._fs_inputs = inputs
+            self.stats["fair_share_updates"] += 1
         self._fs_dirty = False
         self._fs_time = -math.inf if now is None else now
         self._active = active
-        self.stats["fair_share_updates"] += 1
         return self._fs
 
     def healthy_gpus(self) -> int:
@@ -1022,6 +1027,7 @@ class PoolScheduler(EvictionActions):
         heap = [(self._qkey(g), g) for g in range(self.n_groups) if len(self.pending[g])]
         heapq.heapify(heap)
         cursor = [0] * self.n_groups
+        topo = self.cfg.topology_aware
         while heap:
             _, grp = heapq.heappop(heap)
             exempt = lender and (not self.cfg.fair_share or (
@@ -1032,15 +1038,30 @@ class PoolScheduler(EvictionActions):
             i = cursor[grp]
             placed = False
             checked = self._fail_ver  # _dominated is False for these memos (or the loop would have ended)
-            while i < len(plist.jobs):
-                job = plist.jobs[i]
+            jobs = plist.jobs
+            while i < len(jobs):
+                job = jobs[i]
                 if r is not None and r.job is job:
                     i += 1
                     continue
                 if exempt and job.q != r.job.q and self._in_quota(job):
-                    ok = self._try_place(job, None, failed_any, now, res)
+                    memo_for, allowed_for = failed_any, None
                 else:
-                    ok = self._try_place(job, allowed, failed, now, res)
+                    memo_for, allowed_for = failed, allowed
+                # _try_place's failed-shape test, first: a job at least as big as a shape that failed fails
+                # the same way (changing nothing), without the call
+                memo = memo_for.get(job.topology_tier if (job.topology == "required" and topo) else None)
+                if memo:
+                    g, nmin = job.gpus_per_pod, job.min_pods
+                    for g2, n2 in memo.items():
+                        if g2 <= g and n2 <= nmin:
+                            break
+                    else:
+                        memo = None
+                if memo:
+                    ok = False
+                else:
+                    ok = self._try_place(job, allowed_for, memo_for, now, res)
                 if ok:
                     placed = placed_any = True
                     break
