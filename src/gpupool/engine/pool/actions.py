@@ -37,7 +37,7 @@ class _VictimKeep:
     """A queue's victim list kept across cycles: valid while the queue's running books are at ``version``
     and ``built <= now < until`` (the earliest minimum-runtime or protection end among the others)."""
 
-    __slots__ = ("version", "built", "until", "jobs", "agg", "multi")
+    __slots__ = ("version", "built", "until", "jobs", "agg", "multi", "seqs")
 
     def __init__(self, version: int, built: float, until: float, jobs: list[PoolJob]) -> None:
         self.version = version
@@ -46,6 +46,7 @@ class _VictimKeep:
         self.jobs = jobs
         self.agg: np.ndarray | None = None  # (max GPUs per node + 1, n_nodes): GPUs of single-pod victims
         self.multi: list[PoolJob] = []
+        self.seqs: frozenset[int] | None = None  # seq of every job of ``jobs`` (built when first asked)
 
 
 class EvictionActions:
@@ -443,7 +444,19 @@ class EvictionActions:
                 continue
             levels = self.level_gpus[grp] if self.cfg.fair_share else sum(self.level_gpus, Counter())
             attempts = 0
-            for job in self._searchable(plist.jobs, now, 4 * self.cfg.max_attempts):
+            # the first 4 x max_attempts jobs not backing off (_searchable), taken as the loop reaches them: the
+            # loop changes no other waiting job, and leaves it once a job started
+            limit = 4 * self.cfg.max_attempts
+            due = now + 1e-9
+            searched = 0
+            for job in plist.jobs:
+                if job.retry_at > due:
+                    if not extras and not self._outranks(job.key, top):
+                        break  # the next job not backing off, if any, ranks no better and ends the loop
+                    continue
+                if searched >= limit:
+                    break
+                searched += 1
                 if attempts >= self.cfg.max_attempts:
                     break
                 if not extras and not self._outranks(job.key, top):
@@ -558,7 +571,7 @@ class EvictionActions:
         pot_l = pot.tolist()
         top_pot = [(k, pot_l[k]) for k in top]
         allowed_l = None if allowed is None else allowed.tolist()
-        if self._movers_cannot_help(pot, top_pot, room, allowed, max(g, 1), n, now):
+        if self._movers_cannot_help(pot, top_pot, room, allowed, max(g, 1), n, now, evict):
             return False
         taken = {c[0].seq for c in evict}
         keyed: list[tuple[int, float, int, PoolJob]] = []  # (GPUs, -run_since, seq, mover): the order of moves
@@ -655,11 +668,13 @@ class EvictionActions:
         return True
 
     def _movers_cannot_help(self, pot: np.ndarray, top_pot: list[tuple[int, int]], room: int,
-                            allowed: np.ndarray | None, g: int, n: int, now: float) -> bool:
-        """An upper bound of the room the mover scan of :meth:`_make_room` could find, from the kept victim
-        lists: True when even that leaves fewer than ``n`` slots of ``g`` GPUs (the scan would fail at
-        select_victims' first bound). A single-pod job of ``gpp`` GPUs moves only when a top node other than
-        its own has ``gpp`` free: surely when the second top node has, else only off the first top node."""
+                            allowed: np.ndarray | None, g: int, n: int, now: float,
+                            evict: Sequence[Candidate] = ()) -> bool:
+        """The room the mover scan of :meth:`_make_room` counts (its ``bound``), from the kept victim lists:
+        True when it leaves fewer than ``n`` slots of ``g`` GPUs (the scan would fail at select_victims' first
+        bound). A single-pod job of ``gpp`` GPUs moves only when a top node other than its own has ``gpp`` free:
+        surely when the second top node has, else only off the first top node; the jobs of ``evict`` are not
+        movers; a multi-pod job moves when a top node without any of its pods has room for one of them."""
         ents = []
         for q in range(len(self.running)):
             ent = self._mover_room(q, now)
@@ -681,10 +696,38 @@ class EvictionActions:
                 part = total[max(lo, -1) + 1: hi + 1].sum(axis=0)
                 part[top_pot[0][0]] = 0
                 bound += part
-        for ent in ents:
+        # the scan passes over the jobs of ``evict`` (their GPUs are in ``pot`` already): take back what the
+        # rows above counted for those of them in the kept lists, exactly as they were counted
+        taken: set[int] = set()
+        rows = len(ents[0].agg) if ents else 0
+        for c in evict:
+            v = c[0]
+            if v.seq in taken:
+                continue
+            taken.add(v.seq)
+            ent = ents[v.q]
+            if ent.seqs is None:
+                ent.seqs = frozenset(j.seq for j in ent.jobs)
+            placed = v.placed
+            if v.seq in ent.seqs and len(placed) == 1 and v.gpus_per_pod < rows:
+                gpp, a = v.gpus_per_pod, placed[0]
+                if hi >= 0 and (gpp <= lo or (gpp <= hi and a.node != top_pot[0][0])):
+                    bound[a.node] -= len(a.gpus)
+        for ent in ents:  # the other jobs, as the scan counts them
             for v in ent.multi:
-                if len(v.placed) * v.gpus_per_pod < room:
-                    for a in v.placed:
+                placed = v.placed
+                gpp = v.gpus_per_pod
+                if len(placed) * gpp >= room or v.seq in taken:
+                    continue
+                if allowed is not None and not all(allowed[a.node] for a in placed):
+                    continue
+                if len(placed) == 1:
+                    ok = [k for k, p in top_pot if p >= gpp]
+                    moves = len(ok) > 1 or (ok and ok[0] != placed[0].node)
+                else:
+                    moves = any(p >= gpp and all(a.node != k for a in placed) for k, p in top_pot)
+                if moves:
+                    for a in placed:
                         bound[a.node] += len(a.gpus)
         if allowed is not None:
             bound = np.where(allowed, bound, 0)
