@@ -10,6 +10,7 @@ cannot be placed, every victim is put back and nothing happened (all or nothing)
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -320,7 +321,7 @@ class EvictionActions:
         any_over = any(x > _EPS for x in over)
         acted = False
         leaves = self.tree.leaves.tolist()
-        order = sorted((self._qkey(q), q) for q in leaves if len(self.pending[q]))
+        order = sorted((self._qkey(q), q) for q in leaves if self.pending[q].jobs)
         extras_all = self._extras(now) if self.elastic_running else []
         due = now + 1e-9
         running = self.running
@@ -435,7 +436,7 @@ class EvictionActions:
         extras_all = self._extras(now)
         for grp in range(self.n_groups):
             plist = self.pending[grp]
-            if not len(plist):
+            if not plist.jobs:
                 continue
             extras = [c for c in extras_all if c[0].status == RUNNING and c[1][0] in c[0].placed]
             extra_gpus = sum(len(p) * j.gpus_per_pod for j, p, _ in extras)
@@ -445,22 +446,24 @@ class EvictionActions:
             levels = self.level_gpus[grp] if self.cfg.fair_share else sum(self.level_gpus, Counter())
             attempts = 0
             # the first 4 x max_attempts jobs not backing off (_searchable), taken as the loop reaches them: the
-            # loop changes no other waiting job, and leaves it once a job started
+            # loop changes no other waiting job, and leaves it once a job started. Without extras it ends at the
+            # first job that does not outrank the worst running one (later jobs rank no better): the jobs are
+            # sorted by key, and a key outranks ``top`` exactly when it sorts before ``top`` (the (priority,
+            # level) pair) or, when levels do not count, before ``top[:1]``
             limit = 4 * self.cfg.max_attempts
             due = now + 1e-9
             searched = 0
-            for job in plist.jobs:
+            jobs = plist.jobs
+            stop = len(jobs) if extras else bisect.bisect_left(plist.keys, top if self.preemptive_order else top[:1])
+            for k in range(stop):
+                job = jobs[k]
                 if job.retry_at > due:
-                    if not extras and not self._outranks(job.key, top):
-                        break  # the next job not backing off, if any, ranks no better and ends the loop
                     continue
                 if searched >= limit:
                     break
                 searched += 1
                 if attempts >= self.cfg.max_attempts:
                     break
-                if not extras and not self._outranks(job.key, top):
-                    break  # later jobs rank no better
                 if not self._admissible(job, job.min_pods):
                     continue
                 bound = self.free_gpus + extra_gpus + sum(g for k, g in levels.items() if self._outranks(job.key, k))
@@ -508,7 +511,7 @@ class EvictionActions:
             return False
         acted = False
         attempts = 0
-        order = sorted((self._qkey(grp), grp) for grp in range(self.n_groups) if len(self.pending[grp]))
+        order = sorted((self._qkey(grp), grp) for grp in range(self.n_groups) if self.pending[grp].jobs)
         for _, grp in order:
             tried: set[tuple[int, int]] = set()
             for job in list(self.pending[grp].jobs[:_SCAN]):

@@ -296,6 +296,7 @@ class PoolScheduler(EvictionActions):
         self.seq = 0
         self.free_gpus = int(((state.gpu_free >= MILLI) & state.gpu_healthy).sum())
         self.reservation: _Reservation | None = None
+        self._reserved_memo: tuple | None = None  # reserved_gpus' last answer
         self._gangs: list[tuple[float, int, PoolJob]] = []  # (pending_since, seq, job): reservation candidates
         self._fs: np.ndarray | None = None
         self._fs_g: list[float] = [0.0] * nq
@@ -1024,7 +1025,7 @@ class PoolScheduler(EvictionActions):
         lender = r is not None and not self._in_quota(r.job)
         failed: dict = {}  # shapes that failed with the reservation's nodes off limits
         failed_any: dict = {}  # ... and with every node (in-quota jobs while the holder borrows)
-        heap = [(self._qkey(g), g) for g in range(self.n_groups) if len(self.pending[g])]
+        heap = [(self._qkey(g), g) for g in range(self.n_groups) if self.pending[g].jobs]
         heapq.heapify(heap)
         cursor = [0] * self.n_groups
         topo = self.cfg.topology_aware
@@ -1177,8 +1178,13 @@ class PoolScheduler(EvictionActions):
         if r is None or r.job.status != PENDING:
             return None
         st = self.state
+        memo = self._reserved_memo  # (reservation, state.changes, answer): the answer reads nothing else
+        if memo is not None and memo[0] is r and memo[1] == st.changes:
+            return memo[2]
         free = int(((st.gpu_free[r.mask] >= MILLI) & st.gpu_healthy[r.mask]).sum())
-        return r.job.q, min(free, r.job.min_pods * r.job.gpus_per_pod)
+        held = r.job.q, min(free, r.job.min_pods * r.job.gpus_per_pod)
+        self._reserved_memo = (r, st.changes, held)
+        return held
 
     def fair_shares_by_name(self) -> dict[str, float]:
         """Fair share in GPUs per queue name (the last computed; every queue, inner ones too)."""
