@@ -62,7 +62,8 @@ class ClusterState:
       marks such a GPU healthy again (only the node can, by clearing its mark)
     * ``version``: (n_nodes,) int64, bumped on every change of the node
     * ``changes``: int, bumped on every change of any node (a cache that saw the same count is current);
-      :meth:`changed_since` lists the nodes changed since a past count (a log, not a scan of ``version``)
+      :meth:`changed_since` lists the nodes changed since a past count (a log, not a scan of ``version``;
+      :meth:`log_tail` gives the log itself, an int64 array)
     * ``loosened``: int, bumped only by changes that may let more in (a release, a GPU repaired, a node
       touched); a pod that did not fit cannot fit while it stays the same
     """
@@ -110,9 +111,11 @@ class ClusterState:
         self.gpu_marked = np.zeros_like(self.gpu_exists)  # marked unhealthy by the node itself (its agent)
         self.version = np.zeros(n, dtype=np.int64)
         self.changes = 0
-        # change log: the node of every change, in order (_log[i] is change number _log_base + i), so that a
-        # cache that saw ``changes == c`` finds the nodes changed since without scanning ``version``
-        self._log: list[int] = []
+        # change log: the node of every change, in order (_log[i] is change number _log_base + i, for i below
+        # _log_len), so that a cache that saw ``changes == c`` finds the nodes changed since without scanning
+        # ``version``; an int64 array that compiled code reads as it is (see :meth:`log_tail`)
+        self._log = np.empty(2 * max(n, self.LOG_KEEP) + 1, dtype=np.int64)
+        self._log_len = 0
         self._log_base = 0
         self.loosened = 0  # bumped when something is freed or may admit more (release, repair, touch)
         # free milli-GPU on healthy GPUs (0 on unhealthy or absent ones), kept in step with gpu_free and
@@ -158,29 +161,40 @@ class ClusterState:
     LOG_KEEP = 4096
     """The change log keeps at least this many of the latest changes (and up to twice ``max(n_nodes, LOG_KEEP)``)."""
 
+    def log_tail(self, seen: int) -> tuple[np.ndarray, int, int] | None:
+        """``(log, start, end)``: the nodes of changes ``seen`` to ``changes - 1`` are ``log[start:end]`` (int64
+        node indices in change order, repeats included; the array is the live log, read it before the next
+        change); ``None`` when the log no longer reaches back that far or ``seen`` is not a past count."""
+        start = seen - self._log_base
+        if start < 0 or seen > self.changes:
+            return None
+        return self._log, start, self._log_len
+
     def changed_since(self, seen: int) -> list[int] | None:
         """Nodes changed since ``changes`` was ``seen``, each once, lowest index first; ``None`` when the log no
         longer reaches back that far (the caller scans ``version`` instead) or ``seen`` is not a past count."""
         start = seen - self._log_base
         if start < 0 or seen > self.changes:
             return None
-        tail = self._log[start:]
-        if len(tail) <= 1:
-            return tail
-        return sorted(set(tail))
+        return sorted(set(self._log[start:self._log_len].tolist()))
 
     # ------------------------------------------------------------------ changes
     def _bump(self, node: int) -> None:
         """Record a change of ``node``: its ``version``, the ``changes`` count and the change log."""
         self.version[node] += 1
         self.changes += 1
-        log = self._log
-        log.append(int(node))
+        log, end = self._log, self._log_len
+        if end == len(log):  # only when LOG_KEEP was raised after the state was built
+            self._log = log = np.concatenate([log, np.empty_like(log)])
+        log[end] = node
+        end += 1
         keep = max(self.n_nodes, self.LOG_KEEP)
-        if len(log) > 2 * keep:
-            drop = len(log) - keep
-            del log[:drop]
+        if end > 2 * keep:  # keep the latest ``keep`` changes
+            drop = end - keep
+            log[:keep] = log[drop:end].copy()
+            end = keep
             self._log_base += drop
+        self._log_len = end
 
     def allocate(
         self,

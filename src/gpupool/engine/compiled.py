@@ -2,10 +2,14 @@
 
 Refreshing a request class's filter mask and scores for the nodes that changed since it was last seen (median
 27 per refresh in bench_decisions --scaling, gpupool, 1,000 and 5,000 nodes) costs tens of NumPy calls, each a
-microsecond of call overhead on a few dozen rows. Two kernels do the integer part in one compiled call each:
+microsecond of call overhead on a few dozen rows. Kernels do the integer part in one compiled call each:
 
 * :func:`failure_codes_default`: every node's first failing filter of
   :data:`gpupool.engine.filters.DEFAULT_FILTERS`, as :func:`gpupool.engine.filters.failure_codes` gives it;
+  :func:`refresh_codes` refreshes a whole mask-cache entry (codes, mask, code histogram, versions) from the
+  cluster's change log in one call;
+* :func:`stale_nodes` and :func:`changed_feasible`: the nodes changed since a count, read from the change log
+  (:meth:`ClusterState.log_tail`) for the score cache and the best-node heap;
 * the FGD / gpupool score refresh (:class:`FGDScorer`): the per-shape fragmented-share cells that
   :class:`gpupool.frag.FragModel` multiplies with the shape probabilities, and the GPUs that fit.
 
@@ -117,45 +121,195 @@ def _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usabl
 
 
 @_jit
+def _node_code(n, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type, restricts, spec_ok, type_ok,
+               allowed, cpu_free, mem_free, node_model, node_gpu_mem, gpu_count, replicas, slice_milli, usable,
+               gpu_free, healthy, exists, gpu_model, mem_cap, mem_free_g):  # pragma: no cover - compiled
+    """Failure code of node ``n`` (0: passes every default filter)."""
+    n_models = allowed.shape[0] - 1
+    m = node_model[n]
+    mi = m if m >= 0 else n_models
+    if cpu_free[n] < cpu:
+        return 1 * 4
+    if mem_free[n] < mem:
+        return 2 * 4
+    if num_gpu > 0 and has_spec and not spec_ok[mi]:
+        return 3 * 4
+    if num_gpu > 0 and has_type and not type_ok[mi]:
+        return 4 * 4
+    if num_gpu > 0 and need_mem and not (node_gpu_mem[n] > 0 or gpu_count[n] == 0):
+        return 5 * 4
+    if num_gpu > 0:
+        milli = gpu_milli
+        if slice_ask and replicas[n] > 1:
+            milli = slice_milli[n]
+        fit = _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy,
+                         gpu_model, mem_cap, mem_free_g)
+        if fit < num_gpu:
+            well = 0
+            by_share = 0
+            for g in range(usable.shape[1]):
+                if healthy[n, g] and exists[n, g]:
+                    well += 1
+                if usable[n, g] >= milli:
+                    by_share += 1
+            sick = well < num_gpu and gpu_count[n] >= num_gpu
+            memory = (not sick) and by_share >= num_gpu
+            sliced = slice_ask and (not sick) and (not memory) and replicas[n] > 1 and num_gpu > 1
+            return 6 * 4 + (1 if sick else (2 if memory else (3 if sliced else 0)))
+    return 0
+
+
+@_jit
 def _codes_kernel(nodes, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type, restricts,
                   spec_ok, type_ok, allowed, cpu_free, mem_free, node_model, node_gpu_mem, gpu_count, replicas,
                   slice_milli, usable, gpu_free, healthy, exists, gpu_model, mem_cap, mem_free_g,
                   out):  # pragma: no cover - compiled
-    n_models = allowed.shape[0] - 1
     for i in range(nodes.shape[0]):
-        n = nodes[i]
-        code = 0
-        m = node_model[n]
-        mi = m if m >= 0 else n_models
-        if cpu_free[n] < cpu:
-            code = 1 * 4
-        elif mem_free[n] < mem:
-            code = 2 * 4
-        elif num_gpu > 0 and has_spec and not spec_ok[mi]:
-            code = 3 * 4
-        elif num_gpu > 0 and has_type and not type_ok[mi]:
-            code = 4 * 4
-        elif num_gpu > 0 and need_mem and not (node_gpu_mem[n] > 0 or gpu_count[n] == 0):
-            code = 5 * 4
-        elif num_gpu > 0:
-            milli = gpu_milli
-            if slice_ask and replicas[n] > 1:
-                milli = slice_milli[n]
-            fit = _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy,
-                             gpu_model, mem_cap, mem_free_g)
-            if fit < num_gpu:
-                well = 0
-                by_share = 0
-                for g in range(usable.shape[1]):
-                    if healthy[n, g] and exists[n, g]:
-                        well += 1
-                    if usable[n, g] >= milli:
-                        by_share += 1
-                sick = well < num_gpu and gpu_count[n] >= num_gpu
-                memory = (not sick) and by_share >= num_gpu
-                sliced = slice_ask and (not sick) and (not memory) and replicas[n] > 1 and num_gpu > 1
-                code = 6 * 4 + (1 if sick else (2 if memory else (3 if sliced else 0)))
-        out[i] = code
+        out[i] = _node_code(nodes[i], cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type,
+                            restricts, spec_ok, type_ok, allowed, cpu_free, mem_free, node_model, node_gpu_mem,
+                            gpu_count, replicas, slice_milli, usable, gpu_free, healthy, exists, gpu_model, mem_cap,
+                            mem_free_g)
+
+
+@_jit
+def _refresh_codes(log, start, end, snap, version, mark, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask,
+                   has_spec, has_type, restricts, spec_ok, type_ok, allowed, cpu_free, mem_free, node_model,
+                   node_gpu_mem, gpu_count, replicas, slice_milli, usable, gpu_free, healthy, exists, gpu_model,
+                   mem_cap, mem_free_g, codes, values, counts):  # pragma: no cover - compiled
+    """Refresh one mask-cache entry in place: every node of ``log[start:end]`` (all nodes when ``start < 0``)
+    whose ``snap`` differs from ``version`` gets its failure code (``codes``), feasibility (``values``), the
+    code histogram ``counts`` moved from its old code to the new one, and ``snap`` set to its version.
+    ``mark`` is an all-False (n_nodes,) scratch array, left all False. Returns how many nodes it refreshed."""
+    k = 0
+    if start < 0:
+        lo, hi = 0, version.shape[0]
+    else:
+        lo, hi = start, end
+    for i in range(lo, hi):
+        n = log[i] if start >= 0 else i
+        if snap[n] == version[n] or mark[n]:
+            continue
+        mark[n] = True
+        k += 1
+        code = _node_code(n, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type, restricts,
+                          spec_ok, type_ok, allowed, cpu_free, mem_free, node_model, node_gpu_mem, gpu_count, replicas,
+                          slice_milli, usable, gpu_free, healthy, exists, gpu_model, mem_cap, mem_free_g)
+        counts[codes[n]] -= 1
+        counts[code] += 1
+        codes[n] = code
+        values[n] = code == 0
+    for i in range(lo, hi):  # snap set after the loop: a node logged twice is refreshed once
+        n = log[i] if start >= 0 else i
+        if mark[n]:
+            mark[n] = False
+            snap[n] = version[n]
+    return k
+
+
+@_jit
+def _stale_nodes(log, start, end, snap, version, mark, out):  # pragma: no cover - compiled
+    """The nodes of ``log[start:end]`` whose ``snap`` differs from ``version``, each once, ascending, written to
+    ``out``; returns how many. ``mark``: an all-False (n_nodes,) scratch array, left all False."""
+    k = 0
+    for i in range(start, end):
+        n = log[i]
+        if snap[n] != version[n] and not mark[n]:
+            mark[n] = True
+            out[k] = n
+            k += 1
+    for i in range(k):
+        mark[out[i]] = False
+    out[:k].sort()
+    return k
+
+
+@_jit
+def _changed_feasible(log, start, end, mask, scores, mark, nodes_out, neg_out):  # pragma: no cover - compiled
+    """The nodes of ``log[start:end]`` that pass ``mask``, each once, ascending (``nodes_out``), and their
+    negated ``scores`` (``neg_out``); returns (how many, whether a score is NaN). ``mark`` as above."""
+    k = 0
+    for i in range(start, end):
+        n = log[i]
+        if mask[n] and not mark[n]:
+            mark[n] = True
+            nodes_out[k] = n
+            k += 1
+    for i in range(k):
+        mark[nodes_out[i]] = False
+    nodes_out[:k].sort()
+    nan = False
+    for i in range(k):
+        v = scores[nodes_out[i]]
+        if v != v:
+            nan = True
+        neg_out[i] = -v
+    return k, nan
+
+
+def request_args(state: ClusterState, req: EffectiveRequest) -> tuple:
+    """The request's arguments to the failure-code kernels (scalars and (n_models + 1,) bool model tables); they
+    depend only on the request and the cluster's GPU models, so a caller may keep them per request class."""
+    r = req.requested
+    has_spec = bool(r.gpu_spec)
+    has_type = bool(r.gpu_type_include or r.gpu_type_exclude)
+    n_slots = len(state.model_names) + 1
+    spec_ok = _spec_allowed(state, r.gpu_spec) if has_spec else np.ones(n_slots, dtype=bool)
+    type_ok = _type_allowed(state, req) if has_type and req.num_gpu else np.ones(n_slots, dtype=bool)
+    restricts = has_spec or has_type
+    allowed = allowed_models(state, req) if restricts and req.num_gpu else np.ones(n_slots, dtype=bool)
+    return (r.cpu_milli, r.memory_mib, r.num_gpu, req.gpu_milli, r.gpu_memory_mib, req.is_slice_ask, has_spec,
+            has_type, restricts, spec_ok, type_ok, allowed)
+
+
+def _state_args(state: ClusterState) -> tuple:
+    return (state.cpu_free, state.mem_free, state.node_model, state.node_gpu_mem, state.gpu_count, state.gpu_replicas,
+            state.slice_milli, state._usable, state.gpu_free, state.gpu_healthy, state.gpu_exists, state.gpu_model,
+            state.gpu_mem_cap, state.gpu_mem_free)
+
+
+def refresh_codes(state: ClusterState, args: tuple, seen: int, snap: np.ndarray, mark: np.ndarray, codes: np.ndarray,
+                  values: np.ndarray, counts: np.ndarray) -> int:
+    """Bring a mask-cache entry last refreshed at ``changes == seen`` (-1: never) up to date in one compiled call:
+    the nodes changed since (from the change log, or a scan of ``snap`` against ``version`` when the log does not
+    reach back or is longer than the cluster) get their failure code in ``codes`` ((n_nodes,) int16, see
+    :func:`gpupool.engine.filters.failure_codes`), ``values`` ((n_nodes,) bool, code 0) and ``snap``
+    ((n_nodes,) int64 versions); ``counts`` (int64, one slot per code) stays the histogram of ``codes``.
+    ``args``: :func:`request_args`; ``mark``: (n_nodes,) bool all False. Returns how many nodes it refreshed."""
+    tail = state.log_tail(seen) if seen >= 0 else None
+    if tail is None or tail[2] - tail[1] > state.n_nodes:
+        log, start, end = _NO_LOG, -1, -1
+    else:
+        log, start, end = tail
+    return _refresh_codes(log, start, end, snap, state.version, mark, *args, *_state_args(state), codes, values,
+                          counts)
+
+
+def stale_nodes(state: ClusterState, seen: int, snap: np.ndarray, mark: np.ndarray) -> np.ndarray | None:
+    """Sorted (k,) int64 nodes changed since ``changes == seen`` whose ``snap`` differs from ``version`` (from the
+    change log, compiled), or None when the log does not reach back or is longer than the cluster (scan then)."""
+    tail = state.log_tail(seen) if seen >= 0 else None
+    if tail is None or tail[2] - tail[1] > state.n_nodes:
+        return None
+    log, start, end = tail
+    out = np.empty(end - start, dtype=np.int64)
+    return out[:_stale_nodes(log, start, end, snap, state.version, mark, out)]
+
+
+def changed_feasible(state: ClusterState, seen: int, mask: np.ndarray, scores: np.ndarray,
+                     mark: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """((k,) int64 nodes changed since ``changes == seen`` that pass ``mask``, ascending; (k,) float64 their
+    negated ``scores``; whether one is NaN), or None when the log does not reach back that far."""
+    tail = state.log_tail(seen) if seen >= 0 else None
+    if tail is None:
+        return None
+    log, start, end = tail
+    k = min(end - start, state.n_nodes)
+    nodes, neg = np.empty(k, dtype=np.int64), np.empty(k)
+    count, nan = _changed_feasible(log, start, end, mask, scores, mark, nodes, neg)
+    return nodes[:count], neg[:count], nan
+
+
+_NO_LOG = np.zeros(0, dtype=np.int64)
 
 
 def uses_default_filters(filters) -> bool:
@@ -166,20 +320,8 @@ def uses_default_filters(filters) -> bool:
 
 def failure_codes_default(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
     """(len(nodes),) int16 :func:`gpupool.engine.filters.failure_codes` for :data:`DEFAULT_FILTERS`, compiled."""
-    r = req.requested
-    has_spec = bool(r.gpu_spec)
-    has_type = bool(r.gpu_type_include or r.gpu_type_exclude)
-    n_slots = len(state.model_names) + 1
-    spec_ok = _spec_allowed(state, r.gpu_spec) if has_spec else np.ones(n_slots, dtype=bool)
-    type_ok = _type_allowed(state, req) if has_type and req.num_gpu else np.ones(n_slots, dtype=bool)
-    restricts = has_spec or has_type
-    allowed = allowed_models(state, req) if restricts and req.num_gpu else np.ones(n_slots, dtype=bool)
     out = np.empty(len(nodes), dtype=np.int16)
-    _codes_kernel(np.asarray(nodes, dtype=np.int64), r.cpu_milli, r.memory_mib, r.num_gpu, req.gpu_milli,
-                  r.gpu_memory_mib, req.is_slice_ask, has_spec, has_type, restricts, spec_ok, type_ok, allowed,
-                  state.cpu_free, state.mem_free, state.node_model, state.node_gpu_mem, state.gpu_count,
-                  state.gpu_replicas, state.slice_milli, state._usable, state.gpu_free, state.gpu_healthy,
-                  state.gpu_exists, state.gpu_model, state.gpu_mem_cap, state.gpu_mem_free, out)
+    _codes_kernel(np.asarray(nodes, dtype=np.int64), *request_args(state, req), *_state_args(state), out)
     return out
 
 

@@ -117,22 +117,27 @@ def most_free_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tup
 
 
 class _Entry:
-    __slots__ = ("snap", "seen", "values", "codes", "count")
+    __slots__ = ("snap", "seen", "values", "codes", "counts", "args")
 
     def __init__(self, n: int) -> None:
-        self.snap = np.full(n, -1, dtype=np.int64)
+        self.snap = np.full(n, -1, dtype=np.int64)  # (n_nodes,) each node's ClusterState.version when refreshed
         self.seen = -1  # state.changes when last refreshed
-        self.values: np.ndarray | None = None
-        self.codes: np.ndarray | None = None  # the mask cache's failure codes (filters.failure_codes)
-        self.count = 0  # the mask cache's number of feasible nodes
+        self.values: np.ndarray | None = None  # (n_nodes,) the cached mask (bool) or scores (float64)
+        # the mask cache's (n_nodes,) int16 failure codes (filters.failure_codes) and their histogram (int64, one
+        # slot per code: counts[0] is the number of feasible nodes), kept in step node by node
+        self.codes: np.ndarray | None = None
+        self.counts: np.ndarray | None = None
+        self.args: tuple | None = None  # the request's arguments to the compiled failure codes (request_args)
 
 
 class _NodeCache:
     """LRU of per-node arrays keyed by request class, refreshed where ``state.version`` moved.
 
-    The nodes to refresh come from the cluster's change log (:meth:`ClusterState.changed_since`): a class seen
+    The nodes to refresh come from the cluster's change log (:meth:`ClusterState.log_tail`): a class seen
     a few changes ago costs those few nodes, not a scan of every node's version. A class not seen for longer
-    than the log reaches back (or for more than ``SCAN_FRACTION`` of the nodes) scans ``version`` as before.
+    than the log reaches back (or for more changes than there are nodes; without numba, more than
+    ``SCAN_FRACTION`` of the nodes) scans ``version`` as before. With numba the log is read by one compiled
+    call (:func:`compiled.stale_nodes`, :func:`compiled.refresh_codes`), not turned into a Python list.
     """
 
     SCAN_FRACTION = 0.125
@@ -141,6 +146,8 @@ class _NodeCache:
         self.state = state
         self.size = size
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.compiled = compiled.enabled()  # find the changed nodes with the compiled kernel
+        self.mark = np.zeros(state.n_nodes, dtype=bool)  # scratch of the compiled kernels (all False between calls)
 
     def entry(self, key: tuple, dtype) -> tuple[_Entry, bool]:
         """(the entry of ``key``, whether it is current), created (all stale) if absent."""
@@ -160,10 +167,15 @@ class _NodeCache:
         """Sorted (k,) int64 indices of the nodes whose version moved since ``entry`` was refreshed."""
         state = self.state
         if entry.seen >= 0:
-            changed = state.changed_since(entry.seen)
-            if changed is not None and len(changed) <= self.SCAN_FRACTION * state.n_nodes:
-                idx = np.array(changed, dtype=np.int64)
-                return idx[entry.snap[idx] != state.version[idx]]
+            if self.compiled:  # one pass over the log, whatever its length up to n_nodes
+                stale = compiled.stale_nodes(state, entry.seen, entry.snap, self.mark)
+                if stale is not None:
+                    return stale
+            else:
+                tail = state.log_tail(entry.seen)
+                if tail is not None and tail[2] - tail[1] <= self.SCAN_FRACTION * state.n_nodes:
+                    idx = np.unique(tail[0][tail[1]:tail[2]])
+                    return idx[entry.snap[idx] != state.version[idx]]
         return (entry.snap != state.version).nonzero()[0]
 
     def get(self, key: tuple, compute, dtype) -> np.ndarray:
@@ -225,8 +237,7 @@ class Engine:
         self._configured = policy
         self._filters = policy.filters  # what _codes was chosen for (a policy's filters may be replaced later)
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
-        self._codes = (compiled.failure_codes_default if compiled.enabled()
-                       and compiled.uses_default_filters(policy.filters) else None)
+        self._codes = compiled.enabled() and compiled.uses_default_filters(policy.filters)
         self._scorer = compiled.FGDScorer(policy) if compiled.FGDScorer.supports(policy) else None
         # the best node from a heap where the policy picks the first best score the base-class way
         self._use_heap = policy.node_local and policy.tie_break == "first" and type(policy).pick is Policy.pick
@@ -241,20 +252,26 @@ class Engine:
         if current:
             return entry.values
         state = self.state
-        fresh = entry.codes is None
-        if fresh:
+        if entry.codes is None:  # every node code 0 until refreshed (all of them are stale)
             entry.codes = np.zeros(state.n_nodes, dtype=np.int16)
-        stale = cache.stale(entry)
-        if len(stale):
-            if self._codes is not None and self.policy.filters is self._filters:
-                codes = self._codes(state, eff, stale)
-            else:
+            entry.counts = np.zeros((len(self.policy.filters) + 1) * CODE_STRIDE, dtype=np.int64)
+            entry.counts[0] = state.n_nodes
+        if self._codes and self.policy.filters is self._filters:  # one compiled call
+            if entry.args is None:
+                entry.args = compiled.request_args(state, eff)
+            compiled.refresh_codes(state, entry.args, entry.seen, entry.snap, cache.mark, entry.codes, entry.values,
+                                   entry.counts)
+        else:
+            stale = cache.stale(entry)
+            if len(stale):
                 codes = failure_codes(state, eff, stale, self.policy.filters)
-            ok = codes == 0
-            entry.count += int(ok.sum()) - (0 if fresh else int(entry.values[stale].sum()))
-            entry.codes[stale] = codes
-            entry.values[stale] = ok
-            entry.snap[stale] = state.version[stale]
+                size = max(len(entry.counts), int(codes.max()) + 1)
+                if size > len(entry.counts):  # a policy whose filters were replaced by more of them
+                    entry.counts = np.concatenate([entry.counts, np.zeros(size - len(entry.counts), dtype=np.int64)])
+                entry.counts += np.bincount(codes, minlength=size) - np.bincount(entry.codes[stale], minlength=size)
+                entry.codes[stale] = codes
+                entry.values[stale] = codes == 0
+                entry.snap[stale] = state.version[stale]
         entry.seen = state.changes
         return entry.values
 
@@ -265,27 +282,21 @@ class Engine:
         """The first node with the highest score among feasible ones (-1 if none), from the class's heap."""
         state = self.state
         best = self._best.get(key)
-        changed = None
+        seen = -1
         if best is None:
             best = self._best[key] = _Best()
             if len(self._best) > self._cache_size:
                 self._best.popitem(last=False)
         else:
             self._best.move_to_end(key)
-            if best.seen >= 0:
-                changed = state.changed_since(best.seen)
+            seen = best.seen
         heap = best.heap
         best.seen = state.changes
-        if (changed is None or best.mask is not mask or best.scores is not scores
-                or len(heap) > 4 * state.n_nodes + 64):
+        if (seen < 0 or best.mask is not mask or best.scores is not scores or len(heap) > 4 * state.n_nodes + 64
+                or not self._push_changed(heap, seen, mask, scores)):
             node = self._build_best(best, mask, scores)
             if node is not None:
                 return node
-        else:
-            push = heapq.heappush
-            for node in changed:
-                if mask[node]:
-                    push(heap, (-float(scores[node]), node))
         while True:
             while heap:
                 top = heap[0]
@@ -301,6 +312,31 @@ class Engine:
             node = self._build_best(best, mask, scores)
             if node is not None:
                 return node
+
+    def _push_changed(self, heap: list, seen: int, mask: np.ndarray, scores: np.ndarray) -> bool:
+        """Push ``(-score, node)`` for every feasible node changed since ``changes == seen``, lowest node first;
+        False (nothing pushed) when the change log does not reach back that far."""
+        if self._mask_cache.compiled:
+            got = compiled.changed_feasible(self.state, seen, mask, scores, self._mask_cache.mark)
+            if got is None:
+                return False
+            nodes, neg, nan = got
+            if len(nodes) > 2 * len(heap) + 16 and not nan:  # many: one heapify (the same heap order by value)
+                heap.extend(zip(neg.tolist(), nodes.tolist(), strict=True))
+                heapq.heapify(heap)
+            else:
+                push = heapq.heappush
+                for item in zip(neg.tolist(), nodes.tolist(), strict=True):
+                    push(heap, item)
+            return True
+        changed = self.state.changed_since(seen)
+        if changed is None:
+            return False
+        push = heapq.heappush
+        for node in changed:
+            if mask[node]:
+                push(heap, (-float(scores[node]), node))
+        return True
 
     def _build_best(self, best: _Best, mask: np.ndarray, scores: np.ndarray) -> int | None:
         """Fill ``best.heap`` with the HEAP_KEEP best feasible nodes by (-score, node) and set ``best.bound`` to the
@@ -344,7 +380,7 @@ class Engine:
         key = eff.key()
         mask = self._feasible(key, eff)
         if self._use_heap:
-            if not self._mask_cache.entries[key].count:  # no node passes: nothing to score
+            if not self._mask_cache.entries[key].counts[0]:  # no node passes: nothing to score
                 return eff, -1, ()
             node = self._best_node(key, mask, self._cached_scores(eff))
             if node < 0:
@@ -390,13 +426,10 @@ class Engine:
         hit = self._reasons.get(key)
         if hit is not None and hit[0] == self.state.changes:
             return hit[1]
-        # every node's first failing filter is cached with its mask and refreshed with the node: the message
-        # is a count of those codes (one bincount), not every filter re-run over every GPU
+        # every node's first failing filter is cached with its mask and refreshed with the node, and so is the
+        # histogram of those codes: the message is read from it, not every filter re-run over every GPU
         self._feasible(key, eff)
-        codes = self._mask_cache.entries[key].codes
-        filters = self.policy.filters
-        counts = np.bincount(codes, minlength=(len(filters) + 1) * CODE_STRIDE)
-        reason = reason_from_counts(self.state, eff, counts, filters)
+        reason = reason_from_counts(self.state, eff, self._mask_cache.entries[key].counts, self.policy.filters)
         if len(self._reasons) >= 256:
             self._reasons.clear()
         self._reasons[key] = (self.state.changes, reason)
