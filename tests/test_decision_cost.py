@@ -283,6 +283,11 @@ def test_compiled_fgd_mirror_is_current() -> None:
     assert compiled.fgd_mirror_current(), (
         "FGD / FragModel changed since the compiled scorer was checked: run tests/test_decision_cost.py, and if "
         f"it passes add {compiled.fingerprint()!r} to compiled.FGD_FINGERPRINTS")
+    from gpupool.policies.gpupool_policy import GpupoolPolicy
+
+    assert compiled.gpupool_final_current(), (
+        "GpupoolPolicy._final_score changed: update compiled.FGDScorer._gpupool_final to match, then set "
+        f"compiled.GPUPOOL_FINAL_FINGERPRINT to {compiled._source_hash(GpupoolPolicy._final_score)!r}")
 
 
 @needs_numba
@@ -297,6 +302,7 @@ def test_compiled_scorer_equals_the_policy_score(name, seed) -> None:
     twin = copy.deepcopy(pol)
     scorer = compiled.FGDScorer(twin)
     assert compiled.FGDScorer.supports(twin)
+    assert scorer.final is not None  # the final score from the kernel's shares too, checked bit for bit below
     for i in range(60):
         p = random_pod(rng, f"q{i}")
         eff = EffectiveRequest(p, p.gpu_milli)

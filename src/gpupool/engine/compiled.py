@@ -10,8 +10,10 @@ microsecond of call overhead on a few dozen rows. Kernels do the integer part in
   cluster's change log in one call;
 * :func:`stale_nodes` and :func:`changed_feasible`: the nodes changed since a count, read from the change log
   (:meth:`ClusterState.log_tail`) for the score cache and the best-node heap;
-* the FGD / gpupool score refresh (:class:`FGDScorer`): the per-shape fragmented-share cells that
-  :class:`gpupool.frag.FragModel` multiplies with the shape probabilities, and the GPUs that fit.
+* the FGD / gpupool score refresh (:class:`FGDScorer`): one kernel reads the changed nodes from the cluster's
+  arrays and gives their integer scores, GPU choice, share and free GPU share (:func:`_fgd_nodes`), and the
+  per-shape fragmented-share cells that :class:`gpupool.frag.FragModel` multiplies with the shape
+  probabilities; gpupool's final score (:meth:`FGDScorer._gpupool_final`) reuses the kernel's shares.
 
 Everything in floating point stays with the policy's own NumPy code on arrays of the very shapes the policy
 would build (the product with ``prob``, ``_transform``, ``_final_score``): a matrix-vector product through
@@ -351,19 +353,6 @@ def _cells_row(free, i, total, cpu, mi, mem, use_mem, access, t_milli, t_num, t_
 
 
 @_jit
-def _frag_cells(free, cpu, model, mem, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu,
-                out):  # pragma: no cover - compiled
-    n_models = access.shape[0] - 1
-    for i in range(free.shape[0]):
-        total = 0
-        for g in range(free.shape[1]):
-            total += free[i, g]
-        m = model[i]
-        _cells_row(free, i, total, cpu[i], m if m >= 0 else n_models, mem[i], use_mem, access, t_milli, t_num,
-                   t_cpu, t_mem, t_gpu, out, i)
-
-
-@_jit
 def _fits(nodes, share, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy, gpu_model, mem_cap,
           mem_free, out):  # pragma: no cover - compiled
     """gpu_fit_matrix of ``nodes`` (``share``: node_share of each) into ``out`` (k, G) bool."""
@@ -422,68 +411,86 @@ def _after_share_cells(free, milli, cpu_a, model, mem_a, use_mem, access, t_mill
 
 
 @_jit
-def _take(free, fits, share, num_gpu, out):  # pragma: no cover - compiled
-    """Free share after the lowest-index fitting GPUs give ``share`` each (at most ``num_gpu`` of them)."""
-    for i in range(free.shape[0]):
-        taken = 0
-        for g in range(free.shape[1]):
-            x = free[i, g]
-            if fits[i, g] and taken < num_gpu:
-                taken += 1
-                x -= share[i]
-            out[i, g] = x
-
-
-@_jit
-def _fgd_fast(free, before, cpu_a, mem_a, model, mode, gpu_milli, share, fits, num_gpu, prob, use_mem, access,
-              t_milli, t_num, t_cpu, t_mem, t_gpu, scores, choice):  # pragma: no cover - compiled
-    """FGD's integer scores ``floor(100 * sigmoid((before - after) / 1000))`` and, for a fractional pod
-    (``mode`` 1), the best GPU of each node; ``mode`` 0: no GPU, 2: whole GPUs / replicas (the lowest-index
-    fitting GPUs give ``share``). The fragmentation after placement is summed here in order, which may differ
-    from NumPy's BLAS product in the last bits: returns True when any score lies within ``_MARGIN`` of an
-    integer (where such a difference could move the floor), and the caller then takes NumPy's exact path."""
+def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g, cpu_free, mem_free, node_model,
+               replicas, slice_milli, before, cpu, mem, mode, gpu_milli, need_mem, num_gpu, slice_ask, restricts,
+               allowed, prob, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu, scores, choice, cells, share_out,
+               free_out):  # pragma: no cover - compiled
+    """FGD's integer scores ``floor(100 * sigmoid((before - after) / 1000))`` of placing the request on each of
+    ``nodes`` (read from the cluster's arrays; ``before``: the (n_nodes,) fragmentation now) and, for a
+    fractional pod (``mode`` 1), the best GPU of each node; ``mode`` 0: no GPU, 2: whole GPUs / replicas (the
+    lowest-index fitting GPUs, as :func:`gpupool.engine.filters.gpu_fit_matrix` tests them, give the node's
+    share). Modes 0 and 2 also write the fragmentation cells after placement (``cells``, (k, n_shapes) int64, as
+    :meth:`gpupool.frag.FragModel.frag` builds them) for NumPy's exact path; every mode writes each node's share
+    (``share_out``, :func:`gpupool.engine.filters.node_share`) and free usable GPU share (``free_out``). The
+    fragmentation after placement is summed here in order, which may differ from NumPy's BLAS product in the
+    last bits: returns True when any score lies within ``_MARGIN`` of an integer (where such a difference could
+    move the floor), and the caller then takes NumPy's exact path."""
     n_models = access.shape[0] - 1
-    n_gpus = free.shape[1]
+    n_gpus = usable.shape[1]
     n_shapes = t_milli.shape[0]
     count = np.empty(n_shapes, dtype=np.int64)
     small = np.empty(n_shapes, dtype=np.int64)
     row = np.empty(n_gpus, dtype=np.int64)
+    fits = np.empty(n_gpus, dtype=np.bool_)
     unsure = False
-    for i in range(free.shape[0]):
-        m = model[i]
+    for i in range(nodes.shape[0]):
+        n = nodes[i]
+        m = node_model[n]
         mi = m if m >= 0 else n_models
-        if mode == 1:
-            total = 0
+        cpu_a = cpu_free[n] - cpu
+        mem_a = mem_free[n] - mem
+        milli = gpu_milli
+        if num_gpu > 0 and slice_ask and replicas[n] > 1:
+            milli = slice_milli[n]
+        share_out[i] = milli
+        total = 0
+        for g in range(n_gpus):
+            total += usable[n, g]
+        free_out[i] = total
+        if mode != 0:  # _fits of one node
             for g in range(n_gpus):
-                total += free[i, g]
+                if gpu_milli > 0:
+                    ok = usable[n, g] >= milli
+                else:
+                    ok = healthy[n, g] and gpu_free[n, g] >= milli
+                if ok and restricts:
+                    gm = gpu_model[n, g]
+                    ok = allowed[gm if gm >= 0 else n_models]
+                if ok:
+                    if need_mem:
+                        ok = mem_cap[n, g] > 0 and mem_free_g[n, g] >= need_mem
+                    else:
+                        ok = mem_free_g[n, g] >= mem_cap[n, g] * milli // 1000
+                fits[g] = ok
+        if mode == 1:
             for t in range(n_shapes):
                 c = 0
                 sm = 0
                 for g in range(n_gpus):
-                    if free[i, g] >= t_milli[t]:
+                    x = np.int64(usable[n, g])
+                    if x >= t_milli[t]:
                         c += 1
                     else:
-                        sm += free[i, g]
+                        sm += x
                 count[t] = c
                 small[t] = sm
             best = -np.inf
             best_g = 0
             for g in range(n_gpus):
-                if not fits[i, g]:
+                if not fits[g]:
                     continue
-                x = free[i, g]
+                x = np.int64(usable[n, g])
                 a = x - gpu_milli if x > gpu_milli else 0
                 after = 0.0
                 for t in range(n_shapes):
                     tm = t_milli[t]
                     cell = total - (x - a)
-                    if (t_gpu[t] and access[mi, t] and cpu_a[i] >= t_cpu[t]
-                            and (not use_mem or mem_a[i] >= t_mem[t])):
+                    if t_gpu[t] and access[mi, t] and cpu_a >= t_cpu[t] and (not use_mem or mem_a >= t_mem[t]):
                         c = count[t] - (1 if x >= tm else 0) + (1 if a >= tm else 0)
                         if c >= t_num[t]:
                             cell = small[t] - (0 if x >= tm else x) + (0 if a >= tm else a)
                     after += cell * prob[t]
-                v = 100.0 / (1.0 + math.exp(-(before[i] - after) / 1000.0))
+                v = 100.0 / (1.0 + math.exp(-(before[n] - after) / 1000.0))
                 f = math.floor(v)
                 if v - f < _MARGIN or f + 1.0 - v < _MARGIN:
                     unsure = True
@@ -494,18 +501,18 @@ def _fgd_fast(free, before, cpu_a, mem_a, model, mode, gpu_milli, share, fits, n
             choice[i] = best_g
             continue
         taken = 0
-        total = 0
+        after_total = 0
         for g in range(n_gpus):
-            x = free[i, g]
-            if mode == 2 and fits[i, g] and taken < num_gpu:
+            x = np.int64(usable[n, g])
+            if mode == 2 and fits[g] and taken < num_gpu:
                 taken += 1
-                x -= share[i]
+                x -= milli
             row[g] = x
-            total += x
+            after_total += x
         after = 0.0
         for t in range(n_shapes):
-            cell = total
-            if t_gpu[t] and access[mi, t] and cpu_a[i] >= t_cpu[t] and (not use_mem or mem_a[i] >= t_mem[t]):
+            cell = after_total
+            if t_gpu[t] and access[mi, t] and cpu_a >= t_cpu[t] and (not use_mem or mem_a >= t_mem[t]):
                 c = 0
                 sm = 0
                 for g in range(n_gpus):
@@ -515,14 +522,60 @@ def _fgd_fast(free, before, cpu_a, mem_a, model, mode, gpu_milli, share, fits, n
                         sm += row[g]
                 if c >= t_num[t]:
                     cell = sm
+            cells[i, t] = cell
             after += cell * prob[t]
-        v = 100.0 / (1.0 + math.exp(-(before[i] - after) / 1000.0))
+        v = 100.0 / (1.0 + math.exp(-(before[n] - after) / 1000.0))
         f = math.floor(v)
         if v - f < _MARGIN or f + 1.0 - v < _MARGIN:
             unsure = True
         scores[i] = f
         choice[i] = 0
     return unsure
+
+
+@_jit
+def _stale_before(nodes, before_at, version, out):  # pragma: no cover - compiled
+    """Positions in ``nodes`` of the nodes whose fragmentation ``before_at`` is not their ``version``; returns
+    how many (written to ``out``, in order)."""
+    k = 0
+    for i in range(nodes.shape[0]):
+        n = nodes[i]
+        if before_at[n] != version[n]:
+            out[k] = i
+            k += 1
+    return k
+
+
+@_jit
+def _frag_cells_of(nodes, usable, cpu_free, node_model, mem_free, use_mem, access, t_milli, t_num, t_cpu, t_mem,
+                   t_gpu, out):  # pragma: no cover - compiled
+    """(k, n_shapes) int64 fragmentation cells of ``nodes``' current state (what :meth:`FragModel.frag`
+    multiplies with the shape probabilities), read from the cluster's arrays."""
+    n_models = access.shape[0] - 1
+    n_gpus = usable.shape[1]
+    for i in range(nodes.shape[0]):
+        n = nodes[i]
+        total = 0
+        for g in range(n_gpus):
+            total += usable[n, g]
+        m = node_model[n]
+        mi = m if m >= 0 else n_models
+        cpu = cpu_free[n]
+        mem = mem_free[n]
+        for t in range(t_milli.shape[0]):
+            cell = total
+            if t_gpu[t] and access[mi, t] and cpu >= t_cpu[t] and (not use_mem or mem >= t_mem[t]):
+                c = 0
+                sm = 0
+                for g in range(n_gpus):
+                    x = usable[n, g]
+                    if x >= t_milli[t]:
+                        c += 1
+                    else:
+                        sm += x
+                if c >= t_num[t]:
+                    cell = sm
+            out[i, t] = cell
 
 
 @_jit
@@ -626,6 +679,29 @@ path is not used until the kernels are checked again and the new hash added here
 
 _fingerprint_ok: bool | None = None
 
+GPUPOOL_FINAL_FINGERPRINT = "6ae4b6abda34b30b"
+"""Hash of the source of ``GpupoolPolicy._final_score``, which :meth:`FGDScorer._gpupool_final` copies; when it
+does not match, the policy's own method is called."""
+
+_final_ok: bool | None = None
+
+
+def gpupool_final_current() -> bool:
+    """True when ``GpupoolPolicy._final_score`` is the code :meth:`FGDScorer._gpupool_final` copies."""
+    global _final_ok
+    if _final_ok is None:
+        from gpupool.policies.gpupool_policy import GpupoolPolicy
+        try:
+            _final_ok = _source_hash(GpupoolPolicy._final_score) == GPUPOOL_FINAL_FINGERPRINT
+        except (OSError, TypeError):
+            _final_ok = False
+    return _final_ok
+
+
+def _fgd_final(state, req, nodes, scores, share, gpu_free):
+    """FGD._final_score: the scores as they are."""
+    return scores
+
 
 def fingerprint() -> str:
     """The current hash of the mirrored methods' source."""
@@ -652,6 +728,37 @@ class FGDScorer:
         self.policy = policy
         self.model = None
         self._load()
+        self.final = self._final_for(policy)
+
+    def _final_for(self, policy):
+        """The policy's ``_final_score`` from the node shares and free GPU share the kernel already has: the
+        identity for FGD's, a copy of gpupool's (:data:`GPUPOOL_FINAL_FINGERPRINT`) for it; None: call the policy."""
+        from gpupool.policies.fgd import FGD
+        from gpupool.policies.gpupool_policy import GpupoolPolicy
+
+        final = type(policy)._final_score
+        if final is FGD._final_score:
+            return _fgd_final
+        if final is GpupoolPolicy._final_score and gpupool_final_current():
+            return self._gpupool_final
+        return None
+
+    def _gpupool_final(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray, scores: np.ndarray,
+                       share: np.ndarray, gpu_free: np.ndarray) -> np.ndarray:
+        """GpupoolPolicy._final_score, line for line, with ``node_share(state, req, nodes)`` = ``share`` and
+        ``state.usable_gpu_free(nodes).sum(axis=1)`` = ``gpu_free`` ((k,) int64 each, from the kernel)."""
+        from gpupool.policies.best_fit import MAX_SPEC_GPU
+        from gpupool.policies.gpupool_policy import POINTS_PER_GPU
+
+        pol = self.policy
+        if pol.strand_weight and (pol.cpu_ratio or pol.mem_ratio):
+            return pol._final_score(state, req, nodes, scores)
+        demand = req.num_gpu * share
+        if pol.pressure.any():
+            gpus = demand / MILLI
+            scores = scores - pol.kappa * POINTS_PER_GPU * pol.pressure[state.node_model[nodes]] * gpus
+        gpu_left = (gpu_free - demand) / MAX_SPEC_GPU
+        return scores - pol.pack_epsilon * gpu_left
 
     def _load(self) -> None:
         """Take the shapes of the policy's current FragModel (again after a new ``prepare``)."""
@@ -676,11 +783,6 @@ class FGDScorer:
                 and cls._evaluate_dedup is FGD._evaluate_dedup and type(policy.model) is FragModel
                 and fgd_mirror_current())
 
-    def _frag(self, free, cpu, model, mem):
-        out = np.empty((free.shape[0], self.n_shapes), dtype=np.int64)
-        _frag_cells(free, cpu, model, mem, self.model.use_memory, *self.shapes, out)
-        return out @ self.model.prob
-
     def _fit_matrix(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray, share: np.ndarray):
         r = req.requested
         restricts = bool(r.gpu_spec or r.gpu_type_include or r.gpu_type_exclude)
@@ -690,50 +792,56 @@ class FGDScorer:
               state.gpu_healthy, state.gpu_model, state.gpu_mem_cap, state.gpu_mem_free, out)
         return out
 
-    def _evaluate(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray):
-        """FGD._evaluate, same rows to NumPy for every floating-point step."""
+    def _refresh_before(self, state: ClusterState, nodes: np.ndarray) -> None:
+        """The policy's ``_before`` (fragmentation now) of those of ``nodes`` whose state changed since, as
+        FGD._evaluate refreshes it: the stale rows, in order, in one product with ``prob`` (same rows to BLAS)."""
         pol = self.policy
-        free = state._usable[nodes].astype(np.int64)
-        cpu = state.cpu_free[nodes]
-        mem = state.mem_free[nodes]
-        model = state.node_model[nodes]
-        version = state.version[nodes]
-        stale = pol._before_at[nodes] != version
-        if stale.all():
-            pol._before[nodes] = self._frag(free, cpu, model, mem)
-            pol._before_at[nodes] = version
-        elif stale.any():
-            idx = nodes[stale]
-            pol._before[idx] = self._frag(free[stale], cpu[stale], model[stale], mem[stale])
-            pol._before_at[idx] = version[stale]
+        pos = np.empty(len(nodes), dtype=np.int64)
+        k = _stale_before(nodes, pol._before_at, state.version, pos)
+        if k:
+            idx = nodes if k == len(nodes) else nodes[pos[:k]]
+            out = np.empty((k, self.n_shapes), dtype=np.int64)
+            _frag_cells_of(idx, state._usable, state.cpu_free, state.node_model, state.mem_free,
+                           self.model.use_memory, *self.shapes, out)
+            pol._before[idx] = out @ self.model.prob
+            pol._before_at[idx] = state.version[idx]
+
+    def _evaluate(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray):
+        """FGD._evaluate, same rows to NumPy for every floating-point step: (scores (k,), chosen GPU (k,) of a
+        fractional pod else None, node share (k,) int64, free usable GPU share (k,) int64)."""
+        pol = self.policy
+        self._refresh_before(state, nodes)
+        r = req.requested
+        mode = 0 if req.num_gpu == 0 else (1 if req.is_fractional else 2)
+        restricts = bool(r.gpu_spec or r.gpu_type_include or r.gpu_type_exclude)
+        allowed = allowed_models(state, req) if restricts and mode else _ALL_MODELS
+        k = len(nodes)
+        scores = np.empty(k)
+        choice = np.empty(k, dtype=np.int64)
+        cells = np.empty((k, self.n_shapes), dtype=np.int64) if mode != 1 else _NO_CELLS
+        share = np.empty(k, dtype=np.int64)
+        gpu_free = np.empty(k, dtype=np.int64)
+        unsure = _fgd_nodes(nodes, state._usable, state.gpu_free, state.gpu_healthy, state.gpu_model,
+                            state.gpu_mem_cap, state.gpu_mem_free, state.cpu_free, state.mem_free, state.node_model,
+                            state.gpu_replicas, state.slice_milli, pol._before, r.cpu_milli, r.memory_mib, mode,
+                            req.gpu_milli, r.gpu_memory_mib, r.num_gpu, req.is_slice_ask, restricts, allowed,
+                            self.prob, self.model.use_memory, *self.shapes, scores, choice, cells, share, gpu_free)
+        if not unsure:
+            return scores, (choice if mode == 1 else None), share, gpu_free
         before = pol._before[nodes]
-        cpu_a = cpu - req.cpu_milli
-        mem_a = mem - req.memory_mib
-        if req.num_gpu == 0:
-            share, fits = _NO_SHARE, _NO_FITS
-        else:
-            share = node_share(state, req, nodes)
-            fits = self._fit_matrix(state, req, nodes, share)
-        if pol.integer_scores:  # one compiled pass; NumPy's exact path only where a score nears an integer
-            mode = 0 if req.num_gpu == 0 else (1 if req.is_fractional else 2)
-            scores = np.empty(len(nodes))
-            choice = np.empty(len(nodes), dtype=np.int64)
-            unsure = _fgd_fast(free, before, cpu_a, mem_a, model, mode, req.gpu_milli, share, fits, req.num_gpu,
-                               self.prob, self.model.use_memory, *self.shapes, scores, choice)
-            if not unsure:
-                return scores, (choice if mode == 1 else None)
-        if req.num_gpu == 0:
-            return pol._transform(before - self._frag(free, cpu_a, model, mem_a)), None
-        if req.is_fractional:
-            cells = np.empty((len(nodes), state.max_gpus, self.n_shapes), dtype=np.int64)
-            _after_share_cells(free, req.gpu_milli, cpu_a, model, mem_a, self.model.use_memory, *self.shapes, cells)
-            fa = cells @ self.model.prob
-            s = np.where(fits, pol._transform(before[:, None] - fa), -np.inf)
-            choice = np.argmax(s, axis=1)
-            return s[np.arange(len(nodes)), choice], choice
-        after = np.empty_like(free)
-        _take(free, fits, share, req.num_gpu, after)
-        return pol._transform(before - self._frag(after, cpu_a, model, mem_a)), None
+        if mode != 1:  # the cells the kernel wrote, through BLAS as FGD._evaluate's frag(after) does
+            return pol._transform(before - cells @ self.model.prob), None, share, gpu_free
+        free = state._usable[nodes].astype(np.int64)
+        cpu_a = state.cpu_free[nodes] - req.cpu_milli
+        mem_a = state.mem_free[nodes] - req.memory_mib
+        fits = self._fit_matrix(state, req, nodes, share)
+        cells3 = np.empty((k, state.max_gpus, self.n_shapes), dtype=np.int64)
+        _after_share_cells(free, req.gpu_milli, cpu_a, state.node_model[nodes], mem_a, self.model.use_memory,
+                           *self.shapes, cells3)
+        fa = cells3 @ self.model.prob
+        s = np.where(fits, pol._transform(before[:, None] - fa), -np.inf)
+        choice = np.argmax(s, axis=1)
+        return s[np.arange(k), choice], choice, share, gpu_free
 
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         """(len(nodes),) float64: ``policy.score(state, req, nodes)``."""
@@ -746,20 +854,22 @@ class FGDScorer:
             if distinct is None:  # a hash collision: the policy's own (exact) path
                 return pol.score(state, req, nodes)
             first, inverse = distinct
-            scores, choice = self._evaluate(state, req, nodes[first])
+            scores, choice, _, _ = self._evaluate(state, req, nodes[first])
             scores, choice = scores[inverse], (None if choice is None else choice[inverse])
+            share = gpu_free = None
         else:
-            scores, choice = self._evaluate(state, req, nodes)
+            scores, choice, share, gpu_free = self._evaluate(state, req, nodes)
         if choice is not None:
             key = pol.score_key(req)
             chosen = pol._choices.get(key)
             if chosen is None:
                 chosen = pol._choices[key] = np.zeros(state.n_nodes, dtype=np.int16)
             chosen[nodes] = choice
+        if share is not None and self.final is not None:
+            return self.final(state, req, nodes, scores, share, gpu_free)
         return pol._final_score(state, req, nodes, scores)
 
 
 _ALL_MODELS = np.ones(1, dtype=bool)  # placeholder: never read when restricts is False
-_NO_FITS = np.zeros((0, 0), dtype=bool)  # placeholders for a pod without GPUs (never read)
-_NO_SHARE = np.zeros(0, dtype=np.int64)
+_NO_CELLS = np.zeros((0, 0), dtype=np.int64)  # placeholder: a fractional pod's cells are not written
 assert MILLI == 1000  # the kernels divide by 1000 as MILLI
