@@ -998,11 +998,22 @@ class PoolScheduler(EvictionActions):
                 best = min(best, self._promote[0][0])
         return best if best > now + 1e-9 else math.inf
 
-    def _dominated(self, grp: int, failed: dict) -> bool:
-        """True when every pending shape of ``grp`` is at least as big as one that already failed."""
-        for g, n, tier in self.shapes[grp]:
-            memo = failed.get(tier)
-            if not memo or not any(g2 <= g and n2 <= n for g2, n2 in memo.items()):
+    def _dominated(self, grp: int, failed: dict, known: dict | None = None) -> bool:
+        """True when every pending shape of ``grp`` is at least as big as one that already failed. ``known``:
+        the verdict per shape for these memos, filled as computed (the caller drops it when a memo changes)."""
+        if known is None:
+            for g, n, tier in self.shapes[grp]:
+                memo = failed.get(tier)
+                if not memo or not any(g2 <= g and n2 <= n for g2, n2 in memo.items()):
+                    return False
+            return True
+        for shape in self.shapes[grp]:
+            dom = known.get(shape)
+            if dom is None:
+                g, n, tier = shape
+                memo = failed.get(tier)
+                dom = known[shape] = bool(memo) and any(g2 <= g and n2 <= n for g2, n2 in memo.items())
+            if not dom:
                 return False
         return True
 
@@ -1029,23 +1040,31 @@ class PoolScheduler(EvictionActions):
         heapq.heapify(heap)
         cursor = [0] * self.n_groups
         topo = self.cfg.topology_aware
+        fair = self.cfg.fair_share
+        known_ver, known, known_any = self._fail_ver, {}, {}  # _dominated's verdicts for the current memos
         while heap:
             _, grp = heapq.heappop(heap)
-            exempt = lender and (not self.cfg.fair_share or (
+            exempt = lender and (not fair or (
                 grp != r.job.q and self.alloc[grp][0] < self.quota_g[grp] - _EPS))
-            if failed and self._dominated(grp, failed) and (not exempt or self._dominated(grp, failed_any)):
+            if known_ver != self._fail_ver:
+                known_ver, known, known_any = self._fail_ver, {}, {}
+            if failed and self._dominated(grp, failed, known) and (
+                    not exempt or self._dominated(grp, failed_any, known_any)):
                 continue
             plist = self.pending[grp]
             i = cursor[grp]
             placed = False
             checked = self._fail_ver  # _dominated is False for these memos (or the loop would have ended)
             jobs = plist.jobs
+            if exempt and fair:  # _in_quota of this group's jobs (job.q == grp != r.job.q): alloc moves only
+                held, quota = self.alloc[grp][0], self.quota_g[grp] + _EPS  # when a job starts, ending the loop
             while i < len(jobs):
                 job = jobs[i]
                 if r is not None and r.job is job:
                     i += 1
                     continue
-                if exempt and job.q != r.job.q and self._in_quota(job):
+                if exempt and (held + job.min_pods * job.gpus_per_pod <= quota if fair
+                               else job.q != r.job.q and self._in_quota(job)):
                     memo_for, allowed_for = failed_any, None
                 else:
                     memo_for, allowed_for = failed, allowed
@@ -1069,8 +1088,10 @@ class PoolScheduler(EvictionActions):
                 if not self.cfg.backfill or self.free_gpus <= 0:
                     return placed_any
                 if checked != self._fail_ver:  # the pending shapes are unchanged until a job starts
-                    checked = self._fail_ver
-                    if self._dominated(grp, failed) and (not exempt or self._dominated(grp, failed_any)):
+                    checked = known_ver = self._fail_ver
+                    known, known_any = {}, {}
+                    if self._dominated(grp, failed, known) and (
+                            not exempt or self._dominated(grp, failed_any, known_any)):
                         break
                 i += 1
             cursor[grp] = i
