@@ -123,88 +123,85 @@ def _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usabl
 
 
 @_jit
-def _node_code(n, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type, restricts, spec_ok, type_ok,
-               allowed, cpu_free, mem_free, node_model, node_gpu_mem, gpu_count, replicas, slice_milli, usable,
-               gpu_free, healthy, exists, gpu_model, mem_cap, mem_free_g):  # pragma: no cover - compiled
-    """Failure code of node ``n`` (0: passes every default filter)."""
-    n_models = allowed.shape[0] - 1
-    m = node_model[n]
-    mi = m if m >= 0 else n_models
-    if cpu_free[n] < cpu:
-        return 1 * 4
-    if mem_free[n] < mem:
-        return 2 * 4
-    if num_gpu > 0 and has_spec and not spec_ok[mi]:
-        return 3 * 4
-    if num_gpu > 0 and has_type and not type_ok[mi]:
-        return 4 * 4
-    if num_gpu > 0 and need_mem and not (node_gpu_mem[n] > 0 or gpu_count[n] == 0):
-        return 5 * 4
-    if num_gpu > 0:
-        milli = gpu_milli
-        if slice_ask and replicas[n] > 1:
-            milli = slice_milli[n]
-        fit = _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy,
-                         gpu_model, mem_cap, mem_free_g)
-        if fit < num_gpu:
-            well = 0
-            by_share = 0
-            for g in range(usable.shape[1]):
-                if healthy[n, g] and exists[n, g]:
-                    well += 1
-                if usable[n, g] >= milli:
-                    by_share += 1
-            sick = well < num_gpu and gpu_count[n] >= num_gpu
-            memory = (not sick) and by_share >= num_gpu
-            sliced = slice_ask and (not sick) and (not memory) and replicas[n] > 1 and num_gpu > 1
-            return 6 * 4 + (1 if sick else (2 if memory else (3 if sliced else 0)))
-    return 0
-
-
-@_jit
 def _codes_kernel(nodes, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type, restricts,
                   spec_ok, type_ok, allowed, cpu_free, mem_free, node_model, node_gpu_mem, gpu_count, replicas,
                   slice_milli, usable, gpu_free, healthy, exists, gpu_model, mem_cap, mem_free_g,
                   out):  # pragma: no cover - compiled
+    n_models = allowed.shape[0] - 1
     for i in range(nodes.shape[0]):
-        out[i] = _node_code(nodes[i], cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type,
-                            restricts, spec_ok, type_ok, allowed, cpu_free, mem_free, node_model, node_gpu_mem,
-                            gpu_count, replicas, slice_milli, usable, gpu_free, healthy, exists, gpu_model, mem_cap,
-                            mem_free_g)
+        n = nodes[i]
+        code = 0
+        m = node_model[n]
+        mi = m if m >= 0 else n_models
+        if cpu_free[n] < cpu:
+            code = 1 * 4
+        elif mem_free[n] < mem:
+            code = 2 * 4
+        elif num_gpu > 0 and has_spec and not spec_ok[mi]:
+            code = 3 * 4
+        elif num_gpu > 0 and has_type and not type_ok[mi]:
+            code = 4 * 4
+        elif num_gpu > 0 and need_mem and not (node_gpu_mem[n] > 0 or gpu_count[n] == 0):
+            code = 5 * 4
+        elif num_gpu > 0:
+            milli = gpu_milli
+            if slice_ask and replicas[n] > 1:
+                milli = slice_milli[n]
+            fit = _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy,
+                             gpu_model, mem_cap, mem_free_g)
+            if fit < num_gpu:
+                well = 0
+                by_share = 0
+                for g in range(usable.shape[1]):
+                    if healthy[n, g] and exists[n, g]:
+                        well += 1
+                    if usable[n, g] >= milli:
+                        by_share += 1
+                sick = well < num_gpu and gpu_count[n] >= num_gpu
+                memory = (not sick) and by_share >= num_gpu
+                sliced = slice_ask and (not sick) and (not memory) and replicas[n] > 1 and num_gpu > 1
+                code = 6 * 4 + (1 if sick else (2 if memory else (3 if sliced else 0)))
+        out[i] = code
 
 
 @_jit
-def _refresh_codes(log, start, end, snap, version, mark, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask,
-                   has_spec, has_type, restricts, spec_ok, type_ok, allowed, cpu_free, mem_free, node_model,
-                   node_gpu_mem, gpu_count, replicas, slice_milli, usable, gpu_free, healthy, exists, gpu_model,
-                   mem_cap, mem_free_g, codes, values, counts):  # pragma: no cover - compiled
+def _refresh_codes(log, start, end, snap, version, mark, idx, new, cpu, mem, num_gpu, gpu_milli, need_mem,
+                   slice_ask, has_spec, has_type, restricts, spec_ok, type_ok, allowed, cpu_free, mem_free,
+                   node_model, node_gpu_mem, gpu_count, replicas, slice_milli, usable, gpu_free, healthy, exists,
+                   gpu_model, mem_cap, mem_free_g, codes, values, counts):  # pragma: no cover - compiled
     """Refresh one mask-cache entry in place: every node of ``log[start:end]`` (all nodes when ``start < 0``)
-    whose ``snap`` differs from ``version`` gets its failure code (``codes``), feasibility (``values``), the
-    code histogram ``counts`` moved from its old code to the new one, and ``snap`` set to its version.
-    ``mark`` is an all-False (n_nodes,) scratch array, left all False. Returns how many nodes it refreshed."""
+    whose ``snap`` differs from ``version`` gets its failure code (``codes``, by :func:`_codes_kernel`),
+    feasibility (``values``), the code histogram ``counts`` moved from its old code to the new one, and ``snap``
+    set to its version. ``mark``: an all-False (n_nodes,) scratch array, left all False; ``idx`` (int64) and
+    ``new`` (int16): scratch arrays of at least as many entries as nodes to refresh. Returns how many."""
     k = 0
     if start < 0:
-        lo, hi = 0, version.shape[0]
+        for n in range(version.shape[0]):
+            if snap[n] != version[n]:
+                idx[k] = n
+                k += 1
     else:
-        lo, hi = start, end
-    for i in range(lo, hi):
-        n = log[i] if start >= 0 else i
-        if snap[n] == version[n] or mark[n]:
-            continue
-        mark[n] = True
-        k += 1
-        code = _node_code(n, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type, restricts,
-                          spec_ok, type_ok, allowed, cpu_free, mem_free, node_model, node_gpu_mem, gpu_count, replicas,
-                          slice_milli, usable, gpu_free, healthy, exists, gpu_model, mem_cap, mem_free_g)
+        for i in range(start, end):
+            n = log[i]
+            if snap[n] != version[n] and not mark[n]:
+                mark[n] = True
+                idx[k] = n
+                k += 1
+        for i in range(k):
+            mark[idx[i]] = False
+    nodes = idx[:k]
+    out = new[:k]
+    _codes_kernel(nodes, cpu, mem, num_gpu, gpu_milli, need_mem, slice_ask, has_spec, has_type, restricts, spec_ok,
+                  type_ok, allowed, cpu_free, mem_free, node_model, node_gpu_mem, gpu_count, replicas, slice_milli,
+                  usable, gpu_free, healthy, exists, gpu_model, mem_cap, mem_free_g, out)
+    for i in range(k):
+        n = nodes[i]
+        code = out[i]
         counts[codes[n]] -= 1
         counts[code] += 1
         codes[n] = code
         values[n] = code == 0
-    for i in range(lo, hi):  # snap set after the loop: a node logged twice is refreshed once
-        n = log[i] if start >= 0 else i
-        if mark[n]:
-            mark[n] = False
-            snap[n] = version[n]
+        snap[n] = version[n]
     return k
 
 
@@ -280,10 +277,12 @@ def refresh_codes(state: ClusterState, args: tuple, seen: int, snap: np.ndarray,
     tail = state.log_tail(seen) if seen >= 0 else None
     if tail is None or tail[2] - tail[1] > state.n_nodes:
         log, start, end = _NO_LOG, -1, -1
+        size = state.n_nodes
     else:
         log, start, end = tail
-    return _refresh_codes(log, start, end, snap, state.version, mark, *args, *_state_args(state), codes, values,
-                          counts)
+        size = min(end - start, state.n_nodes)
+    return _refresh_codes(log, start, end, snap, state.version, mark, np.empty(size, dtype=np.int64),
+                          np.empty(size, dtype=np.int16), *args, *_state_args(state), codes, values, counts)
 
 
 def stale_nodes(state: ClusterState, seen: int, snap: np.ndarray, mark: np.ndarray) -> np.ndarray | None:
@@ -579,46 +578,41 @@ def _frag_cells_of(nodes, usable, cpu_free, node_model, mem_free, use_mem, acces
 
 
 @_jit
-def _row_word(n, j, n_gpus, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap, slice_milli):
-    # pragma: no cover - compiled
-    """Column ``j`` of FGD._evaluate_dedup's key row of node ``n`` (as int64)."""
-    if j == 0:
-        return np.int64(node_model[n])
-    if j == 1:
-        return np.int64(cpu_free[n])
-    if j == 2:
-        return np.int64(mem_free[n])
-    j -= 3
-    if j < n_gpus:
-        return np.int64(gpu_free[n, j])
-    j -= n_gpus
-    if j < n_gpus:
-        return np.int64(1 if healthy[n, j] else 0)
-    j -= n_gpus
-    if j < n_gpus:
-        return np.int64(mem_free_g[n, j])
-    j -= n_gpus
-    if j < n_gpus:
-        return np.int64(mem_cap[n, j])
-    return np.int64(slice_milli[n])
+def _same_key(a, b, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap,
+              slice_milli):  # pragma: no cover - compiled
+    """Whether nodes ``a`` and ``b`` have the same FGD._evaluate_dedup key row."""
+    if node_model[a] != node_model[b] or cpu_free[a] != cpu_free[b] or mem_free[a] != mem_free[b]:
+        return False
+    if slice_milli[a] != slice_milli[b]:
+        return False
+    for g in range(gpu_free.shape[1]):
+        if (gpu_free[a, g] != gpu_free[b, g] or healthy[a, g] != healthy[b, g] or mem_free_g[a, g] != mem_free_g[b, g]
+                or mem_cap[a, g] != mem_cap[b, g]):
+            return False
+    return True
 
 
 @_jit
 def _distinct_nodes(nodes, weights, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap,
                     slice_milli, first_out, inverse):  # pragma: no cover - compiled
     """fgd._distinct_rows of FGD._evaluate_dedup's key over ``nodes``, read from the state arrays: the same
-    hashes (wrapping uint64 dot product), ``first`` (returns how many) in sorted-hash order with each hash's
-    first row, ``inverse``; returns -1 on a hash collision (the caller then takes the policy's own path)."""
+    hashes (wrapping uint64 dot product of the key row with ``weights``), ``first`` (returns how many) in
+    sorted-hash order with each hash's first row, ``inverse``; returns -1 on a hash collision (the caller then
+    takes the policy's own path)."""
     k = nodes.shape[0]
     n_gpus = gpu_free.shape[1]
-    n_cols = 4 + 4 * n_gpus
     h = np.empty(k, dtype=np.uint64)
-    for i in range(k):
-        acc = np.uint64(0)
-        for j in range(n_cols):
-            word = _row_word(nodes[i], j, n_gpus, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g,
-                             mem_cap, slice_milli)
-            acc += np.uint64(word) * weights[j]
+    # the key row: model, CPU, memory, per GPU free share / health / free memory / memory size, replica share
+    for i in range(k):  # (weights in that column order; the sum wraps, so the order of the terms does not matter)
+        n = nodes[i]
+        acc = (np.uint64(np.int64(node_model[n])) * weights[0] + np.uint64(np.int64(cpu_free[n])) * weights[1]
+               + np.uint64(np.int64(mem_free[n])) * weights[2]
+               + np.uint64(np.int64(slice_milli[n])) * weights[3 + 4 * n_gpus])
+        for g in range(n_gpus):
+            acc += (np.uint64(np.int64(gpu_free[n, g])) * weights[3 + g]
+                    + np.uint64(np.int64(1 if healthy[n, g] else 0)) * weights[3 + n_gpus + g]
+                    + np.uint64(np.int64(mem_free_g[n, g])) * weights[3 + 2 * n_gpus + g]
+                    + np.uint64(np.int64(mem_cap[n, g])) * weights[3 + 3 * n_gpus + g])
         h[i] = acc
     order = np.argsort(h, kind="mergesort")  # stable: equal hashes keep row order, so the first is the first row
     n_first = 0
@@ -629,14 +623,9 @@ def _distinct_nodes(nodes, weights, node_model, cpu_free, mem_free, gpu_free, he
             n_first += 1
         inverse[i] = n_first - 1
     for i in range(k):  # a collision: two different rows with one hash
-        rep = nodes[first_out[inverse[i]]]
-        for j in range(n_cols):
-            a = _row_word(nodes[i], j, n_gpus, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap,
-                          slice_milli)
-            b = _row_word(rep, j, n_gpus, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap,
-                          slice_milli)
-            if a != b:
-                return -1
+        if not _same_key(nodes[i], nodes[first_out[inverse[i]]], node_model, cpu_free, mem_free, gpu_free, healthy,
+                         mem_free_g, mem_cap, slice_milli):
+            return -1
     return n_first
 
 
