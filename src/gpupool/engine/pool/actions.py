@@ -438,8 +438,8 @@ class EvictionActions:
             plist = self.pending[grp]
             if not plist.jobs:
                 continue
-            extras = [c for c in extras_all if c[0].status == RUNNING and c[1][0] in c[0].placed]
-            extra_gpus = sum(len(p) * j.gpus_per_pod for j, p, _ in extras)
+            extras = [c for c in extras_all if c[0].status == RUNNING and c[1][0] in c[0].placed] if extras_all else []
+            extra_gpus = sum(len(p) * j.gpus_per_pod for j, p, _ in extras) if extras else 0
             top = self._worst_running(grp)
             if not extras and (top is None or not self._outranks(plist.jobs[0].key, top)):
                 continue
@@ -473,7 +473,14 @@ class EvictionActions:
                         list(queues), job.gpus_per_pod, job.min_pods, extra_gpus, allowed, outranked=job.key):
                     self._failed_search(job, now)
                     continue
-                worse = [v for q in queues for v in self._queue_victims(q, now) if self._outranks(job.key, v.key)]
+                # every victim list is sorted most evictable first, by (priority, level) before anything else
+                # (_victim_rank and its variants): the victims this job outranks are a prefix of each list
+                worse = []
+                for q in queues:
+                    for v in self._queue_victims(q, now):
+                        if not self._outranks(job.key, v.key):
+                            break
+                        worse.append(v)
                 if not self.cfg.fair_share:
                     worse.sort(key=self._victim_rank)
                 cands = extras + [(v, v.placed, False) for v in worse]
