@@ -328,9 +328,6 @@ class EvictionActions:
         for _, q in order:
             if self.alloc[q][0] >= fs[q] - _EPS and self.alloc[q][0] >= self.quota_g[q] - _EPS:
                 continue
-            scan = self.pending[q].jobs[:_SCAN]  # the first jobs that may reclaim, one per shape
-            if not any(job.retry_at <= due for job in scan):
-                continue  # every one is backing off: nothing below can act (a shortcut, no other effect)
             path_q = self.paths[q]
             # The in-share and in-quota tests below only fail more as a job's GPUs grow (alloc + need rises with
             # need): when the smallest waiting job of the queue fails both, every job in scan does and the
@@ -340,6 +337,9 @@ class EvictionActions:
             if alloc_q + least > self.quota_g[q] + _EPS and not all(
                     self.alloc[a][0] + least <= fs[a] + _EPS for a in path_q):
                 continue
+            scan = self.pending[q].jobs[:_SCAN]  # the first jobs that may reclaim, one per shape
+            if not any(job.retry_at <= due for job in scan):
+                continue  # every one is backing off: nothing below can act (a shortcut, no other effect)
             # queues that may give GPUs: by priority (to an in-quota job), by fair share (to an in-share job)
             by_prio: list[int] = []
             by_fs: list[tuple[int, list[int]]] = []
@@ -520,6 +520,9 @@ class EvictionActions:
         attempts = 0
         order = sorted((self._qkey(grp), grp) for grp in range(self.n_groups) if self.pending[grp].jobs)
         for _, grp in order:
+            # a queue whose every waiting job needs more GPUs than are free (or none) is only passed over
+            if all(g < 1 or g * n > self.free_gpus for g, n, _ in self.shapes[grp]):
+                continue
             tried: set[tuple[int, int]] = set()
             for job in list(self.pending[grp].jobs[:_SCAN]):
                 if attempts >= self.cfg.max_attempts:
