@@ -2,8 +2,8 @@
 
 Method
 ------
-Jobs: ``--jobs`` consecutive Philly jobs from each ``--offsets`` (default 0, 5,000 and 10,000: the first
-window is the one issue 14 measured Tiresias on; the others were not used to choose any setting),
+Jobs: ``--jobs`` consecutive Philly jobs from each ``--offsets`` (default 0, 5,000, 10,000 and 15,000: the
+first window is the one issue 14 measured Tiresias on; the others were not used to choose any setting),
 submission times from the window's first job, whole seconds (as ``benchmarks/tiresias/convert.py``
 writes them for the peer), one queue. Cluster: ``--gpus`` (default 384 and 320) on 8-GPU V100 nodes.
 Model matched to the Tiresias simulator: no restart overhead, topology speed factor 1.0 on every tier, no
@@ -27,9 +27,9 @@ Orders (``PoolConfig`` of the ``gpupool`` job policy with these overrides):
 * ``gittins-bounded``: ``gittins``, and no job is preempted more than 20 times nor once it has run 100 h;
 * ``remaining``: shortest expected remaining service within the levels (same online sizes).
 
-Tiresias' own figures come from the peer benchmark's results (``--peer-results``, default
-``benchmarks/results/tiresias_peer.json``, written by ``benchmarks/tiresias/run.py``; other windows:
-``run.py --offset N --name ...``), else, for the first window only, from the table in issue 14 (labelled
+Tiresias' own figures come from the peer benchmark's results (``--peer-results``, default every
+``benchmarks/results/tiresias_peer*.json``, written by ``benchmarks/tiresias/run.py``; other windows:
+``run.py --offset N --name tiresias_peer_wN``), else, for the first window only, from the table in issue 14 (labelled
 so). The check (``done_when``) compares, per window and cluster, each gpupool row with Tiresias-G's mean
 and p95 and Tiresias-L's p99 and makespan (the ``las-tiresias`` proxy's makespan when the peer's is
 missing, labelled so).
@@ -252,15 +252,16 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=5000, help="jobs per window")
-    ap.add_argument("--offsets", default="0,5000,10000", help="window starts (comma-separated)")
+    ap.add_argument("--offsets", default="0,5000,10000,15000", help="window starts (comma-separated)")
     ap.add_argument("--gpus", default="384,320", help="cluster sizes (8-GPU nodes)")
     ap.add_argument("--orders", default=",".join(ORDERS), help=f"orders ({', '.join(ORDERS)})")
     ap.add_argument("--places", default="count,node", help="placements: count, node")
     ap.add_argument("--node-orders", default="las,gittins", help="orders also run with place=node")
     ap.add_argument("--trace", type=Path, default=PHILLY)
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--peer-results", type=Path, nargs="*", default=[RESULTS / "tiresias_peer.json"],
-                    help="Tiresias results of benchmarks/tiresias/run.py (JSON) for the reference rows")
+    ap.add_argument("--peer-results", type=Path, nargs="*", default=sorted(RESULTS.glob("tiresias_peer*.json")),
+                    help="Tiresias results of benchmarks/tiresias/run.py (JSON) for the reference rows "
+                         "(default: every benchmarks/results/tiresias_peer*.json)")
     ap.add_argument("--fairness", action="store_true",
                     help="also measure the cost of fairness (first window, first --gpus, shipped model)")
     ap.add_argument("--rescore", type=Path, default=None, metavar="JSON",
