@@ -125,6 +125,9 @@ CASES = [
     "itp-3000/fifo/default", "itp-3000/gpupool/default", "itp-3000/gpupool/elastic",
     "synthetic-1/fifo/default", "synthetic-1/gpupool/default", "synthetic-2/gpupool/failures",
     "synthetic-3/gpupool/elastic", "synthetic-4/round-robin/default",
+    # the Gittins job order (issue 14) through the same cycle: recorded at 5bf5429, before the cycle's
+    # second round of speed work
+    "philly-3000/gittins/default", "synthetic-1/gittins/default",
 ]
 FULL_CASES = ["philly-full/fifo/default", "philly-full/gpupool/default"]
 
