@@ -412,8 +412,8 @@ def _after_share_cells(free, milli, cpu_a, model, mem_a, use_mem, access, t_mill
 @_jit
 def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g, cpu_free, mem_free, node_model,
                replicas, slice_milli, before, cpu, mem, mode, gpu_milli, need_mem, num_gpu, slice_ask, restricts,
-               allowed, prob, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu, scores, choice, cells, share_out,
-               free_out):  # pragma: no cover - compiled
+               allowed, prob, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu, u_milli, t_idx, scores, choice,
+               cells, share_out, free_out):  # pragma: no cover - compiled
     """FGD's integer scores ``floor(100 * sigmoid((before - after) / 1000))`` of placing the request on each of
     ``nodes`` (read from the cluster's arrays; ``before``: the (n_nodes,) fragmentation now) and, for a
     fractional pod (``mode`` 1), the best GPU of each node; ``mode`` 0: no GPU, 2: whole GPUs / replicas (the
@@ -423,12 +423,16 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
     (``share_out``, :func:`gpupool.engine.filters.node_share`) and free usable GPU share (``free_out``). The
     fragmentation after placement is summed here in order, which may differ from NumPy's BLAS product in the
     last bits: returns True when any score lies within ``_MARGIN`` of an integer (where such a difference could
-    move the floor), and the caller then takes NumPy's exact path."""
+    move the floor), and the caller then takes NumPy's exact path. ``u_milli``: the distinct shares of the
+    shapes, ``t_idx``: each shape's index in it (GPUs are counted once per distinct share, not per shape)."""
     n_models = access.shape[0] - 1
     n_gpus = usable.shape[1]
     n_shapes = t_milli.shape[0]
+    n_milli = u_milli.shape[0]
     count = np.empty(n_shapes, dtype=np.int64)
     small = np.empty(n_shapes, dtype=np.int64)
+    u_count = np.empty(n_milli, dtype=np.int64)
+    u_small = np.empty(n_milli, dtype=np.int64)
     row = np.empty(n_gpus, dtype=np.int64)
     fits = np.empty(n_gpus, dtype=np.bool_)
     unsure = False
@@ -462,17 +466,20 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
                         ok = mem_free_g[n, g] >= mem_cap[n, g] * milli // 1000
                 fits[g] = ok
         if mode == 1:
-            for t in range(n_shapes):
+            for d in range(n_milli):
                 c = 0
                 sm = 0
                 for g in range(n_gpus):
                     x = np.int64(usable[n, g])
-                    if x >= t_milli[t]:
+                    if x >= u_milli[d]:
                         c += 1
                     else:
                         sm += x
-                count[t] = c
-                small[t] = sm
+                u_count[d] = c
+                u_small[d] = sm
+            for t in range(n_shapes):
+                count[t] = u_count[t_idx[t]]
+                small[t] = u_small[t_idx[t]]
             best = -np.inf
             best_g = 0
             for g in range(n_gpus):
@@ -508,19 +515,22 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
                 x -= milli
             row[g] = x
             after_total += x
+        for d in range(n_milli):
+            c = 0
+            sm = 0
+            for g in range(n_gpus):
+                if row[g] >= u_milli[d]:
+                    c += 1
+                else:
+                    sm += row[g]
+            u_count[d] = c
+            u_small[d] = sm
         after = 0.0
         for t in range(n_shapes):
             cell = after_total
             if t_gpu[t] and access[mi, t] and cpu_a >= t_cpu[t] and (not use_mem or mem_a >= t_mem[t]):
-                c = 0
-                sm = 0
-                for g in range(n_gpus):
-                    if row[g] >= t_milli[t]:
-                        c += 1
-                    else:
-                        sm += row[g]
-                if c >= t_num[t]:
-                    cell = sm
+                if u_count[t_idx[t]] >= t_num[t]:
+                    cell = u_small[t_idx[t]]
             cells[i, t] = cell
             after += cell * prob[t]
         v = 100.0 / (1.0 + math.exp(-(before[n] - after) / 1000.0))
@@ -533,27 +543,25 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
 
 
 @_jit
-def _stale_before(nodes, before_at, version, out):  # pragma: no cover - compiled
-    """Positions in ``nodes`` of the nodes whose fragmentation ``before_at`` is not their ``version``; returns
-    how many (written to ``out``, in order)."""
-    k = 0
-    for i in range(nodes.shape[0]):
-        n = nodes[i]
-        if before_at[n] != version[n]:
-            out[k] = i
-            k += 1
-    return k
-
-
-@_jit
-def _frag_cells_of(nodes, usable, cpu_free, node_model, mem_free, use_mem, access, t_milli, t_num, t_cpu, t_mem,
-                   t_gpu, out):  # pragma: no cover - compiled
-    """(k, n_shapes) int64 fragmentation cells of ``nodes``' current state (what :meth:`FragModel.frag`
-    multiplies with the shape probabilities), read from the cluster's arrays."""
+def _before_cells(nodes, before_at, version, usable, cpu_free, node_model, mem_free, use_mem, access, t_milli, t_num,
+                  t_cpu, t_mem, t_gpu, u_milli, t_idx, pos, out):  # pragma: no cover - compiled
+    """The nodes among ``nodes`` whose fragmentation ``before_at`` is not their ``version``: their positions in
+    ``nodes`` (``pos``, in order) and the fragmentation cells of their current state (``out[j]`` for ``pos[j]``:
+    what :meth:`FragModel.frag` multiplies with the shape probabilities), read from the cluster's arrays;
+    returns how many."""
     n_models = access.shape[0] - 1
     n_gpus = usable.shape[1]
-    for i in range(nodes.shape[0]):
-        n = nodes[i]
+    n_milli = u_milli.shape[0]
+    u_count = np.empty(n_milli, dtype=np.int64)
+    u_small = np.empty(n_milli, dtype=np.int64)
+    k = 0
+    for j in range(nodes.shape[0]):
+        n = nodes[j]
+        if before_at[n] == version[n]:
+            continue
+        pos[k] = j
+        i = k
+        k += 1
         total = 0
         for g in range(n_gpus):
             total += usable[n, g]
@@ -561,20 +569,24 @@ def _frag_cells_of(nodes, usable, cpu_free, node_model, mem_free, use_mem, acces
         mi = m if m >= 0 else n_models
         cpu = cpu_free[n]
         mem = mem_free[n]
+        for d in range(n_milli):  # GPUs with at least each distinct share free, and the free share of the others
+            c = 0
+            sm = 0
+            for g in range(n_gpus):
+                x = np.int64(usable[n, g])
+                if x >= u_milli[d]:
+                    c += 1
+                else:
+                    sm += x
+            u_count[d] = c
+            u_small[d] = sm
         for t in range(t_milli.shape[0]):
             cell = total
             if t_gpu[t] and access[mi, t] and cpu >= t_cpu[t] and (not use_mem or mem >= t_mem[t]):
-                c = 0
-                sm = 0
-                for g in range(n_gpus):
-                    x = usable[n, g]
-                    if x >= t_milli[t]:
-                        c += 1
-                    else:
-                        sm += x
-                if c >= t_num[t]:
-                    cell = sm
+                if u_count[t_idx[t]] >= t_num[t]:
+                    cell = u_small[t_idx[t]]
             out[i, t] = cell
+    return k
 
 
 @_jit
@@ -757,6 +769,9 @@ class FGDScorer:
                        np.ascontiguousarray(model.mem, dtype=np.int64), np.ascontiguousarray(model.gpu_shape))
         self.n_shapes = len(model.prob)
         self.prob = np.ascontiguousarray(model.prob, dtype=np.float64)
+        u_milli, t_idx = np.unique(self.shapes[1], return_inverse=True)  # the distinct shares of the shapes
+        self.by_milli = (np.ascontiguousarray(u_milli, dtype=np.int64),
+                         np.ascontiguousarray(t_idx.reshape(-1), dtype=np.int64))
 
     @staticmethod
     def supports(policy) -> bool:
@@ -786,13 +801,14 @@ class FGDScorer:
         FGD._evaluate refreshes it: the stale rows, in order, in one product with ``prob`` (same rows to BLAS)."""
         pol = self.policy
         pos = np.empty(len(nodes), dtype=np.int64)
-        k = _stale_before(nodes, pol._before_at, state.version, pos)
+        out = np.empty((len(nodes), self.n_shapes), dtype=np.int64)
+        k = _before_cells(nodes, pol._before_at, state.version, state._usable, state.cpu_free, state.node_model,
+                          state.mem_free, self.model.use_memory, *self.shapes, *self.by_milli, pos, out)
         if k:
             idx = nodes if k == len(nodes) else nodes[pos[:k]]
-            out = np.empty((k, self.n_shapes), dtype=np.int64)
-            _frag_cells_of(idx, state._usable, state.cpu_free, state.node_model, state.mem_free,
-                           self.model.use_memory, *self.shapes, out)
-            pol._before[idx] = out @ self.model.prob
+            # the first k rows (C-contiguous): NumPy casts them to a new float64 array for BLAS, as it does a
+            # (k, n_shapes) array of their own, so the products are the same bits
+            pol._before[idx] = out[:k] @ self.model.prob
             pol._before_at[idx] = state.version[idx]
 
     def _evaluate(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray):
@@ -814,7 +830,8 @@ class FGDScorer:
                             state.gpu_mem_cap, state.gpu_mem_free, state.cpu_free, state.mem_free, state.node_model,
                             state.gpu_replicas, state.slice_milli, pol._before, r.cpu_milli, r.memory_mib, mode,
                             req.gpu_milli, r.gpu_memory_mib, r.num_gpu, req.is_slice_ask, restricts, allowed,
-                            self.prob, self.model.use_memory, *self.shapes, scores, choice, cells, share, gpu_free)
+                            self.prob, self.model.use_memory, *self.shapes, *self.by_milli, scores, choice, cells,
+                            share, gpu_free)
         if not unsure:
             return scores, (choice if mode == 1 else None), share, gpu_free
         before = pol._before[nodes]
@@ -843,9 +860,11 @@ class FGDScorer:
             if distinct is None:  # a hash collision: the policy's own (exact) path
                 return pol.score(state, req, nodes)
             first, inverse = distinct
-            scores, choice, _, _ = self._evaluate(state, req, nodes[first])
-            scores, choice = scores[inverse], (None if choice is None else choice[inverse])
-            share = gpu_free = None
+            scores, choice, share, gpu_free = self._evaluate(state, req, nodes[first])
+            # nodes with one key row have one share and one free GPU share (the row holds the free share and health
+            # of every GPU and the replica share): the representative's are every member's
+            scores, share, gpu_free = scores[inverse], share[inverse], gpu_free[inverse]
+            choice = None if choice is None else choice[inverse]
         else:
             scores, choice, share, gpu_free = self._evaluate(state, req, nodes)
         if choice is not None:
@@ -854,7 +873,7 @@ class FGDScorer:
             if chosen is None:
                 chosen = pol._choices[key] = np.zeros(state.n_nodes, dtype=np.int16)
             chosen[nodes] = choice
-        if share is not None and self.final is not None:
+        if self.final is not None:
             return self.final(state, req, nodes, scores, share, gpu_free)
         return pol._final_score(state, req, nodes, scores)
 
