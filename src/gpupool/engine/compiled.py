@@ -412,8 +412,8 @@ def _after_share_cells(free, milli, cpu_a, model, mem_a, use_mem, access, t_mill
 @_jit
 def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g, cpu_free, mem_free, node_model,
                replicas, slice_milli, before, cpu, mem, mode, gpu_milli, need_mem, num_gpu, slice_ask, restricts,
-               allowed, prob, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu, u_milli, t_idx, scores, choice,
-               cells, share_out, free_out):  # pragma: no cover - compiled
+               allowed, prob, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu, u_milli, t_idx, use_mask, mask,
+               scores, choice, cells, share_out, free_out):  # pragma: no cover - compiled
     """FGD's integer scores ``floor(100 * sigmoid((before - after) / 1000))`` of placing the request on each of
     ``nodes`` (read from the cluster's arrays; ``before``: the (n_nodes,) fragmentation now) and, for a
     fractional pod (``mode`` 1), the best GPU of each node; ``mode`` 0: no GPU, 2: whole GPUs / replicas (the
@@ -423,8 +423,10 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
     (``share_out``, :func:`gpupool.engine.filters.node_share`) and free usable GPU share (``free_out``). The
     fragmentation after placement is summed here in order, which may differ from NumPy's BLAS product in the
     last bits: returns True when any score lies within ``_MARGIN`` of an integer (where such a difference could
-    move the floor), and the caller then takes NumPy's exact path. ``u_milli``: the distinct shares of the
-    shapes, ``t_idx``: each shape's index in it (GPUs are counted once per distinct share, not per shape)."""
+    move the floor), and the caller then takes NumPy's exact path. With ``use_mask``, only nodes where the
+    (n_nodes,) bool ``mask`` is True count for that (the scores of the others are never read). ``u_milli``: the
+    distinct shares of the shapes, ``t_idx``: each shape's index in it (GPUs are counted once per distinct
+    share, not per shape)."""
     n_models = access.shape[0] - 1
     n_gpus = usable.shape[1]
     n_shapes = t_milli.shape[0]
@@ -438,6 +440,7 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
     unsure = False
     for i in range(nodes.shape[0]):
         n = nodes[i]
+        read = not use_mask or mask[n]  # a score that may be read: its floor must be NumPy's
         m = node_model[n]
         mi = m if m >= 0 else n_models
         cpu_a = cpu_free[n] - cpu
@@ -498,7 +501,7 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
                     after += cell * prob[t]
                 v = 100.0 / (1.0 + math.exp(-(before[n] - after) / 1000.0))
                 f = math.floor(v)
-                if v - f < _MARGIN or f + 1.0 - v < _MARGIN:
+                if read and (v - f < _MARGIN or f + 1.0 - v < _MARGIN):
                     unsure = True
                 if f > best:
                     best = f
@@ -535,7 +538,7 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
             after += cell * prob[t]
         v = 100.0 / (1.0 + math.exp(-(before[n] - after) / 1000.0))
         f = math.floor(v)
-        if v - f < _MARGIN or f + 1.0 - v < _MARGIN:
+        if read and (v - f < _MARGIN or f + 1.0 - v < _MARGIN):
             unsure = True
         scores[i] = f
         choice[i] = 0
@@ -811,9 +814,11 @@ class FGDScorer:
             pol._before[idx] = out[:k] @ self.model.prob
             pol._before_at[idx] = state.version[idx]
 
-    def _evaluate(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray):
+    def _evaluate(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
+                  mask: np.ndarray | None = None):
         """FGD._evaluate, same rows to NumPy for every floating-point step: (scores (k,), chosen GPU (k,) of a
-        fractional pod else None, node share (k,) int64, free usable GPU share (k,) int64)."""
+        fractional pod else None, node share (k,) int64, free usable GPU share (k,) int64). With ``mask`` (see
+        :meth:`score`) only its nodes' scores are exact."""
         pol = self.policy
         self._refresh_before(state, nodes)
         r = req.requested
@@ -830,8 +835,8 @@ class FGDScorer:
                             state.gpu_mem_cap, state.gpu_mem_free, state.cpu_free, state.mem_free, state.node_model,
                             state.gpu_replicas, state.slice_milli, pol._before, r.cpu_milli, r.memory_mib, mode,
                             req.gpu_milli, r.gpu_memory_mib, r.num_gpu, req.is_slice_ask, restricts, allowed,
-                            self.prob, self.model.use_memory, *self.shapes, *self.by_milli, scores, choice, cells,
-                            share, gpu_free)
+                            self.prob, self.model.use_memory, *self.shapes, *self.by_milli, mask is not None,
+                            _NO_MASK if mask is None else mask, scores, choice, cells, share, gpu_free)
         if not unsure:
             return scores, (choice if mode == 1 else None), share, gpu_free
         before = pol._before[nodes]
@@ -849,8 +854,13 @@ class FGDScorer:
         choice = np.argmax(s, axis=1)
         return s[np.arange(k), choice], choice, share, gpu_free
 
-    def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
-        """(len(nodes),) float64: ``policy.score(state, req, nodes)``."""
+    def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
+              mask: np.ndarray | None = None) -> np.ndarray:
+        """(len(nodes),) float64: ``policy.score(state, req, nodes)``. With ``mask`` ((n_nodes,) bool), only the
+        scores of nodes where it is True are the policy's for certain: a node outside it may keep the compiled
+        score where NumPy's could floor one point lower or higher, which saves NumPy's exact path when only such
+        nodes are near a score boundary (for a caller that never reads those scores: see
+        ``Engine._masked_scores``)."""
         pol = self.policy
         if pol.model is not self.model:
             self._load()
@@ -860,13 +870,13 @@ class FGDScorer:
             if distinct is None:  # a hash collision: the policy's own (exact) path
                 return pol.score(state, req, nodes)
             first, inverse = distinct
-            scores, choice, share, gpu_free = self._evaluate(state, req, nodes[first])
+            scores, choice, share, gpu_free = self._evaluate(state, req, nodes[first], mask)
             # nodes with one key row have one share and one free GPU share (the row holds the free share and health
             # of every GPU and the replica share): the representative's are every member's
             scores, share, gpu_free = scores[inverse], share[inverse], gpu_free[inverse]
             choice = None if choice is None else choice[inverse]
         else:
-            scores, choice, share, gpu_free = self._evaluate(state, req, nodes)
+            scores, choice, share, gpu_free = self._evaluate(state, req, nodes, mask)
         if choice is not None:
             key = pol.score_key(req)
             chosen = pol._choices.get(key)
@@ -880,4 +890,5 @@ class FGDScorer:
 
 _ALL_MODELS = np.ones(1, dtype=bool)  # placeholder: never read when restricts is False
 _NO_CELLS = np.zeros((0, 0), dtype=np.int64)  # placeholder: a fractional pod's cells are not written
+_NO_MASK = np.zeros(0, dtype=bool)  # placeholder: no mask (never read)
 assert MILLI == 1000  # the kernels divide by 1000 as MILLI

@@ -239,8 +239,23 @@ class Engine:
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
         self._codes = compiled.enabled() and compiled.uses_default_filters(policy.filters)
         self._scorer = compiled.FGDScorer(policy) if compiled.FGDScorer.supports(policy) else None
+        self._masked_scores = self._scorer is not None and self._codes and self._mask_keyed(policy)
         # the best node from a heap where the policy picks the first best score the base-class way
         self._use_heap = policy.node_local and policy.tie_break == "first" and type(policy).pick is Policy.pick
+
+    @staticmethod
+    def _mask_keyed(policy: Policy) -> bool:
+        """Whether a score-cache entry of ``policy`` serves one mask-cache entry only and the engine reads its
+        scores only where that mask is True: the score key holds everything the mask key does (FGD's key with
+        memory, ``use_memory``), the request is the pod's (``effective``), and the filters are the default ones,
+        which read only the node's own state (a node's feasibility changes only with its ``version``, which
+        refreshes its score). The compiled scorer may then leave a score it is unsure of in the last bit as it
+        is on nodes outside the mask (``FGDScorer.score``'s ``mask``)."""
+        from gpupool.policies.fgd import FGD
+
+        cls = type(policy)
+        return (getattr(policy, "use_memory", False) and cls.score_key is FGD.score_key
+                and cls.effective is Policy.effective and compiled.uses_default_filters(policy.filters))
 
     def feasible_mask(self, eff: EffectiveRequest) -> np.ndarray:
         """(n_nodes,) bool: nodes that pass every filter for ``eff`` (cached with each node's failure code)."""
@@ -363,13 +378,18 @@ class Engine:
         heapq.heapify(best.heap)
         return None
 
-    def _cached_scores(self, eff: EffectiveRequest) -> np.ndarray:
+    def _cached_scores(self, eff: EffectiveRequest, mask: np.ndarray | None = None) -> np.ndarray:
         """(n_nodes,) float64 scores of a ``node_local`` policy for ``eff``, refreshed where nodes changed (with
-        the compiled scorer where it applies)."""
+        the compiled scorer where it applies). ``mask``: the request class's current feasibility; where
+        ``_masked_scores`` holds, scores outside it are never read and the compiled scorer is told so."""
         state, policy = self.state, self.policy
-        score = policy.score if self._scorer is None else self._scorer.score
-        return self._score_cache.get(("score",) + policy.score_key(eff), lambda idx: score(state, eff, idx),
-                                     np.float64)
+        key = ("score",) + policy.score_key(eff)
+        if self._scorer is None:
+            return self._score_cache.get(key, lambda idx: policy.score(state, eff, idx), np.float64)
+        score = self._scorer.score
+        if mask is not None and self._masked_scores and policy.filters is self._filters:
+            return self._score_cache.get(key, lambda idx: score(state, eff, idx, mask), np.float64)
+        return self._score_cache.get(key, lambda idx: score(state, eff, idx), np.float64)
 
     def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
         """One cycle for ``req``: (effective request, node, devices), node -1 if no node passes the filters."""
@@ -382,7 +402,7 @@ class Engine:
         if self._use_heap:
             if not self._mask_cache.entries[key].counts[0]:  # no node passes: nothing to score
                 return eff, -1, ()
-            node = self._best_node(key, mask, self._cached_scores(eff))
+            node = self._best_node(key, mask, self._cached_scores(eff, mask))
             if node < 0:
                 return eff, -1, ()
             return eff, node, policy.select_gpus(state, eff, node)
@@ -390,7 +410,7 @@ class Engine:
         if len(candidates) == 0:
             return eff, -1, ()
         if policy.node_local:
-            scores = self._cached_scores(eff)[candidates]
+            scores = self._cached_scores(eff, mask)[candidates]
         else:
             scores = policy.score(state, eff, candidates)
         node = policy.pick(state, candidates, scores, self.rng)
