@@ -424,7 +424,8 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
     fragmentation after placement is summed here in order, which may differ from NumPy's BLAS product in the
     last bits: returns True when any score lies within ``_MARGIN`` of an integer (where such a difference could
     move the floor), and the caller then takes NumPy's exact path. With ``use_mask``, only nodes where the
-    (n_nodes,) bool ``mask`` is True count for that (the scores of the others are never read). ``u_milli``: the
+    (n_nodes,) bool ``mask`` is True are scored (the scores of the others are never read: they get 0, and no
+    cells) and count for that. ``u_milli``: the
     distinct shares of the shapes, ``t_idx``: each shape's index in it (GPUs are counted once per distinct
     share, not per shape)."""
     n_models = access.shape[0] - 1
@@ -453,6 +454,10 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
         for g in range(n_gpus):
             total += usable[n, g]
         free_out[i] = total
+        if not read:  # never read: not scored (no cells either)
+            scores[i] = 0.0
+            choice[i] = 0
+            continue
         if mode != 0:  # _fits of one node
             for g in range(n_gpus):
                 if gpu_milli > 0:
@@ -841,6 +846,13 @@ class FGDScorer:
             return scores, (choice if mode == 1 else None), share, gpu_free
         before = pol._before[nodes]
         if mode != 1:  # the cells the kernel wrote, through BLAS as FGD._evaluate's frag(after) does
+            if mask is not None:  # the kernel left out the nodes outside the mask: every row's cells now
+                _fgd_nodes(nodes, state._usable, state.gpu_free, state.gpu_healthy, state.gpu_model, state.gpu_mem_cap,
+                           state.gpu_mem_free, state.cpu_free, state.mem_free, state.node_model, state.gpu_replicas,
+                           state.slice_milli, pol._before, r.cpu_milli, r.memory_mib, mode, req.gpu_milli,
+                           r.gpu_memory_mib, r.num_gpu, req.is_slice_ask, restricts, allowed, self.prob,
+                           self.model.use_memory, *self.shapes, *self.by_milli, False, _NO_MASK, scores, choice, cells,
+                           share, gpu_free)
             return pol._transform(before - cells @ self.model.prob), None, share, gpu_free
         free = state._usable[nodes].astype(np.int64)
         cpu_a = state.cpu_free[nodes] - req.cpu_milli
@@ -857,10 +869,9 @@ class FGDScorer:
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
               mask: np.ndarray | None = None) -> np.ndarray:
         """(len(nodes),) float64: ``policy.score(state, req, nodes)``. With ``mask`` ((n_nodes,) bool), only the
-        scores of nodes where it is True are the policy's for certain: a node outside it may keep the compiled
-        score where NumPy's could floor one point lower or higher, which saves NumPy's exact path when only such
-        nodes are near a score boundary (for a caller that never reads those scores: see
-        ``Engine._masked_scores``)."""
+        scores of nodes where it is True are the policy's: nodes outside it are not scored (0.0, GPU choice 0;
+        the policy's books ``_before`` are kept as ever), and only nodes inside it near a score boundary send the
+        refresh to NumPy's exact path. For a caller that never reads those scores: see ``Engine._mask_keyed``."""
         pol = self.policy
         if pol.model is not self.model:
             self._load()

@@ -249,8 +249,8 @@ class Engine:
         scores only where that mask is True: the score key holds everything the mask key does (FGD's key with
         memory, ``use_memory``), the request is the pod's (``effective``), and the filters are the default ones,
         which read only the node's own state (a node's feasibility changes only with its ``version``, which
-        refreshes its score). The compiled scorer may then leave a score it is unsure of in the last bit as it
-        is on nodes outside the mask (``FGDScorer.score``'s ``mask``)."""
+        refreshes its score). The compiled scorer then scores only the nodes inside the mask
+        (``FGDScorer.score``'s ``mask``)."""
         from gpupool.policies.fgd import FGD
 
         cls = type(policy)
