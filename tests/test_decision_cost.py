@@ -430,3 +430,15 @@ def test_a_policy_replaced_after_the_engine_was_built_decides() -> None:
     scoped.allowed = np.array([False, False, False, True, True, False])
     eng.policy = scoped
     assert eng.place(pod("b", gpus=1, milli=500)).assignment.node in (3, 4)
+
+
+@needs_numba
+@pytest.mark.parametrize("k", [5, 200, 5000])
+def test_compiled_radix_argsort_is_numpys_stable_argsort(k) -> None:
+    rng = np.random.default_rng(k)
+    for trial in range(6):
+        h = rng.integers(0, 2**63, k, dtype=np.uint64) * np.uint64(2) + np.uint64(trial % 2)
+        h[rng.integers(0, k, k // 3)] = h[0]  # repeated hashes: their order must be kept
+        if trial % 3 == 0:
+            h = h % np.uint64(7)  # most bytes equal in every key: those passes are skipped
+        np.testing.assert_array_equal(compiled._stable_argsort(h), np.argsort(h, kind="stable"))

@@ -613,6 +613,33 @@ def _same_key(a, b, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_
 
 
 @_jit
+def _stable_argsort(h):  # pragma: no cover - compiled
+    """``np.argsort(h, kind="stable")`` of a (k,) uint64 array: least-significant-digit radix sort, 8 bits a
+    pass (a pass whose byte is the same in every key is skipped), stable, so the same permutation."""
+    k = h.shape[0]
+    order = np.arange(k)
+    if k < 64:
+        return np.argsort(h, kind="mergesort")
+    tmp = np.empty(k, dtype=np.int64)
+    count = np.empty(257, dtype=np.int64)
+    for shift in range(0, 64, 8):
+        count[:] = 0
+        for i in range(k):
+            count[((h[i] >> np.uint64(shift)) & np.uint64(255)) + 1] += 1
+        if count[1:].max() == k:  # every key has this byte: the pass keeps the order
+            continue
+        for b in range(256):
+            count[b + 1] += count[b]
+        for r in range(k):
+            i = order[r]
+            b = (h[i] >> np.uint64(shift)) & np.uint64(255)
+            tmp[count[b]] = i
+            count[b] += 1
+        order, tmp = tmp, order
+    return order
+
+
+@_jit
 def _distinct_nodes(nodes, weights, node_model, cpu_free, mem_free, gpu_free, healthy, mem_free_g, mem_cap,
                     slice_milli, first_out, inverse):  # pragma: no cover - compiled
     """fgd._distinct_rows of FGD._evaluate_dedup's key over ``nodes``, read from the state arrays: the same
@@ -634,7 +661,7 @@ def _distinct_nodes(nodes, weights, node_model, cpu_free, mem_free, gpu_free, he
                     + np.uint64(np.int64(mem_free_g[n, g])) * weights[3 + 2 * n_gpus + g]
                     + np.uint64(np.int64(mem_cap[n, g])) * weights[3 + 3 * n_gpus + g])
         h[i] = acc
-    order = np.argsort(h, kind="mergesort")  # stable: equal hashes keep row order, so the first is the first row
+    order = _stable_argsort(h)  # stable: equal hashes keep row order, so the first is the first row
     n_first = 0
     for r in range(k):
         i = order[r]
@@ -642,9 +669,10 @@ def _distinct_nodes(nodes, weights, node_model, cpu_free, mem_free, gpu_free, he
             first_out[n_first] = i
             n_first += 1
         inverse[i] = n_first - 1
-    for i in range(k):  # a collision: two different rows with one hash
-        if not _same_key(nodes[i], nodes[first_out[inverse[i]]], node_model, cpu_free, mem_free, gpu_free, healthy,
-                         mem_free_g, mem_cap, slice_milli):
+    for i in range(k):  # a collision: two different rows with one hash (a first row is its own representative)
+        rep = first_out[inverse[i]]
+        if rep != i and not _same_key(nodes[i], nodes[rep], node_model, cpu_free, mem_free, gpu_free, healthy,
+                                      mem_free_g, mem_cap, slice_milli):
             return -1
     return n_first
 
