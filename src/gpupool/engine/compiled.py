@@ -424,8 +424,8 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
     fragmentation after placement is summed here in order, which may differ from NumPy's BLAS product in the
     last bits: returns True when any score lies within ``_MARGIN`` of an integer (where such a difference could
     move the floor), and the caller then takes NumPy's exact path. With ``use_mask``, only nodes where the
-    (n_nodes,) bool ``mask`` is True are scored (the scores of the others are never read: they get 0, and no
-    cells) and count for that. ``u_milli``: the
+    (n_nodes,) bool ``mask`` is True count for that, and in modes 1 and 2 only they are scored (the scores of
+    the others are never read: they get 0, and no cells). ``u_milli``: the
     distinct shares of the shapes, ``t_idx``: each shape's index in it (GPUs are counted once per distinct
     share, not per shape)."""
     n_models = access.shape[0] - 1
@@ -454,8 +454,8 @@ def _fgd_nodes(nodes, usable, gpu_free, healthy, gpu_model, mem_cap, mem_free_g,
         for g in range(n_gpus):
             total += usable[n, g]
         free_out[i] = total
-        if not read:  # never read: not scored (no cells either)
-            scores[i] = 0.0
+        if not read and mode != 0:  # never read: not scored (no cells either); a pod without GPUs fits most
+            scores[i] = 0.0  # nodes and is mostly sent to NumPy's path, so its cells are written for every node
             choice[i] = 0
             continue
         if mode != 0:  # _fits of one node
@@ -874,7 +874,7 @@ class FGDScorer:
             return scores, (choice if mode == 1 else None), share, gpu_free
         before = pol._before[nodes]
         if mode != 1:  # the cells the kernel wrote, through BLAS as FGD._evaluate's frag(after) does
-            if mask is not None:  # the kernel left out the nodes outside the mask: every row's cells now
+            if mask is not None and mode == 2:  # the kernel left out the nodes outside the mask: all cells now
                 _fgd_nodes(nodes, state._usable, state.gpu_free, state.gpu_healthy, state.gpu_model, state.gpu_mem_cap,
                            state.gpu_mem_free, state.cpu_free, state.mem_free, state.node_model, state.gpu_replicas,
                            state.slice_milli, pol._before, r.cpu_milli, r.memory_mib, mode, req.gpu_milli,
@@ -897,8 +897,8 @@ class FGDScorer:
     def score(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray,
               mask: np.ndarray | None = None) -> np.ndarray:
         """(len(nodes),) float64: ``policy.score(state, req, nodes)``. With ``mask`` ((n_nodes,) bool), only the
-        scores of nodes where it is True are the policy's: nodes outside it are not scored (0.0, GPU choice 0;
-        the policy's books ``_before`` are kept as ever), and only nodes inside it near a score boundary send the
+        scores of nodes where it is True are the policy's: nodes outside it may be left unscored (0.0, GPU choice
+        0; the policy's books ``_before`` are kept as ever), and only nodes inside it near a score boundary send the
         refresh to NumPy's exact path. For a caller that never reads those scores: see ``Engine._mask_keyed``."""
         pol = self.policy
         if pol.model is not self.model:
