@@ -442,3 +442,24 @@ def test_compiled_radix_argsort_is_numpys_stable_argsort(k) -> None:
         if trial % 3 == 0:
             h = h % np.uint64(7)  # most bytes equal in every key: those passes are skipped
         np.testing.assert_array_equal(compiled._stable_argsort(h), np.argsort(h, kind="stable"))
+
+
+@needs_numba
+def test_replaced_filters_drop_the_scores_left_out_under_the_old_masks() -> None:
+    from gpupool.engine.filters import CpuFit
+
+    specs = [node("a", cpu=2000, gpus=1), node("b", cpu=64000, gpus=8)]
+    workload = [pod("w", cpu=1000, gpus=1)]
+    loose = tuple(f for f in make_policy("gpupool").filters if not isinstance(f, CpuFit))
+    eng = Engine(ClusterState(specs), make_policy("gpupool"), workload=workload)
+    assert eng.schedule(pod("p0", cpu=4000, gpus=1, milli=300)).assignment.node == 1  # a lacks CPU: not scored
+    assert eng._masked_scores
+    eng.policy.filters = loose  # replaced on the policy: a passes now, with no change of its own
+    eng._mask_cache.entries.clear()  # as an LRU eviction would: masks recomputed under the new filters
+    fresh_policy = make_policy("gpupool")
+    fresh_policy.filters = loose
+    fresh = Engine(ClusterState(specs), fresh_policy, workload=workload)
+    p1 = pod("p1", cpu=4000, gpus=1, milli=300)
+    assert _outcome(eng.schedule(p1)) == _outcome(fresh.schedule(p1))
+    eff = eng.policy.effective(p1)
+    np.testing.assert_array_equal(eng._cached_scores(eff), fresh._cached_scores(eff))  # a's score too

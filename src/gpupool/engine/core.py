@@ -234,6 +234,8 @@ class Engine:
     def _configure(self, policy: Policy) -> None:
         """Choose the fast paths for ``policy`` (again whenever ``self.policy`` is replaced, e.g. by the pool
         scheduler's ScopedPolicy, whose own ``pick`` must decide)."""
+        if getattr(self, "_masked_scores", False) and policy.filters is not self._filters:
+            self._drop_masked_scores()
         self._configured = policy
         self._filters = policy.filters  # what _codes was chosen for (a policy's filters may be replaced later)
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
@@ -253,9 +255,16 @@ class Engine:
         (``FGDScorer.score``'s ``mask``)."""
         from gpupool.policies.fgd import FGD
 
-        cls = type(policy)
-        return (getattr(policy, "use_memory", False) and cls.score_key is FGD.score_key
-                and cls.effective is Policy.effective and compiled.uses_default_filters(policy.filters))
+        return (getattr(policy, "use_memory", False) and getattr(policy.score_key, "__func__", None) is FGD.score_key
+                and getattr(policy.effective, "__func__", None) is Policy.effective
+                and compiled.uses_default_filters(policy.filters))
+
+    def _drop_masked_scores(self) -> None:
+        """Forget every cached score and best-node heap: scores left out under one set of filters' masks could be
+        read under another's (the filters were replaced)."""
+        self._score_cache.entries.clear()
+        self._best.clear()
+        self._masked_scores = False
 
     def feasible_mask(self, eff: EffectiveRequest) -> np.ndarray:
         """(n_nodes,) bool: nodes that pass every filter for ``eff`` (cached with each node's failure code)."""
@@ -387,8 +396,11 @@ class Engine:
         if self._scorer is None:
             return self._score_cache.get(key, lambda idx: policy.score(state, eff, idx), np.float64)
         score = self._scorer.score
-        if mask is not None and self._masked_scores and policy.filters is self._filters:
-            return self._score_cache.get(key, lambda idx: score(state, eff, idx, mask), np.float64)
+        if self._masked_scores:
+            if policy.filters is not self._filters:  # replaced on the policy itself
+                self._drop_masked_scores()
+            elif mask is not None:
+                return self._score_cache.get(key, lambda idx: score(state, eff, idx, mask), np.float64)
         return self._score_cache.get(key, lambda idx: score(state, eff, idx), np.float64)
 
     def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
