@@ -232,3 +232,21 @@ def test_cli_job_model_switches_and_fairness_cost(tmp_path):
     assert bad.exit_code != 0 and "--fairness-cost" in bad.output
     bad = runner.invoke(app, ["simulate", "--job-order", "gittins"])  # pod traces: job-only flag
     assert bad.exit_code != 0 and "--job-order" in bad.output
+
+
+def test_parse_sizes_bad_input_named():
+    assert parse_sizes("\ufeff100\n200\n") == [100.0, 200.0]  # a UTF-8 BOM is not part of the first number
+    assert parse_sizes('\ufeffduration,"num_gpu"\n"100",2\n') == [200.0]  # csv quoting
+    for text in ("inf\n", "nan\n", "1e400\n"):  # a first line of numbers is data: the finite error
+        with pytest.raises(ValueError, match="p.txt:1: job size must be finite"):
+            parse_sizes(text, "p.txt")
+    with pytest.raises(ValueError, match="p.txt:2: without a header, one job size per line; got 2 fields"):
+        parse_sizes("1\n2,3\n", "p.txt")
+    with pytest.raises(ValueError, match="p.csv:3: column 'num_gpu': GPU count must be finite and > 0, got -1"):
+        parse_sizes("duration,num_gpu\n100,4\n100,-1\n", "p.csv")
+    with pytest.raises(ValueError, match="p.csv:2: column 'gpus': GPU count .* got 0"):
+        parse_sizes("duration,gpus\n100,0\n", "p.csv")
+    with pytest.raises(ValueError, match="p.csv:2: column 'duration': duration must be finite and >= 0, got -5"):
+        parse_sizes("duration,num_gpu\n-5,2\n", "p.csv")
+    with pytest.raises(ValueError, match="p.csv:2: not a job size"):
+        parse_sizes("duration,num_gpu\n100\n", "p.csv")

@@ -31,6 +31,7 @@ parser of its text).
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Hashable, Iterable, Sequence
 
@@ -182,35 +183,62 @@ class GittinsOrder(TiresiasOrder):
         return r if math.isfinite(r) else max(attained_gpu_s, float(table.s[-1]))
 
 
+def _number(field: str) -> float | None:
+    try:
+        return float(field)
+    except ValueError:
+        return None
+
+
 def parse_sizes(text: str, source: str = "<prior>") -> list[float]:
     """Job sizes (GPU-seconds) from a prior file's text: one number per line, or CSV with a ``size_gpu_s``
-    column, or CSV with ``duration`` and ``num_gpu`` / ``gpus`` columns (size = duration x GPUs). Blank lines
-    and ``#`` comments are skipped. ValueError naming ``source`` and the line for anything else."""
-    lines = [(k + 1, ln.strip()) for k, ln in enumerate(text.splitlines())]
-    lines = [(k, ln) for k, ln in lines if ln and not ln.startswith("#")]
-    if not lines:
+    column, or CSV with ``duration`` (seconds, >= 0) and ``num_gpu`` / ``gpus`` (> 0) columns (size =
+    duration x GPUs). Fields are read with the ``csv`` module (quoting as RFC 4180, per line); a leading UTF-8
+    BOM, blank lines and ``#`` comments are skipped. A first line of numbers only is data (so ``inf`` gets
+    the "finite" error), anything else is a header. ValueError naming ``source``, the line and, in a CSV,
+    the column for anything else (a non-number, a header-less line with more than one field, a missing
+    field, a size that is negative or not finite, a duration < 0, a GPU count <= 0)."""
+    text = text.removeprefix("\ufeff")
+    rows: list[tuple[int, str, list[str]]] = []
+    for k, ln in enumerate(text.splitlines(), 1):
+        s = ln.strip()
+        if s and not s.startswith("#"):
+            rows.append((k, s, [f.strip() for f in next(csv.reader([s]))]))
+    if not rows:
         raise ValueError(f"{source}: no job sizes")
-    out: list[float] = []
-    first = lines[0][1]
-    if any(c.isalpha() for c in first.replace("e", "").replace("E", "")):
-        header = [h.strip().lower() for h in first.split(",")]
+    k0, _, head = rows[0]
+    size_col: int
+    gpu_col: int | None = None
+    if any(_number(f) is None for f in head):
+        header = [h.lower() for h in head]
         if "size_gpu_s" in header:
-            cols = (header.index("size_gpu_s"), None)
+            size_col = header.index("size_gpu_s")
         elif "duration" in header and ("num_gpu" in header or "gpus" in header):
-            cols = (header.index("duration"), header.index("num_gpu" if "num_gpu" in header else "gpus"))
+            size_col = header.index("duration")
+            gpu_col = header.index("num_gpu" if "num_gpu" in header else "gpus")
         else:
-            raise ValueError(f"{source}:{lines[0][0]}: header needs size_gpu_s, or duration and num_gpu")
-        rows = lines[1:]
+            raise ValueError(f"{source}:{k0}: header needs size_gpu_s, or duration and num_gpu")
+        rows = rows[1:]
     else:
-        cols, rows = (0, None), lines
-    for k, ln in rows:
-        parts = ln.split(",")
+        size_col, header = 0, []
+    out: list[float] = []
+    for k, ln, fields in rows:
+        if not header and len(fields) != 1:
+            raise ValueError(f"{source}:{k}: without a header, one job size per line; got {len(fields)} "
+                             f"fields: {ln[:60]!r}")
         try:
-            v = float(parts[cols[0]])
-            if cols[1] is not None:
-                v *= float(parts[cols[1]])
+            v = float(fields[size_col])
+            g = float(fields[gpu_col]) if gpu_col is not None else None
         except (ValueError, IndexError):
             raise ValueError(f"{source}:{k}: not a job size: {ln[:60]!r}") from None
+        if g is not None:
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{source}:{k}: column {header[size_col]!r}: duration must be finite and >= 0, "
+                                 f"got {fields[size_col]}")
+            if not (math.isfinite(g) and g > 0):
+                raise ValueError(f"{source}:{k}: column {header[gpu_col]!r}: GPU count must be finite and > 0, "
+                                 f"got {fields[gpu_col]}")
+            v *= g
         if not (math.isfinite(v) and v >= 0):
             raise ValueError(f"{source}:{k}: job size must be finite and >= 0, got {v}")
         out.append(v)
