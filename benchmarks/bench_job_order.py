@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -147,14 +148,25 @@ def fairness_section(trace: list, n: int, gpus: int, policies: tuple[str, ...] =
     return out
 
 
-def peer_rows(paths: list[Path]) -> list[dict]:
-    """Tiresias rows of peer-benchmark results (``benchmarks/tiresias/run.py`` JSON; missing files are
-    skipped): one dict per run with the window (offset, jobs), GPUs, label and figures."""
+def peer_rows(paths: list[Path], strict: bool = False) -> list[dict]:
+    """Tiresias rows of peer-benchmark results (``benchmarks/tiresias/run.py`` JSON): one dict per run with
+    the window (offset, jobs), GPUs, label and figures. A missing or unreadable file is skipped, unless
+    ``strict`` (files named on the command line): then raises ValueError naming the file and the reason."""
     out = []
     for path in paths:
         try:
             doc = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            if strict:
+                raise ValueError(f"{path}: cannot read peer results ({exc})") from None
+            continue
+        if not (isinstance(doc, dict) and isinstance(doc.get("results", []), list)
+                and isinstance(doc.get("window", {}), dict)
+                and all(isinstance(r, dict) for r in doc.get("results", []))
+                and ("results" in doc or not strict)):
+            if strict:
+                raise ValueError(f"{path}: not a results file of benchmarks/tiresias/run.py "
+                                 "(need an object with a 'results' list and a 'window' object)")
             continue
         w = doc.get("window", {})
         for r in doc.get("results", []):
@@ -249,57 +261,129 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _int_list(ap: argparse.ArgumentParser, option: str, text: str, minimum: int = 0, multiple: int = 1) -> list[int]:
+    """Comma-separated ints of ``option``, each >= ``minimum`` and a multiple of ``multiple``, at least one;
+    a bad value ends the run with ``ap.error`` (exit 2) naming the option and the value."""
+    values = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            v = int(item)
+        except ValueError:
+            ap.error(f"argument {option}: invalid int value: {item!r}")
+        if v < minimum or v % multiple:
+            what = f"a multiple of {multiple} >= {minimum}" if multiple > 1 else f">= {minimum}"
+            ap.error(f"argument {option}: {v} is not {what}")
+        values.append(v)
+    if not values:
+        ap.error(f"argument {option}: no value in {text!r}")
+    return values
+
+
+def _names(ap: argparse.ArgumentParser, option: str, text: str, known) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in known]
+    if bad:
+        ap.error(f"argument {option}: unknown {', '.join(map(repr, bad))}; known: {', '.join(known)}")
+    if not names:
+        ap.error(f"argument {option}: no value in {text!r}")
+    return names
+
+
+def _rel(path: Path) -> str:
+    return os.path.relpath(path, REPO) if path.is_relative_to(REPO.parent) else str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--jobs", type=int, default=5000, help="jobs per window")
-    ap.add_argument("--offsets", default="0,5000,10000,15000", help="window starts (comma-separated)")
-    ap.add_argument("--gpus", default="384,320", help="cluster sizes (8-GPU nodes)")
-    ap.add_argument("--orders", default=",".join(ORDERS), help=f"orders ({', '.join(ORDERS)})")
-    ap.add_argument("--places", default="count,node", help="placements: count, node")
-    ap.add_argument("--node-orders", default="las,gittins", help="orders also run with place=node")
-    ap.add_argument("--trace", type=Path, default=PHILLY)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--peer-results", type=Path, nargs="*", default=sorted(RESULTS.glob("tiresias_peer*.json")),
-                    help="Tiresias results of benchmarks/tiresias/run.py (JSON) for the reference rows "
-                         "(default: every benchmarks/results/tiresias_peer*.json)")
+    ap = argparse.ArgumentParser(prog="bench_job_order.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--jobs", type=_positive_int, default=5000, help="jobs per window (default 5000)")
+    ap.add_argument("--offsets", default="0,5000,10000,15000",
+                    help="window starts, comma-separated ints >= 0 (default 0,5000,10000,15000)")
+    ap.add_argument("--gpus", default="384,320",
+                    help="cluster sizes, comma-separated positive multiples of 8 (8-GPU nodes; default 384,320)")
+    ap.add_argument("--orders", default=",".join(ORDERS), help=f"orders (default all: {', '.join(ORDERS)})")
+    ap.add_argument("--places", default="count,node", help="placements, of count, node (default count,node)")
+    ap.add_argument("--node-orders", default="las,gittins",
+                    help="orders also run with place=node (default las,gittins)")
+    ap.add_argument("--trace", type=Path, default=PHILLY,
+                    help=f"Philly job trace (CSV; default {_rel(PHILLY)})")
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help=f"folder for job_order.json and job_order.md (default {_rel(RESULTS)})")
+    ap.add_argument("--peer-results", type=Path, nargs="*", default=None,
+                    help="Tiresias results of benchmarks/tiresias/run.py (JSON) for the reference rows; a named "
+                         "file must exist and be valid (default: every benchmarks/results/tiresias_peer*.json, "
+                         "unreadable ones skipped)")
     ap.add_argument("--fairness", action="store_true",
                     help="also measure the cost of fairness (first window, first --gpus, shipped model)")
     ap.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                     help="no runs: recompute the references and checks of an earlier job_order.json")
     args = ap.parse_args(argv)
+    offsets = _int_list(ap, "--offsets", args.offsets, minimum=0)
+    gpu_sizes = _int_list(ap, "--gpus", args.gpus, minimum=8, multiple=8)
+    orders = _names(ap, "--orders", args.orders, ORDERS)
+    places = _names(ap, "--places", args.places, ("count", "node"))
+    node_orders = set(_names(ap, "--node-orders", args.node_orders, ORDERS)) if args.node_orders.strip(",") else set()
     sys.path.insert(0, str(REPO / "src"))
     from gpupool.traces import load_jobs
 
-    peer = peer_rows(args.peer_results)
+    if args.peer_results is None:
+        peer = peer_rows(sorted(RESULTS.glob("tiresias_peer*.json")))
+    else:
+        try:
+            peer = peer_rows(args.peer_results, strict=True)
+        except ValueError as exc:
+            ap.error(f"argument --peer-results: {exc}")
+
+    def trace() -> list:
+        if not args.trace.is_file():
+            ap.error(f"argument --trace: {args.trace} is not a file (the Philly trace of ../shared/traces)")
+        try:
+            return load_jobs(args.trace)
+        except (OSError, ValueError) as exc:  # TraceFormatError is a ValueError naming file, line and column
+            ap.error(f"argument --trace: {exc}")
+
     if args.rescore is not None:
-        doc = json.loads(args.rescore.read_text())
-        for w in doc["windows"]:
-            w["reference"] = reference(peer, w["offset"], w["jobs"], w["gpus"], w["rows"])
-            for row in w["rows"]:
-                row["checks"] = check(row, w["reference"])
+        try:
+            doc = json.loads(args.rescore.read_text())
+            for w in doc["windows"]:
+                w["reference"] = reference(peer, w["offset"], w["jobs"], w["gpus"], w["rows"])
+                for row in w["rows"]:
+                    row["checks"] = check(row, w["reference"])
+            markdown(doc)
+        except (OSError, ValueError) as exc:
+            ap.error(f"argument --rescore: {args.rescore}: {exc}")
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            ap.error(f"argument --rescore: {args.rescore} is not a job_order.json ({type(exc).__name__}: {exc})")
         if args.fairness:
-            doc["fairness_cost"] = fairness_section(load_jobs(args.trace), args.jobs, int(args.gpus.split(",")[0]))
+            doc["fairness_cost"] = fairness_section(trace(), args.jobs, gpu_sizes[0])
         return write(doc, args.out)
-    orders = [o for o in args.orders.split(",") if o]
-    bad = [o for o in orders if o not in ORDERS]
-    if bad:
-        ap.error(f"unknown order(s) {bad}; known: {', '.join(ORDERS)}")
-    if not args.trace.exists():
-        ap.error(f"{args.trace} not found (the Philly trace of ../shared/traces)")
-    trace = load_jobs(args.trace)
+    jobs_all = trace()
+    past = [o for o in offsets if o >= len(jobs_all)]
+    if past:
+        ap.error(f"argument --offsets: {past[0]} is past the {len(jobs_all):,} jobs of {args.trace}")
     doc = {"benchmark": "job_order", "command": " ".join(["benchmarks/bench_job_order.py", *(argv or sys.argv[1:])]),
            "machine": machine_info(), "orders": {k: {kk: list(v) if isinstance(v, tuple) else v
                                                        for kk, v in ORDERS[k].items()} for k in orders},
            "windows": []}
-    for offset in (int(x) for x in args.offsets.split(",")):
-        jobs = window(trace, args.jobs, offset)
+    for offset in offsets:
+        jobs = window(jobs_all, args.jobs, offset)
         dur = np.array([j.duration for j in jobs]) / 3600.0
         span = max(j.submit_time for j in jobs) / 3600.0
         gpu_h = float(sum(j.duration * j.num_gpu for j in jobs) / 3600.0)
-        for gpus in (int(x) for x in args.gpus.split(",")):
+        for gpus in gpu_sizes:
             rows = []
-            node_orders = set(args.node_orders.split(","))
-            for place in args.places.split(","):
+            for place in places:
                 for order in (o for o in orders if place != "node" or o in node_orders):
                     row = run_one(jobs, gpus, order, place)
                     rows.append(row)
@@ -314,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "mean_duration_h": float(dur.mean()),
                                    "p95_duration_h": float(np.percentile(dur, 95)), "reference": ref, "rows": rows})
     if args.fairness:
-        doc["fairness_cost"] = fairness_section(trace, args.jobs, int(args.gpus.split(",")[0]))
+        doc["fairness_cost"] = fairness_section(jobs_all, args.jobs, gpu_sizes[0])
     return write(doc, args.out)
 
 
