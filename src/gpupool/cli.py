@@ -726,6 +726,8 @@ def _execute_jobs(
         _fail(f"--gpu-speed must be 'none' or 'catalog', got {gpu_speed!r}")
     if max_jobs is not None and max_jobs < 1:
         _fail(f"--max-jobs must be >= 1, got {max_jobs}")
+    if queues is not None and model and model.get("one_queue"):  # one_queue renames every job's queue
+        _fail(f"--one-queue puts every job in one queue; drop --queues {queues}")
     _check_outputs(out, json_file, ["jct_distribution.png", "queue_share.png"])
     try:
         node_list = load_cluster_yaml(cluster)
@@ -752,7 +754,7 @@ def _execute_jobs(
     config = JobSimConfig(checkpoint_interval_s=checkpoint if checkpoint > 0 else math.inf,
                           node_mtbf_h=node_mtbf, gpu_mtbf_h=gpu_mtbf, repair_h=repair, elastic_fraction=elastic,
                           gpu_speed=gpu_speed)
-    config, overrides, fair_cost = _job_model(config, model or {}, tree is not None)
+    config, overrides, fair_cost = _job_model(config, model or {}, tree is not None, names)
     if model and model.get("one_queue"):
         records = one_queue(records)
     console = Console(width=None if sys.stdout.isatty() else 200)
@@ -775,6 +777,8 @@ def _execute_jobs(
         if one_records is not None:
             one = run_jobs(node_list, one_records, name, seed=s, config=cfg)
             res.metrics["fairness_cost"] = fairness_cost(res.jobs, one.jobs)
+        if isinstance(res.metrics.get("config"), dict):  # the job-model switches, so two runs can be told apart
+            res.metrics["config"].update(_job_model_record(pools[name] or job_policy(name)[1], cfg, model or {}))
         return report.run_from_jobs(res)
 
     items = [(name, s) for name in names for s in seeds]
@@ -795,8 +799,9 @@ def _execute_jobs(
         sys.stdout.write(report.dumps(doc))
     else:
         gpus = sum(n.gpu_count for n in node_list)
+        q_label = queues or ("one queue" if (model or {}).get("one_queue") else "one per trace queue")
         title = (f"job trace {jobs} ({len(records):,} jobs) on {cluster} ({len(node_list):,} nodes, {gpus:,} GPUs)"
-                 f", queues: {queues or 'one per trace queue'}, seed{'s' if len(seeds) > 1 else ''} "
+                 f", queues: {q_label}, seed{'s' if len(seeds) > 1 else ''} "
                  f"{', '.join(map(str, seeds))}" + (" (mean ± std)" if len(seeds) > 1 else ""))
         _print_table(console, report.jobs_table(summary, title, **_table_kwargs(report.jobs_table, wide)), wide)
         for (name, s), cost in one_runs.items():
@@ -862,19 +867,35 @@ def _objective_trades(summary: Sequence[Any]) -> list[str]:
     return out
 
 
-def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool) -> tuple[Any, dict[str, Any], bool]:
-    """Apply the job-model switches: (simulator config, scheduler-config overrides, fairness cost on?)."""
+_MAX_RESTART_S = 365 * 86400.0
+"""Largest --restart-overhead, seconds: a year (far beyond any restart, small enough for float time)."""
+_SIZE_ORDERS = ("gittins", "remaining")
+"""Job orders that rank jobs by their (expected) size: they read --size-prior."""
+
+
+def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
+               names: Sequence[str] = ()) -> tuple[Any, dict[str, Any], bool]:
+    """Apply the job-model switches of the job policies ``names``: (simulator config, scheduler-config
+    overrides, fairness cost on?). Exits 2 with a one-line error for a bad or contradictory switch."""
     from dataclasses import replace
 
     from gpupool.engine.pool.gittins import parse_sizes
     from gpupool.engine.pool.ordering import ORDERS
+    from gpupool.engine.pool.scheduler import JOB_POLICIES
     from gpupool.topology import TIERS, TopologyConfig
 
     over: dict[str, Any] = {}
     sim: dict[str, Any] = {}
+    for flag, key in (("--restart-overhead", "restart_overhead"), ("--min-run", "min_run"),
+                      ("--protect-after-hours", "protect_after_hours")):
+        if model.get(key) is not None and not math.isfinite(model[key]):
+            _fail(f"{flag} must be a finite number, got {model[key]}")
     if model.get("restart_overhead") is not None:
         if not model["restart_overhead"] >= 0:
             _fail(f"--restart-overhead must be >= 0, got {model['restart_overhead']}")
+        if model["restart_overhead"] > _MAX_RESTART_S:  # a stall of 1e300 s hangs the clock (t + dt == t)
+            _fail(f"--restart-overhead must be at most {_MAX_RESTART_S:.0f} s (a year), "
+                  f"got {model['restart_overhead']}")
         sim["restart_overhead_s"] = float(model["restart_overhead"])
     if model.get("topology_slowdown") is False:
         sim["topology"] = TopologyConfig(factors={t: 1.0 for t in TIERS})
@@ -891,8 +912,9 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool) -> tupl
             t = tuple(float(x) for x in model["las_thresholds"].split(",") if x.strip())
         except ValueError:
             _fail(f"--las-thresholds must be numbers separated by commas, got {model['las_thresholds']!r}")
-        if not t or any(x <= 0 for x in t) or any(b <= a for a, b in zip(t, t[1:], strict=False)):
-            _fail(f"--las-thresholds must be positive and increasing, got {model['las_thresholds']!r}")
+        if (not t or not all(math.isfinite(x) and x > 0 for x in t)
+                or any(b <= a for a, b in zip(t, t[1:], strict=False))):
+            _fail(f"--las-thresholds must be finite, positive and increasing, got {model['las_thresholds']!r}")
         over["thresholds"] = t
     if model.get("min_run") is not None:
         if not model["min_run"] >= 0:
@@ -906,18 +928,52 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool) -> tupl
         if not model["protect_after_hours"] > 0:
             _fail(f"--protect-after-hours must be > 0, got {model['protect_after_hours']}")
         over["protect_after_s"] = 3600.0 * model["protect_after_hours"]
+    base = {n: JOB_POLICIES[n][1] for n in names if n in JOB_POLICIES}
+    order = model.get("job_order")
+    if order is not None:
+        own = [n for n, c in base.items() if c.order in _SIZE_ORDERS and c.order != order]
+        if own:
+            _fail(f"--job-order {order} would override the order of the {own[0]} policy; run it separately")
+    orders = {order if order is not None else c.order for c in base.values()}
+    if model.get("size_prior") is not None and base and not orders & set(_SIZE_ORDERS):
+        _fail(f"--size-prior {model['size_prior']} applies only to a policy or --job-order that ranks jobs by "
+              f"size ({', '.join(_SIZE_ORDERS)}); none is selected")
+    warning = ""
+    if base and not any(c.preempt or c.reclaim for c in base.values()):
+        unused = [f for f, k in (("--las-thresholds", "las_thresholds"), ("--min-run", "min_run"),
+                                 ("--max-preemptions", "max_preemptions"),
+                                 ("--protect-after-hours", "protect_after_hours")) if model.get(k) is not None]
+        if model.get("las_thresholds") is not None and orders - {"fifo"}:
+            unused.remove("--las-thresholds")  # a LAS order uses them even without preemption
+        if unused:  # said once every switch is checked, so an error stays the only line
+            warning = (f"warning: {', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect: no "
+                       f"selected policy ({', '.join(base)}) preempts")
     if model.get("size_prior") is not None:
         path = Path(model["size_prior"])
         try:
             over["size_prior"] = tuple(parse_sizes(path.read_text(encoding="utf-8"), str(path)))
         except OSError as exc:
             _fail(f"cannot read {path}: {exc.strerror or exc}")
+        except UnicodeDecodeError as exc:
+            _fail(f"--size-prior {path}: not UTF-8 text (byte {exc.start}: {exc.reason})")
         except ValueError as exc:
             _fail(str(exc))
     fair_cost = bool(model.get("fairness_cost"))
     if fair_cost and (model.get("one_queue") or has_queue_file):
         _fail("--fairness-cost compares the trace's queues with one queue; drop --one-queue / --queues")
+    if warning:
+        typer.echo(warning, err=True)
     return replace(config, **sim) if sim else config, over, fair_cost
+
+
+def _job_model_record(pool: Any, cfg: Any, model: dict[str, Any]) -> dict[str, Any]:
+    """The job-model settings a run used (its policy's, after the switches), for the JSON ``config``."""
+    return {"job_order": pool.order, "las_thresholds": list(pool.thresholds), "min_run_s": pool.min_run_s,
+            "max_preemptions": pool.max_preemptions, "protect_after_s": pool.protect_after_s,
+            "topology_slowdown": model.get("topology_slowdown") is not False,
+            "one_queue": bool(model.get("one_queue")), "gpus_per_pod": cfg.max_gpus_per_pod,
+            "size_prior": str(model["size_prior"]) if model.get("size_prior") is not None else None,
+            "size_prior_n": len(pool.size_prior)}
 
 
 _MODEL_ARGS = {"restart_overhead": ("--restart-overhead", 30.0), "topology_slowdown": ("--no-topology-slowdown", True),
