@@ -183,3 +183,111 @@ def test_committed_results_render() -> None:
     assert len(rows) == len({(r["simulator"], r["policy"]) for r in report["results"]})
     assert all(r["same_jobs_as_window"] for r in report["results"])
     assert all(r["finished_jobs"] == report["window"]["jobs"] for r in report["results"])
+
+
+@pytest.fixture(scope="module")
+def run_mod():
+    pytest.importorskip("numpy")
+    return _load("tiresias_run", ROOT / "benchmarks" / "tiresias" / "run.py")
+
+
+def _run_error(run_mod, capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        run_mod.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--gpus-per-node", "0"], ["--gpus-per-node", "0"]),
+    (["--gpus-per-node", "-8"], ["--gpus-per-node", "-8"]),
+    (["--nodes-per-rack", "-1"], ["--nodes-per-rack", "-1"]),
+    (["--parallel", "0"], ["--parallel"]),
+    (["--max-gpus", "0"], ["--max-gpus", "0"]),
+    (["--first", "0"], ["--first"]),
+    (["--offset", "-1"], ["--offset", "-1"]),
+    (["--gpus", ""], ["--gpus", "no cluster size"]),
+    (["--gpus", ","], ["--gpus", "no cluster size"]),
+    (["--gpus", "abc"], ["--gpus", "'abc'"]),
+    (["--gpus", "12"], ["--gpus", "multiple"]),
+    (["--switches", "x"], ["--switches", "'x'"]),
+    (["--switches", "7"], ["--switches"]),
+    (["--peer", "bogus"], ["--peer", "bogus"]),
+    (["--peer=", "--gpupool", ""], ["nothing to run"]),
+    (["--gpupool", "gpupool+thresholds=nan"], ["--gpupool", "thresholds=nan"]),
+    (["--gpupool", "gpupool+thresholds=(1,x)"], ["--gpupool", "thresholds"]),
+    (["--gpupool", "nosuch"], ["--gpupool", "nosuch"]),
+    (["--gpupool", "gpupool+nonsense=1"], ["--gpupool", "KEY=VALUE"]),
+    (["--tiresias-src", "/nope/Tiresias"], ["--tiresias-src", "/nope/Tiresias"]),
+    (["--python2", "/nope/python2.7"], ["--python2", "/nope/python2.7"]),
+    (["--python2", sys.executable], ["--python2", "not a working Python 2.7"]),
+])
+def test_run_bad_options_name_the_option(run_mod, capsys, tmp_path: Path, argv: list[str],
+                                         words: list[str]) -> None:
+    """Each bad option ends the run with one argparse-style line (exit 2), before anything runs or is written."""
+    msg = _run_error(run_mod, capsys, [*argv, "--out", str(tmp_path / "out")])
+    assert all(w in msg for w in words), msg
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_bad_trace_window_and_render(run_mod, capsys, tmp_path: Path) -> None:
+    trace = tmp_path / "philly.csv"
+    trace.write_text(PHILLY)
+    base = ["--trace", str(trace), "--peer=", "--gpupool", "fifo", "--out", str(tmp_path / "out")]
+    msg = _run_error(run_mod, capsys, [*base, "--max-gpus", "1", "--offset", "2"])
+    assert "--offset" in msg and "--max-gpus 1" in msg
+    trace.write_text(PHILLY + "2017-10-09 09:00:00,abc,1,10.0,6c71a0\n")
+    msg = _run_error(run_mod, capsys, base)
+    assert "--trace" in msg and "philly.csv" in msg
+    bad = tmp_path / "r.json"
+    for text in ("{}", "not json"):
+        bad.write_text(text)
+        msg = _run_error(run_mod, capsys, ["--render", str(bad)])
+        assert "--render" in msg and ("r.json" in msg or "JSON" in msg or "Expecting" in msg), msg
+    assert not bad.with_suffix(".md").exists()
+    msg = _run_error(run_mod, capsys, ["--render", str(tmp_path / "nope.json")])
+    assert "--render" in msg and "nope.json" in msg
+
+
+def test_run_tiny_gpupool_only(run_mod, tmp_path: Path) -> None:
+    """Good input still runs (gpupool side only, 5 jobs) and says "1 switch" in the table."""
+    trace = tmp_path / "philly.csv"
+    trace.write_text(PHILLY)
+    out = tmp_path / "out"
+    assert run_mod.main(["--trace", str(trace), "--peer=", "--gpupool", "fifo", "--gpus", "64",
+                         "--switches", "1", "--out", str(out), "--name", "t"]) == 0
+    assert "Tiresias: 1 switch)" in (out / "t.md").read_text()
+
+
+def test_help_fits_and_names_defaults(run_mod, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        run_mod.main(["--help"])
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80
+    text = " ".join(out.split())
+    for words in ("--gpus-per-node GPUS_PER_NODE GPUs per node", "pinned 959f9b08f44f",
+                  "default fifo,dlas-gpu,dlas-gpu-gittins", "(default benchmarks/results", "runs at once (default 1)"):
+        assert words in text, words
+
+
+def test_cached_checkout_records_its_own_origin(run_mod, tmp_path: Path) -> None:
+    """With a cached checkout, a different --tiresias-src is not used, and the results record the origin."""
+    src = tmp_path / "peer"
+    (src / "simulator").mkdir(parents=True)
+    (src / "simulator" / "run_sim.py").write_text("print(1)\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(src)]
+    import subprocess
+
+    subprocess.run([*git[:5], "init", "-q", str(src)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    sim, used = run_mod.fetch_tiresias(str(src), commit, cache)
+    assert used == str(src) and (sim / "run_sim.py").exists()
+    sim2, used2 = run_mod.fetch_tiresias("/elsewhere", commit, cache)
+    assert sim2 == sim and used2.startswith(str(src)) and "cached checkout" in used2

@@ -96,11 +96,22 @@ def _git(*args: str, cwd: Path | None = None) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def fetch_tiresias(source: str, commit: str, cache: Path) -> Path:
+def fetch_tiresias(source: str, commit: str, cache: Path) -> tuple[Path, str]:
     """A checkout of the peer at ``commit`` under ``cache`` (cloned from ``source`` once); returns its
-    ``simulator/`` folder. Raises RuntimeError when the checkout is not exactly that commit, unchanged."""
+    ``simulator/`` folder and the source it was actually cloned from (a cached checkout keeps its own
+    origin, whatever ``source`` says). Raises RuntimeError when the checkout is not exactly that commit,
+    unchanged."""
     dest = cache / f"Tiresias-{commit[:12]}"
-    if not (dest / ".git").exists():
+    if (dest / ".git").exists():
+        try:
+            origin = _git("config", "--get", "remote.origin.url", cwd=dest)
+        except subprocess.CalledProcessError:
+            origin = "unknown"
+        used = f"{origin} (cached checkout {dest})"
+        if origin != source:
+            log(f"using the cached checkout {dest} (cloned from {origin}), not {source}")
+    else:
+        used = source
         tmp = Path(tempfile.mkdtemp(prefix="Tiresias-", dir=cache))
         log(f"cloning {source} -> {dest}")
         try:
@@ -118,16 +129,34 @@ def fetch_tiresias(source: str, commit: str, cache: Path) -> Path:
     dirty = _git("status", "--porcelain", "--untracked-files=no", cwd=dest)
     if dirty:
         raise RuntimeError(f"{dest} has local changes (the peer must run unmodified):\n{dirty}")
-    return dest / "simulator"
+    return dest / "simulator", used
+
+
+def _is_python27(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", "import sys; sys.exit(sys.version_info[:2] != (2, 7))"],
+                              capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def find_python2(explicit: str | None) -> str:
-    candidates = [explicit, os.environ.get("TIRESIAS_PYTHON2"), shutil.which("python2.7")]
+    """The Python 2.7 to run the peer with: ``explicit`` (``--python2``), else ``$TIRESIAS_PYTHON2``, else
+    ``python2.7`` on PATH, else pyenv's newest 2.7. Raises RuntimeError when an interpreter named by the
+    option or the variable is missing or not 2.7 (it is never silently replaced), or when none is found."""
+    for what, named in (("--python2", explicit), ("$TIRESIAS_PYTHON2", os.environ.get("TIRESIAS_PYTHON2"))):
+        if named:
+            path = shutil.which(named) or named
+            if not Path(path).exists():
+                raise RuntimeError(f"{what} {named}: no such interpreter")
+            if not _is_python27(path):
+                raise RuntimeError(f"{what} {named}: not a working Python 2.7")
+            return path
+    candidates = [shutil.which("python2.7")]
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
     candidates += [str(p / "bin" / "python2.7") for p in sorted(pyenv.glob("2.7*"), reverse=True)]
     for c in candidates:  # a pyenv shim may exist and still fail: ask each one for its version
-        if c and Path(c).exists() and subprocess.run(
-                [c, "-c", "import sys; sys.exit(sys.version_info[:2] != (2, 7))"], capture_output=True).returncode == 0:
+        if c and Path(c).exists() and _is_python27(c):
             return c
     raise RuntimeError("no Python 2.7 found: install one (e.g. `pyenv install 2.7.18`) or pass --python2")
 
@@ -197,8 +226,14 @@ def parse_gpupool_spec(spec: str) -> tuple[str, dict]:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
             value = text
-        if key == "thresholds" and not isinstance(value, tuple):
-            value = (value,) if isinstance(value, int | float) else tuple(value)
+        if key == "thresholds":
+            if not isinstance(value, tuple | list):
+                value = (value,)
+            if not value or any(isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf")
+                                for v in value):
+                raise ValueError(f"--gpupool {spec!r}: thresholds={text} is not positive finite numbers "
+                                 "(e.g. thresholds=3250 or thresholds=(3250,7200))")
+            value = tuple(value)
         over[key] = value
     return name, over
 
@@ -257,6 +292,10 @@ def gpupool_revision() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+def _switches(n: int) -> str:
+    return f"{n} switch" if n == 1 else f"{n} switches"
+
+
 def _f(x: float, digits: int) -> str:
     return f"{x:,.{digits}f}"
 
@@ -275,7 +314,7 @@ def markdown(report: dict) -> str:
         f"duration {w['mean_duration_h']:.2f} h = the lower bound on mean JCT, submitted over "
         f"{w['submit_span_h']:,.1f} h). Clusters of {report['gpus_per_node']}-GPU nodes: "
         + ", ".join(f"{g} GPUs (offered load {w['offered_load'][str(g)]:.2f}; Tiresias: "
-                    f"{report['tiresias_switches'][str(g)]} switches)" for g in sizes) + ".",
+                    f"{_switches(report['tiresias_switches'][str(g)])})" for g in sizes) + ".",
         f"Peer: Tiresias `simulator/` at {report['tiresias']['commit']} ({report['tiresias']['repo']}), "
         f"unmodified, {peer_env}. "
         f"gpupool {report['gpupool_revision']}: matched model (no restart overhead, no topology slowdown, one queue, "
@@ -308,76 +347,146 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def _int_type(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    parse.__name__ = f"int >= {minimum}"
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="run.py", description="gpupool beside the Tiresias simulator: the same jobs "
+                                "and cluster, JCT = end - submit in both (see the module docstring).")
     p.add_argument("--trace", default=str(DEFAULT_TRACE), help="job trace CSV (Philly or ITP format)")
-    p.add_argument("--first", type=int, default=5000, help="jobs in the window (default 5000)")
-    p.add_argument("--offset", type=int, default=0, help="jobs skipped before the window (default 0)")
-    p.add_argument("--max-gpus", type=int, default=None,
+    p.add_argument("--first", type=_int_type(1), default=5000, help="jobs in the window (default 5000)")
+    p.add_argument("--offset", type=_int_type(0), default=0, help="jobs skipped before the window (default 0)")
+    p.add_argument("--max-gpus", type=_int_type(1), default=None,
                    help="drop jobs larger than this before windowing (default: keep all)")
     p.add_argument("--gpus", default="384,320", help="cluster sizes in GPUs, comma list (default 384,320)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=_int_type(1), default=8, help="GPUs per node on both sides (default 8)")
     p.add_argument("--switches", default=None,
                    help="Tiresias switches per cluster size, comma list aligned with --gpus or one value for all "
                         "(yarn placement keeps a job under one switch); default: the layout of issue 14's "
                         "table, 3 at 384 GPUs and 5 at 320 (16 and 8 nodes per switch), else 1")
-    p.add_argument("--nodes-per-rack", type=int, default=8,
+    p.add_argument("--nodes-per-rack", type=_int_type(0), default=8,
                    help="gpupool cluster: nodes per rack (0: no racks); default 8, as examples/clusters/philly.yaml "
                         "and issue 14's table. No slowdown either way, but it steers topology-aware placement")
-    p.add_argument("--racks-per-switch", type=int, default=4, help="gpupool cluster: racks per leaf switch (default 4)")
+    p.add_argument("--racks-per-switch", type=_int_type(0), default=4,
+                   help="gpupool cluster: racks per leaf switch (default 4)")
     p.add_argument("--peer", default=",".join(PEER_SCHEDULES),
                    help=f"Tiresias schedules, comma list of {', '.join(PEER_SCHEDULES)}, each optionally "
-                        f"SCHEDULE:SCHEME with a placement scheme of {', '.join(PEER_SCHEMES)} ('' for none)")
+                        f"SCHEDULE:SCHEME with a placement scheme of {', '.join(PEER_SCHEMES)} ('' for none; "
+                        f"default {','.join(PEER_SCHEDULES)})")
     p.add_argument("--gpupool", default=",".join(DEFAULT_GPUPOOL),
                    help="gpupool job policies, comma list, each NAME[+KEY=VALUE...] with PoolConfig overrides "
                         f"(default {','.join(DEFAULT_GPUPOOL)}; '' for none)")
     p.add_argument("--tiresias-src", default=os.environ.get("TIRESIAS_SRC") or TIRESIAS_REPO,
-                   help="where to clone Tiresias from: URL, clone or git dir (default $TIRESIAS_SRC or GitHub)")
-    p.add_argument("--tiresias-commit", default=TIRESIAS_COMMIT)
+                   help="where to clone Tiresias from: URL, clone or git dir (default $TIRESIAS_SRC or GitHub); "
+                        "unused when the cache already holds the checkout (the results record its origin)")
+    p.add_argument("--tiresias-commit", default=TIRESIAS_COMMIT,
+                   help=f"peer commit to check out (default the pinned {TIRESIAS_COMMIT[:12]})")
     p.add_argument("--python2", default=None, help="Python 2.7 interpreter (default: $TIRESIAS_PYTHON2, PATH, pyenv)")
-    p.add_argument("--parallel", type=int, default=1, help="runs at once (default 1)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="folder for the json and md")
-    p.add_argument("--name", default="tiresias_peer", help="file name stem of the results")
+    p.add_argument("--parallel", type=_int_type(1), default=1, help="runs at once (default 1)")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
+                   help="folder for the json and md (default benchmarks/results: overwrites the committed "
+                        "results of --name)")
+    p.add_argument("--name", default="tiresias_peer", help="file name stem of the results (default tiresias_peer)")
     p.add_argument("--render", metavar="JSON", default=None,
                    help="only rewrite the .md next to JSON from that results file (no runs)")
     p.add_argument("--keep", default=None, help="keep the converted trace and the peer's logs in this folder")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def _ints(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if item:
+            try:
+                out.append(int(item))
+            except ValueError:
+                p.error(f"argument {option}: invalid int value: {item!r}")
+    return out
+
+
+def _looks_local(source: str) -> bool:
+    return "://" not in source and not re.match(r"^[\w.-]+@[\w.-]+:", source)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    p = build_parser()
+    args = p.parse_args(argv)
     if args.render:
         src = Path(args.render)
-        src.with_suffix(".md").write_text(markdown(json.loads(src.read_text())))
+        try:
+            md = markdown(json.loads(src.read_text()))
+        except (OSError, ValueError) as exc:
+            p.error(f"argument --render: {exc}")
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            p.error(f"argument --render: {src} is not a results file of this benchmark "
+                    f"({type(exc).__name__}: {exc})")
+        src.with_suffix(".md").write_text(md)
         return 0
     from gpupool.traces import load_jobs
 
-    sizes = [int(g) for g in args.gpus.split(",") if g]
+    sizes = _ints(p, "--gpus", args.gpus)
+    if not sizes:
+        p.error(f"argument --gpus: no cluster size in {args.gpus!r}")
     if any(g <= 0 or g % args.gpus_per_node for g in sizes):
-        raise SystemExit(f"--gpus: every size must be a positive multiple of {args.gpus_per_node}")
+        p.error(f"argument --gpus: every size must be a positive multiple of --gpus-per-node "
+                f"{args.gpus_per_node}, got {args.gpus!r}")
     if args.switches is None:
         switches = [ISSUE_SWITCHES.get(g, 1) for g in sizes]
     else:
-        switches = [int(x) for x in args.switches.split(",") if x]
+        switches = _ints(p, "--switches", args.switches)
         switches = switches * len(sizes) if len(switches) == 1 else switches
     if len(switches) != len(sizes) or any(
             x < 1 or (g // args.gpus_per_node) % x for x, g in zip(switches, sizes, strict=False)):
-        raise SystemExit(f"--switches: one count per --gpus size (or one for all), each dividing the node count; "
-                         f"got {args.switches!r} for {sizes}")
+        p.error(f"argument --switches: one count per --gpus size (or one for all), each dividing the node count; "
+                f"got {args.switches!r} for {sizes}")
     switches_of = dict(zip(sizes, switches, strict=True))
     peer = [s for s in args.peer.split(",") if s]
     unknown = {s for s in peer if s.partition(":")[0] not in PEER_SCHEDULES
                or s.partition(":")[2] not in ("", *PEER_SCHEMES)}
     if unknown:
-        raise SystemExit(f"--peer: unknown {sorted(unknown)}; known: {', '.join(PEER_SCHEDULES)}")
+        p.error(f"argument --peer: unknown {sorted(unknown)}; known: {', '.join(PEER_SCHEDULES)}, each optionally "
+                f":{' or :'.join(PEER_SCHEMES)}")
     ours = split_specs(args.gpupool)
     from gpupool.engine.pool.scheduler import JOB_POLICIES
     for s in ours:
-        if parse_gpupool_spec(s)[0] not in JOB_POLICIES:
-            raise SystemExit(f"--gpupool: unknown policy in {s!r}; known: {', '.join(JOB_POLICIES)}")
+        try:
+            name, over = parse_gpupool_spec(s)
+            if name not in JOB_POLICIES:
+                raise ValueError(f"--gpupool: unknown policy in {s!r}; known: {', '.join(JOB_POLICIES)}")
+            matched_config(name, over)
+        except (ValueError, TypeError) as exc:
+            msg = str(exc).removeprefix("--gpupool: ").removeprefix("--gpupool ")
+            p.error(f"argument --gpupool: {msg}")
+    if not peer and not ours:
+        p.error("nothing to run: --peer and --gpupool are both empty")
+    if peer:
+        if _looks_local(args.tiresias_src) and not Path(args.tiresias_src).exists():
+            p.error(f"argument --tiresias-src: {args.tiresias_src} does not exist")
+        try:
+            find_python2(args.python2)
+        except RuntimeError as exc:
+            p.error(f"argument --python2: {exc}" if args.python2 else str(exc))
 
-    jobs = select_window(load_jobs(args.trace), args.first, args.offset, args.max_gpus)
+    try:
+        jobs = select_window(load_jobs(args.trace), args.first, args.offset, args.max_gpus)
+    except (OSError, ValueError) as exc:  # TraceFormatError names file, line and column
+        if "empty window" in str(exc) and args.max_gpus is not None:
+            p.error(f"argument --offset: {exc} left by --max-gpus {args.max_gpus}")
+        p.error(f"argument {'--offset' if 'empty window' in str(exc) else '--trace'}: {exc}")
     stats = trace_stats(jobs)
     stats["offered_load"] = {str(g): trace_stats(jobs, g)["offered_load"] for g in sizes}
     stats.update({"trace": Path(args.trace).name, "offset": args.offset, "max_gpus_filter": args.max_gpus})
@@ -391,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     tiresias = {"repo": TIRESIAS_REPO, "source": args.tiresias_src, "commit": args.tiresias_commit}
     sim_dir = python2 = env = None
     if peer:
-        sim_dir = fetch_tiresias(args.tiresias_src, args.tiresias_commit, cache)
+        sim_dir, tiresias["source"] = fetch_tiresias(args.tiresias_src, args.tiresias_commit, cache)
         python2 = find_python2(args.python2)
         env = py2_env(python2, cache)
         tiresias["python2"], tiresias["numpy"] = env["_VERSIONS"].split()
