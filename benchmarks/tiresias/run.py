@@ -1,7 +1,8 @@
 """Side by side with the Tiresias simulator: the same jobs, the same cluster, JCT = end - submit in both.
 
     make bench-tiresias                       # = .venv/bin/python benchmarks/tiresias/run.py
-    .venv/bin/python benchmarks/tiresias/run.py --first 1000 --offset 5000 --gpus 384
+    .venv/bin/python benchmarks/tiresias/run.py --offset 5000 --name tiresias_peer_w5000
+    .venv/bin/python benchmarks/tiresias/run.py --first 1000 --gpus 384 --out /tmp/peer   # a trial
 
 Steps (all cached under ``~/.cache/gpupool-tiresias``, or ``$GPUPOOL_TIRESIAS_CACHE``):
 
@@ -24,8 +25,10 @@ Steps (all cached under ``~/.cache/gpupool-tiresias``, or ``$GPUPOOL_TIRESIAS_CA
    ``--gpupool`` lists the job policies (:data:`gpupool.engine.pool.scheduler.JOB_POLICIES`), each
    optionally with scheduler-config overrides: ``gpupool+thresholds=3250`` runs the ``gpupool``
    preset with ``PoolConfig.thresholds=(3250,)``.
-6. **Results**: ``benchmarks/results/tiresias_peer.{json,md}``: per policy and cluster mean / p95 / p99
-   / max JCT and makespan (h), preemptions, the window's statistics, the machine, the peer's commit.
+6. **Results**: ``<--out>/<--name>.{json,md}``, by default ``benchmarks/results/tiresias_peer.{json,md}``
+   (the committed first window: another window should use ``--name tiresias_peer_wN``): per policy and
+   cluster mean / p95 / p99 / max JCT and makespan (h), preemptions, the window's statistics, the machine,
+   the peer's commit.
 """
 
 from __future__ import annotations
