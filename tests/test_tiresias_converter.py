@@ -245,7 +245,7 @@ def test_run_bad_trace_window_and_render(run_mod, capsys, tmp_path: Path) -> Non
     for text in ("{}", "not json"):
         bad.write_text(text)
         msg = _run_error(run_mod, capsys, ["--render", str(bad)])
-        assert "--render" in msg and ("r.json" in msg or "JSON" in msg or "Expecting" in msg), msg
+        assert "--render" in msg and "r.json" in msg, msg
     assert not bad.with_suffix(".md").exists()
     msg = _run_error(run_mod, capsys, ["--render", str(tmp_path / "nope.json")])
     assert "--render" in msg and "nope.json" in msg

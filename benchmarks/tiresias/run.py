@@ -432,8 +432,10 @@ def main(argv: list[str] | None = None) -> int:
         src = Path(args.render)
         try:
             md = markdown(json.loads(src.read_text()))
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             p.error(f"argument --render: {exc}")
+        except ValueError as exc:
+            p.error(f"argument --render: {src}: not JSON ({exc})")
         except (KeyError, TypeError, AttributeError, IndexError) as exc:
             p.error(f"argument --render: {src} is not a results file of this benchmark "
                     f"({type(exc).__name__}: {exc})")
