@@ -206,14 +206,13 @@ def reference(peer: list[dict], offset: int, n: int, gpus: int, rows: list[dict]
 def check(row: dict, ref: dict) -> dict:
     g, lref = ref.get("tiresias-G", {}), ref.get("tiresias-L", {})
 
-    def le(a, b):  # compared at the precision the tables print (2 decimals for mean/p95, 1 for p99/makespan)
+    def le(a, b):  # both unrounded (the peer's figures come from its logs, whole seconds like ours), up to 1e-9 h
         return None if b is None else bool(a <= b + 1e-9)
 
-    return {"mean_le_G": le(round(row["mean_jct_h"], 2), g.get("mean_jct_h")),
-            "p95_le_G": le(round(row["p95_jct_h"], 2), g.get("p95_jct_h")),
-            "p99_le_L": le(round(row["p99_jct_h"], 1), lref.get("p99_jct_h")),
-            "makespan_le_L": le(round(row["makespan_h"], 1), None if lref.get("makespan_h") is None
-                                else round(lref["makespan_h"], 1))}
+    return {"mean_le_G": le(row["mean_jct_h"], g.get("mean_jct_h")),
+            "p95_le_G": le(row["p95_jct_h"], g.get("p95_jct_h")),
+            "p99_le_L": le(row["p99_jct_h"], lref.get("p99_jct_h")),
+            "makespan_le_L": le(row["makespan_h"], lref.get("makespan_h"))}
 
 
 def markdown(doc: dict) -> str:

@@ -123,3 +123,15 @@ def test_tiny_run_and_rescore(bjo, tmp_path: Path, trace: Path) -> None:
     assert [(w["gpus"], [r["order"] for r in w["rows"]]) for w in doc["windows"]] == [(16, ["las"])]
     assert doc["windows"][0]["rows"][0]["finished"] == 5
     assert bjo.main(["--rescore", str(out / "job_order.json"), "--peer-results", "--out", str(out)]) == 0
+
+
+def test_checks_compare_unrounded_figures(bjo) -> None:
+    # a p95 at the floor equal to the peer's up to float noise passes; one 0.004 h above it (the same after
+    # rounding to the tables' 2 decimals) fails: no side is rounded before the comparison
+    ref = {"tiresias-G": {"mean_jct_h": 3.8202, "p95_jct_h": 6.267708333333337},
+           "tiresias-L": {"p99_jct_h": 81.5, "makespan_h": 642.0}}
+    row = {"mean_jct_h": 3.8162, "p95_jct_h": 6.267708333333336, "p99_jct_h": 76.2, "makespan_h": 641.4}
+    assert all(bjo.check(row, ref).values())
+    worse = dict(row, p95_jct_h=6.2717, mean_jct_h=3.8240)
+    c = bjo.check(worse, ref)
+    assert c["p95_le_G"] is False and c["mean_le_G"] is False
