@@ -38,7 +38,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decisions.py
 
 ## bench-tiresias: gpupool beside the Tiresias simulator on the same jobs (benchmarks/tiresias/README.md).
-## Needs git and Python 2.7; TIRESIAS_SRC=clone or git dir instead of GitHub; TIRESIAS_ARGS="--first 1000 ...".
+## Needs git and Python 2.7; TIRESIAS_SRC=clone or git dir instead of GitHub; other windows:
+## TIRESIAS_ARGS="--offset 5000 --name tiresias_peer_w5000" (the default name overwrites results/tiresias_peer.*).
 bench-tiresias: $(STAMP)
 	$(BIN)/python benchmarks/tiresias/run.py $(TIRESIAS_ARGS)
 
