@@ -98,6 +98,7 @@ def test_policies_json():
     assert kinds[DEFAULT_POLICY] == "default"
     assert all(kinds[b] == "baseline" for b in BASELINES)
     assert kinds["fgd"] == "GPU-aware"
+    assert kinds["load-aware"] == "inference"  # the README's kind: it is meant for inference replicas
     assert all(r["description"] for r in rows)
 
 

@@ -325,9 +325,15 @@ def _check_policies(names: Sequence[str]) -> list[str]:
     return unique
 
 
+INFERENCE_POLICIES = frozenset({"load-aware"})
+"""Placement policies meant for inference replicas (live telemetry), not for training pods."""
+
+
 def _policy_kind(name: str) -> str:
     if name == DEFAULT_POLICY:
         return "default"
+    if name in INFERENCE_POLICIES:
+        return "inference"
     return "baseline" if name in BASELINES else "GPU-aware"
 
 
@@ -1034,7 +1040,7 @@ def _root(
 def policies_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the list as JSON instead of a table.")] = False,
 ) -> None:
-    """List the placement policies: name, kind (baseline, GPU-aware, default) and description."""
+    """List the placement policies: name, kind (baseline, GPU-aware, inference, default) and description."""
     rows = _policy_rows()
     if as_json:
         sys.stdout.write(report.dumps(rows))
