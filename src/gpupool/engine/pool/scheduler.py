@@ -228,6 +228,12 @@ class _Reservation:
     since: float
 
 
+def _fails_like(memo: dict[int, int] | None, g: int, n: int) -> bool:
+    """A shape of ``n`` pods of ``g`` GPUs fails as one already failed: ``memo`` ({GPUs per pod: fewest pods
+    that failed}, None or empty: nothing failed) holds a shape no bigger in both."""
+    return bool(memo) and any(g2 <= g and n2 <= n for g2, n2 in memo.items())
+
+
 class PoolScheduler(EvictionActions):
     """Job scheduler over one cluster and one queue tree (see the module docstring).
 
@@ -998,21 +1004,14 @@ class PoolScheduler(EvictionActions):
                 best = min(best, self._promote[0][0])
         return best if best > now + 1e-9 else math.inf
 
-    def _dominated(self, grp: int, failed: dict, known: dict | None = None) -> bool:
+    def _dominated(self, grp: int, failed: dict, known: dict) -> bool:
         """True when every pending shape of ``grp`` is at least as big as one that already failed. ``known``:
         the verdict per shape for these memos, filled as computed (the caller drops it when a memo changes)."""
-        if known is None:
-            for g, n, tier in self.shapes[grp]:
-                memo = failed.get(tier)
-                if not memo or not any(g2 <= g and n2 <= n for g2, n2 in memo.items()):
-                    return False
-            return True
         for shape in self.shapes[grp]:
             dom = known.get(shape)
             if dom is None:
                 g, n, tier = shape
-                memo = failed.get(tier)
-                dom = known[shape] = bool(memo) and any(g2 <= g and n2 <= n for g2, n2 in memo.items())
+                dom = known[shape] = _fails_like(failed.get(tier), g, n)
             if not dom:
                 return False
         return True
@@ -1070,15 +1069,8 @@ class PoolScheduler(EvictionActions):
                     memo_for, allowed_for = failed, allowed
                 # _try_place's failed-shape test, first: a job at least as big as a shape that failed fails
                 # the same way (changing nothing), without the call
-                memo = memo_for.get(job.topology_tier if (job.topology == "required" and topo) else None)
-                if memo:
-                    g, nmin = job.gpus_per_pod, job.min_pods
-                    for g2, n2 in memo.items():
-                        if g2 <= g and n2 <= nmin:
-                            break
-                    else:
-                        memo = None
-                if memo:
+                tier = job.topology_tier if (job.topology == "required" and topo) else None  # _shape(job)[2]
+                if _fails_like(memo_for.get(tier), job.gpus_per_pod, job.min_pods):
                     ok = False
                 else:
                     ok = self._try_place(job, allowed_for, memo_for, now, res)
@@ -1107,8 +1099,7 @@ class PoolScheduler(EvictionActions):
         if not self._admissible(job, nmin):
             return False
         shape = self._shape(job)
-        memo = failed.get(shape[2])
-        if memo and any(g2 <= g and n2 <= nmin for g2, n2 in memo.items()):
+        if _fails_like(failed.get(shape[2]), g, nmin):
             return False
         placed = self._place(job, allowed, self._admissible_pods(job), nmin) if self.free_gpus >= nmin * g else None
         if placed is None:
