@@ -875,8 +875,6 @@ def _objective_trades(summary: Sequence[Any]) -> list[str]:
 
 _MAX_RESTART_S = 365 * 86400.0
 """Largest --restart-overhead, seconds: a year (far beyond any restart, small enough for float time)."""
-_SIZE_ORDERS = ("gittins", "remaining")
-"""Job orders that rank jobs by their (expected) size: they read --size-prior."""
 
 
 def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
@@ -886,7 +884,7 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
     from dataclasses import replace
 
     from gpupool.engine.pool.gittins import parse_sizes
-    from gpupool.engine.pool.ordering import ORDERS
+    from gpupool.engine.pool.ordering import ORDERS, SIZE_ORDERS
     from gpupool.engine.pool.scheduler import JOB_POLICIES
     from gpupool.topology import TIERS, TopologyConfig
 
@@ -937,13 +935,13 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
     base = {n: JOB_POLICIES[n][1] for n in names if n in JOB_POLICIES}
     order = model.get("job_order")
     if order is not None:
-        own = [n for n, c in base.items() if c.order in _SIZE_ORDERS and c.order != order]
+        own = [n for n, c in base.items() if c.order in SIZE_ORDERS and c.order != order]
         if own:
             _fail(f"--job-order {order} would override the order of the {own[0]} policy; run it separately")
     orders = {order if order is not None else c.order for c in base.values()}
-    if model.get("size_prior") is not None and base and not orders & set(_SIZE_ORDERS):
+    if model.get("size_prior") is not None and base and not orders & set(SIZE_ORDERS):
         _fail(f"--size-prior {model['size_prior']} applies only to a policy or --job-order that ranks jobs by "
-              f"size ({', '.join(_SIZE_ORDERS)}); none is selected")
+              f"size ({', '.join(SIZE_ORDERS)}); none is selected")
     warning = ""
     if base and not any(c.preempt or c.reclaim for c in base.values()):
         unused = [f for f, k in (("--las-thresholds", "las_thresholds"), ("--min-run", "min_run"),

@@ -37,7 +37,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, TiresiasOrder
+from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, SIZE_ORDERS, TiresiasOrder
 
 __all__ = ["DEFAULT_DELTA", "GittinsOrder", "SizeModel", "SizeTable", "parse_sizes"]
 
@@ -156,7 +156,7 @@ class GittinsOrder(TiresiasOrder):
                  promote_min_s: float = 600.0, metric: str = "gittins", delta: float = DEFAULT_DELTA,
                  model: SizeModel | None = None) -> None:
         super().__init__(thresholds, promote_knob, promote_min_s)
-        if metric not in ("gittins", "remaining"):
+        if metric not in SIZE_ORDERS:
             raise ValueError(f"unknown metric {metric!r} (known: gittins, remaining)")
         if not delta > 0:
             raise ValueError(f"delta must be > 0 GPU-seconds, got {delta}")

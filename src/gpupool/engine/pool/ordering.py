@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["DEFAULT_THRESHOLDS", "ORDERS", "FifoOrder", "JobOrder", "TiresiasOrder", "make_order"]
+__all__ = ["DEFAULT_THRESHOLDS", "ORDERS", "SIZE_ORDERS", "FifoOrder", "JobOrder", "TiresiasOrder", "make_order"]
 
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3600.0, 36000.0)
 """Tiresias level boundaries, GPU-seconds of attained service."""
@@ -106,7 +106,7 @@ def make_order(name: str, thresholds: Sequence[float] | None = None, promote_kno
     t = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
     if name in ("tiresias", "las"):
         return TiresiasOrder(t, promote_knob)
-    if name in ("gittins", "remaining"):
+    if name in SIZE_ORDERS:
         from gpupool.engine.pool.gittins import GittinsOrder
 
         return GittinsOrder(t, promote_knob, metric=name, **options)  # type: ignore[arg-type]
@@ -115,3 +115,5 @@ def make_order(name: str, thresholds: Sequence[float] | None = None, promote_kno
 
 ORDERS = ("fifo", "tiresias", "gittins", "remaining")
 """Job order names :func:`make_order` knows (``las`` is an alias of ``tiresias``)."""
+SIZE_ORDERS = ("gittins", "remaining")
+"""Orders that rank jobs by their expected size (learned online, or from a size prior)."""

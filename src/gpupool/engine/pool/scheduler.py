@@ -64,7 +64,7 @@ from gpupool.engine.pool.actions import EvictionActions
 from gpupool.engine.pool.fairshare import fair_shares
 from gpupool.engine.pool.gittins import DEFAULT_DELTA, SizeModel
 from gpupool.engine.pool.job import DONE, PENDING, REMOVED, RUNNING, PoolJob
-from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, TiresiasOrder, make_order
+from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, SIZE_ORDERS, TiresiasOrder, make_order
 from gpupool.engine.pool.placement import ScopedPolicy, Vetoed
 from gpupool.engine.pool.queues import QueueTree
 from gpupool.engine.statement import Statement
@@ -263,7 +263,7 @@ class PoolScheduler(EvictionActions):
         self.slot_milli: int | np.ndarray = MILLI
         self.tree = queues
         self.sizes: SizeModel | None = None  # job sizes learned online (Gittins / remaining orders)
-        if self.cfg.order in ("gittins", "remaining"):
+        if self.cfg.order in SIZE_ORDERS:
             self.sizes = SizeModel(self.cfg.size_prior, self.cfg.size_min_samples)
             self.order = make_order(self.cfg.order, self.cfg.thresholds, self.cfg.promote_knob,
                                     delta=self.cfg.gittins_delta, model=self.sizes)
