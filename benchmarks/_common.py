@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import os
@@ -18,6 +19,44 @@ def json_safe(obj):
     if isinstance(obj, list | tuple):
         return [json_safe(v) for v in obj]
     return obj
+
+
+def int_at_least(minimum: int):
+    """An argparse ``type``: an int >= ``minimum`` (ArgumentTypeError naming the value otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int >= {minimum}"
+    return parse
+
+
+def int_list(ap: argparse.ArgumentParser, option: str, text: str, minimum: int | None = None, multiple: int = 1,
+             allow_empty: bool = False) -> list[int]:
+    """Comma-separated ints of ``option`` (blank items skipped), each >= ``minimum`` (None: any) and a multiple
+    of ``multiple``, at least one unless ``allow_empty``; a bad value ends the run with ``ap.error`` (exit 2)
+    naming the option and the value."""
+    values = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            v = int(item)
+        except ValueError:
+            ap.error(f"argument {option}: invalid int value: {item!r}")
+        if (minimum is not None and v < minimum) or v % multiple:
+            what = f"a multiple of {multiple} >= {minimum}" if multiple > 1 else f">= {minimum}"
+            ap.error(f"argument {option}: {v} is not {what}")
+        values.append(v)
+    if not values and not allow_empty:
+        ap.error(f"argument {option}: no value in {text!r}")
+    return values
 
 
 def pin_one_cpu() -> None:

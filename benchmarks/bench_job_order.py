@@ -59,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import json_safe, machine_info
+from _common import int_at_least, int_list, json_safe, machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 PHILLY = REPO.parent / "shared" / "traces" / "philly_pollux" / "philly.csv"
@@ -260,36 +260,6 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _int_list(ap: argparse.ArgumentParser, option: str, text: str, minimum: int = 0, multiple: int = 1) -> list[int]:
-    """Comma-separated ints of ``option``, each >= ``minimum`` and a multiple of ``multiple``, at least one;
-    a bad value ends the run with ``ap.error`` (exit 2) naming the option and the value."""
-    values = []
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        try:
-            v = int(item)
-        except ValueError:
-            ap.error(f"argument {option}: invalid int value: {item!r}")
-        if v < minimum or v % multiple:
-            what = f"a multiple of {multiple} >= {minimum}" if multiple > 1 else f">= {minimum}"
-            ap.error(f"argument {option}: {v} is not {what}")
-        values.append(v)
-    if not values:
-        ap.error(f"argument {option}: no value in {text!r}")
-    return values
-
-
 def _names(ap: argparse.ArgumentParser, option: str, text: str, known) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     bad = [x for x in names if x not in known]
@@ -306,7 +276,7 @@ def _rel(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench_job_order.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--jobs", type=_positive_int, default=5000, help="jobs per window (default 5000)")
+    ap.add_argument("--jobs", type=int_at_least(1), default=5000, help="jobs per window (default 5000)")
     ap.add_argument("--offsets", default="0,5000,10000,15000",
                     help="window starts, comma-separated ints >= 0 (default 0,5000,10000,15000)")
     ap.add_argument("--gpus", default="384,320",
@@ -328,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rescore", type=Path, default=None, metavar="JSON",
                     help="no runs: recompute the references and checks of an earlier job_order.json")
     args = ap.parse_args(argv)
-    offsets = _int_list(ap, "--offsets", args.offsets, minimum=0)
-    gpu_sizes = _int_list(ap, "--gpus", args.gpus, minimum=8, multiple=8)
+    offsets = int_list(ap, "--offsets", args.offsets, minimum=0)
+    gpu_sizes = int_list(ap, "--gpus", args.gpus, minimum=8, multiple=8)
     orders = _names(ap, "--orders", args.orders, ORDERS)
     places = _names(ap, "--places", args.places, ("count", "node"))
     node_orders = set(_names(ap, "--node-orders", args.node_orders, ORDERS)) if args.node_orders.strip(",") else set()

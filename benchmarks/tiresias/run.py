@@ -60,7 +60,7 @@ from convert import (  # noqa: E402
     write_tiresias_trace,
 )
 
-from _common import json_safe, machine_info  # noqa: E402
+from _common import int_at_least, int_list, json_safe, machine_info  # noqa: E402
 
 TIRESIAS_REPO = "https://github.com/SymbioticLab/Tiresias"
 TIRESIAS_COMMIT = "959f9b08f44fa1b4f2b3aed79b01e4d439264a94"
@@ -350,37 +350,24 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _int_type(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    parse.__name__ = f"int >= {minimum}"
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run.py", description="gpupool beside the Tiresias simulator: the same jobs "
                                 "and cluster, JCT = end - submit in both (see the module docstring).")
     p.add_argument("--trace", default=str(DEFAULT_TRACE), help="job trace CSV (Philly or ITP format)")
-    p.add_argument("--first", type=_int_type(1), default=5000, help="jobs in the window (default 5000)")
-    p.add_argument("--offset", type=_int_type(0), default=0, help="jobs skipped before the window (default 0)")
-    p.add_argument("--max-gpus", type=_int_type(1), default=None,
+    p.add_argument("--first", type=int_at_least(1), default=5000, help="jobs in the window (default 5000)")
+    p.add_argument("--offset", type=int_at_least(0), default=0, help="jobs skipped before the window (default 0)")
+    p.add_argument("--max-gpus", type=int_at_least(1), default=None,
                    help="drop jobs larger than this before windowing (default: keep all)")
     p.add_argument("--gpus", default="384,320", help="cluster sizes in GPUs, comma list (default 384,320)")
-    p.add_argument("--gpus-per-node", type=_int_type(1), default=8, help="GPUs per node on both sides (default 8)")
+    p.add_argument("--gpus-per-node", type=int_at_least(1), default=8, help="GPUs per node on both sides (default 8)")
     p.add_argument("--switches", default=None,
                    help="Tiresias switches per cluster size, comma list aligned with --gpus or one value for all "
                         "(yarn placement keeps a job under one switch); default: the layout of issue 14's "
                         "table, 3 at 384 GPUs and 5 at 320 (16 and 8 nodes per switch), else 1")
-    p.add_argument("--nodes-per-rack", type=_int_type(0), default=8,
+    p.add_argument("--nodes-per-rack", type=int_at_least(0), default=8,
                    help="gpupool cluster: nodes per rack (0: no racks); default 8, as examples/clusters/philly.yaml "
                         "and issue 14's table. No slowdown either way, but it steers topology-aware placement")
-    p.add_argument("--racks-per-switch", type=_int_type(0), default=4,
+    p.add_argument("--racks-per-switch", type=int_at_least(0), default=4,
                    help="gpupool cluster: racks per leaf switch (default 4)")
     p.add_argument("--peer", default=",".join(PEER_SCHEDULES),
                    help=f"Tiresias schedules, comma list of {', '.join(PEER_SCHEDULES)}, each optionally "
@@ -395,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiresias-commit", default=TIRESIAS_COMMIT,
                    help=f"peer commit to check out (default the pinned {TIRESIAS_COMMIT[:12]})")
     p.add_argument("--python2", default=None, help="Python 2.7 interpreter (default: $TIRESIAS_PYTHON2, PATH, pyenv)")
-    p.add_argument("--parallel", type=_int_type(1), default=1, help="runs at once (default 1)")
+    p.add_argument("--parallel", type=int_at_least(1), default=1, help="runs at once (default 1)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"),
                    help="folder for the json and md (default benchmarks/results: overwrites the committed "
                         "results of --name)")
@@ -408,17 +395,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
-
-
-def _ints(p: argparse.ArgumentParser, option: str, text: str) -> list[int]:
-    out = []
-    for item in (x.strip() for x in text.split(",")):
-        if item:
-            try:
-                out.append(int(item))
-            except ValueError:
-                p.error(f"argument {option}: invalid int value: {item!r}")
-    return out
 
 
 def _looks_local(source: str) -> bool:
@@ -443,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from gpupool.traces import load_jobs
 
-    sizes = _ints(p, "--gpus", args.gpus)
+    sizes = int_list(p, "--gpus", args.gpus, allow_empty=True)
     if not sizes:
         p.error(f"argument --gpus: no cluster size in {args.gpus!r}")
     if any(g <= 0 or g % args.gpus_per_node for g in sizes):
@@ -452,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.switches is None:
         switches = [ISSUE_SWITCHES.get(g, 1) for g in sizes]
     else:
-        switches = _ints(p, "--switches", args.switches)
+        switches = int_list(p, "--switches", args.switches, allow_empty=True)
         switches = switches * len(sizes) if len(switches) == 1 else switches
     if len(switches) != len(sizes) or any(
             x < 1 or (g // args.gpus_per_node) % x for x, g in zip(switches, sizes, strict=False)):
