@@ -433,7 +433,7 @@ def test_a_policy_replaced_after_the_engine_was_built_decides() -> None:
 
 
 @needs_numba
-@pytest.mark.parametrize("k", [5, 200, 5000])
+@pytest.mark.parametrize("k", [64, 65, 200, 5000])  # below 64 the kernel calls np.argsort itself
 def test_compiled_radix_argsort_is_numpys_stable_argsort(k) -> None:
     rng = np.random.default_rng(k)
     for trial in range(6):

@@ -332,26 +332,6 @@ assert (SUB_SICK, SUB_MEMORY, SUB_SLICED) == (1, 2, 3) and isinstance(DEFAULT_FI
 
 # --------------------------------------------------------------------------- FGD / gpupool scores
 @_jit
-def _cells_row(free, i, total, cpu, mi, mem, use_mem, access, t_milli, t_num, t_cpu, t_mem, t_gpu,
-               out, o):  # pragma: no cover - compiled
-    """Row ``o`` of ``out`` (2-D view): FragModel cells of the node state ``free[i]`` (as :meth:`FragModel.frag`)."""
-    for t in range(t_milli.shape[0]):
-        cell = total
-        if t_gpu[t] and access[mi, t] and cpu >= t_cpu[t] and (not use_mem or mem >= t_mem[t]):
-            count = 0
-            small = 0
-            for g in range(free.shape[1]):
-                x = free[i, g]
-                if x >= t_milli[t]:
-                    count += 1
-                else:
-                    small += x
-            if count >= t_num[t]:
-                cell = small
-        out[o, t] = cell
-
-
-@_jit
 def _fits(nodes, share, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy, gpu_model, mem_cap,
           mem_free, out):  # pragma: no cover - compiled
     """gpu_fit_matrix of ``nodes`` (``share``: node_share of each) into ``out`` (k, G) bool."""
@@ -617,9 +597,9 @@ def _stable_argsort(h):  # pragma: no cover - compiled
     """``np.argsort(h, kind="stable")`` of a (k,) uint64 array: least-significant-digit radix sort, 8 bits a
     pass (a pass whose byte is the same in every key is skipped), stable, so the same permutation."""
     k = h.shape[0]
-    order = np.arange(k)
     if k < 64:
         return np.argsort(h, kind="mergesort")
+    order = np.arange(k)
     tmp = np.empty(k, dtype=np.int64)
     count = np.empty(257, dtype=np.int64)
     for shift in range(0, 64, 8):
