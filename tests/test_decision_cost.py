@@ -463,3 +463,36 @@ def test_replaced_filters_drop_the_scores_left_out_under_the_old_masks() -> None
     assert _outcome(eng.schedule(p1)) == _outcome(fresh.schedule(p1))
     eff = eng.policy.effective(p1)
     np.testing.assert_array_equal(eng._cached_scores(eff), fresh._cached_scores(eff))  # a's score too
+
+
+@pytest.mark.parametrize("use_compiled", [True, False])
+def test_mask_entries_keep_codes_mask_and_histogram_in_step(monkeypatch, use_compiled) -> None:
+    # each mask entry keeps its failure codes, its mask (codes == 0) and their histogram, updated node by node on
+    # the compiled path and on NumPy's: after many places and releases all three still agree with the codes
+    if use_compiled and not compiled.enabled():
+        pytest.skip("numba not installed or GPUPOOL_NO_NUMBA set")
+    if not use_compiled:
+        monkeypatch.setattr(compiled, "enabled", lambda: False)
+    rng = np.random.default_rng(3)
+    st = ClusterState([node(f"n{i}", gpus=4) for i in range(40)])
+    eng = Engine(st, make_policy("gpupool"), seed=2, workload=[pod("w", gpus=1, milli=500)])
+    running: list[str] = []
+    shapes = [(1, 500), (1, 1000), (2, 1000), (4, 1000)]
+    for i in range(400):
+        if running and rng.random() < 0.45:
+            eng.release(running.pop(int(rng.integers(len(running)))))
+            continue
+        g, milli = shapes[int(rng.integers(len(shapes)))]
+        d = eng.place(pod(f"p{i}", gpus=g, milli=milli))
+        if d.assignment is not None:
+            running.append(f"p{i}")
+    checked = 0
+    for entry in eng._mask_cache.entries.values():
+        if entry.codes is None or entry.counts is None:
+            continue
+        np.testing.assert_array_equal(entry.values, entry.codes == 0)
+        np.testing.assert_array_equal(entry.counts[: int(entry.codes.max()) + 1],
+                                      np.bincount(entry.codes, minlength=int(entry.codes.max()) + 1))
+        assert entry.counts[int(entry.codes.max()) + 1:].sum() == 0
+        checked += 1
+    assert checked >= 3
