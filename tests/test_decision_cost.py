@@ -496,3 +496,53 @@ def test_mask_entries_keep_codes_mask_and_histogram_in_step(monkeypatch, use_com
         assert entry.counts[int(entry.codes.max()) + 1:].sum() == 0
         checked += 1
     assert checked >= 3
+
+
+_WARM_SCRIPT = """
+import json, random, sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+from test_decision_cost import run_side_by_side, _random_state
+from gpupool.engine import compiled
+from gpupool.engine.core import Engine
+from gpupool.policies import make_policy
+took = compiled.warm_up()
+for policy in ("gpupool", "fgd"):
+    run_side_by_side(policy, n_nodes=150, n_pods=800, seed=21)
+run_side_by_side("gpupool", n_nodes=1100, n_pods=150, seed=3)  # FGD's dedup of many changed nodes
+st = _random_state(random.Random(2), 80)
+compiled.distinct_nodes(st, np.arange(st.n_nodes))
+eng = Engine(st, make_policy("gpupool"), seed=2)
+from conftest import pod
+compiled.failure_codes_default(st, eng.policy.effective(pod("x", gpus=1, milli=500)), np.arange(st.n_nodes))
+sigs = {{k: [str(s) for s in getattr(compiled, k).signatures] for k in compiled.SIGNATURES}}
+print(json.dumps({{"took": sorted(took), "sigs": sigs}}))
+"""
+
+
+@needs_numba
+def test_warm_up_compiles_every_kernel_with_the_types_the_engine_calls_it_with() -> None:
+    """After ``warm_up`` no kernel compiles again: every call the engine makes (both policies, the dedup path of
+    a large cluster, the failure codes) matches the types in ``compiled.SIGNATURES``. A second signature here
+    means a kernel's arguments changed and the table was not updated: the live scheduler would then stall on
+    a compilation in the middle of a scheduling cycle."""
+    code = _WARM_SCRIPT.format(tests=str(Path(__file__).resolve().parent))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, GPUPOOL_NO_NUMBA="0"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["took"] == sorted(compiled.SIGNATURES)
+    extra = {k: v for k, v in report["sigs"].items() if len(v) != 1}
+    assert not extra, f"kernels compiled for types SIGNATURES does not list: {extra}"
+
+
+@needs_numba
+def test_warm_up_is_idempotent_and_kernel_types_reject_unknown_words() -> None:
+    first = compiled.warm_up()
+    assert set(first) == set(compiled.SIGNATURES) and compiled.warm_up() == first
+    for name, spec in compiled.SIGNATURES.items():
+        assert len(compiled.kernel_types(spec)) == len(spec.split()), name
+    with pytest.raises(ValueError, match="i9"):
+        compiled.kernel_types("i8[] i9")
+    with pytest.raises(ValueError, match=r"i8\[,"):
+        compiled.kernel_types("i8[,")

@@ -89,6 +89,68 @@ def enabled() -> bool:
     return _loaded and not _disabled()
 
 
+SIGNATURES: dict[str, str] = {
+    "_codes_kernel": "i8[] i8 i8 i8 i8 i8 b1 b1 b1 b1 b1[] b1[] b1[] i8[] i8[] i2[] i8[] i8[] i8[] i8[] i4[,] i4[,] "
+                     "b1[,] b1[,] i2[,] i8[,] i8[,] i2[]",
+    "_refresh_codes": "i8[] i8 i8 i8[] i8[] b1[] i8[] i2[] i8 i8 i8 i8 i8 b1 b1 b1 b1 b1[] b1[] b1[] i8[] i8[] i2[] "
+                      "i8[] i8[] i8[] i8[] i4[,] i4[,] b1[,] b1[,] i2[,] i8[,] i8[,] i2[] b1[] i8[]",
+    "_stale_nodes": "i8[] i8 i8 i8[] i8[] b1[] i8[]",
+    "_changed_feasible": "i8[] i8 i8 b1[] f8[] b1[] i8[] f8[]",
+    "_fits": "i8[] i8[] i8 i8 b1 b1[] i4[,] i4[,] b1[,] i2[,] i8[,] i8[,] b1[,]",
+    "_after_share_cells": "i8[,] i8 i8[] i2[] i8[] b1 b1[,] i8[] i8[] i8[] i8[] b1[] i8[,,]",
+    "_fgd_nodes": "i8[] i4[,] i4[,] b1[,] i2[,] i8[,] i8[,] i8[] i8[] i2[] i8[] i8[] f8[] i8 i8 i8 i8 i8 i8 b1 b1 "
+                  "b1[] f8[] b1 b1[,] i8[] i8[] i8[] i8[] b1[] i8[] i8[] b1 b1[] f8[] i8[] i8[,] i8[] i8[]",
+    "_before_cells": "i8[] i8[] i8[] i4[,] i8[] i2[] i8[] b1 b1[,] i8[] i8[] i8[] i8[] b1[] i8[] i8[] i8[] i8[,]",
+    "_distinct_nodes": "i8[] u8[] i2[] i8[] i8[] i4[,] b1[,] i8[,] i8[,] i8[] i8[] i8[]",
+}
+"""The argument types each kernel that Python calls is called with, one word per argument: ``i8`` int64,
+``i4`` int32, ``i2`` int16, ``u8`` uint64, ``b1`` bool, ``f8`` float64; ``[]``, ``[,]``, ``[,,]``: a writable
+C-contiguous array of 1, 2, 3 dimensions. :func:`warm_up` compiles (or loads from numba's disk cache) exactly
+these; tests/test_decision_cost.py fails when a kernel is called with other types, so that this table follows
+the code."""
+
+_DTYPES = {"i8": "int64", "i4": "int32", "i2": "int16", "u8": "uint64", "b1": "boolean", "f8": "float64"}
+_warm: dict[str, float] | None = None
+
+
+def kernel_types(spec: str) -> tuple:
+    """The numba argument types of a :data:`SIGNATURES` entry (imports numba); raises ValueError naming an
+    unknown word."""
+    from numba import types
+
+    out = []
+    for word in spec.split():
+        base, _, dims = word.partition("[")
+        if base not in _DTYPES or (dims and not dims.endswith("]")):
+            raise ValueError(f"unknown kernel argument type {word!r} in {spec!r}")
+        dtype = getattr(types, _DTYPES[base])
+        out.append(types.Array(dtype, dims.count(",") + 1, "C") if dims else dtype)
+    return tuple(out)
+
+
+def warm_up() -> dict[str, float]:
+    """Compile every kernel in :data:`SIGNATURES` now, or load it from numba's disk cache (about a second each
+    when not cached, milliseconds when cached), so that no decision pays for it later: without this a kernel
+    compiles on its first call, which on a large cluster can come thousands of decisions into a run (the
+    dedup of many changed nodes, say) and stall that one decision for most of a second. Idempotent; returns
+    seconds per kernel of the first call in this process ({} when the compiled path is off). Drivers that
+    care about latency (the live scheduler, the decision benchmarks) call it at start-up."""
+    global _warm
+    if not enabled():
+        return {}
+    if _warm is None:
+        import time
+
+        g = globals()
+        done: dict[str, float] = {}
+        for name, spec in SIGNATURES.items():
+            t0 = time.perf_counter()
+            g[name].compile(kernel_types(spec))
+            done[name] = time.perf_counter() - t0
+        _warm = done
+    return dict(_warm)
+
+
 # --------------------------------------------------------------------------- filters
 _MARGIN = 1e-7
 """How close to an integer (score points) a compiled score may come before NumPy's exact path decides; the

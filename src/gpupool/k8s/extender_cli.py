@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from gpupool.k8s.scheduler_cli import ConfigError, load_api_client
+from gpupool.k8s.scheduler_cli import ConfigError, load_api_client, warm_kernels
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
 
 
@@ -32,6 +32,7 @@ def run_extender(*, host: str, port: int, url_prefix: str, policy: str, kubeconf
     api = load_api_client(kubeconfig, context)
     core = client.CoreV1Api(api)
     metrics = SchedulerMetrics()
+    warm_kernels(log)
 
     telemetry = poller = None
     sources: list = []

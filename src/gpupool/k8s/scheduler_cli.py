@@ -298,6 +298,16 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
             _fail(f"{json_out}: cannot write: {exc.strerror or exc}")
 
 
+def warm_kernels(log) -> None:
+    """Compile (or load from numba's cache) the engine's kernels before the first pod, so that no scheduling
+    cycle stalls on a compilation (:func:`gpupool.engine.compiled.warm_up`)."""
+    from gpupool.engine import compiled
+
+    took = compiled.warm_up()
+    if took:
+        log.info("engine kernels ready", extra={"kernels": len(took), "seconds": round(sum(took.values()), 3)})
+
+
 def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path | None,
                   context: str | None, stop: threading.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set): scheduler, Lease elector, metrics server, telemetry."""
@@ -311,6 +321,7 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
     log = logging.getLogger("gpupool.k8s.scheduler")
     api = load_api_client(kubeconfig, context, writers=SchedulerConfig().bind_workers)
     metrics = SchedulerMetrics()
+    warm_kernels(log)
 
     telemetry = poller = None
     sources: list[Any] = []
@@ -501,4 +512,4 @@ def register(app: typer.Typer) -> None:
         sys.stdout.flush()
 
 
-__all__ = ["register", "load_config", "Settings", "ConfigError", "parse_duration", "load_api_client"]
+__all__ = ["register", "load_config", "Settings", "ConfigError", "parse_duration", "load_api_client", "warm_kernels"]

@@ -1,0 +1,56 @@
+"""benchmarks/bench_decisions.py --scaling: the verdict lines of decisions_scaling.md and the kernel warm-up.
+
+The benchmark itself (minutes) is not part of the test suite; one tiny scaling row checks that it runs,
+warms the kernels before timing and reports what it measured.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupool.engine import compiled
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bd():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("bench_decisions", ROOT / "benchmarks" / "bench_decisions.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(policy: str, nodes: int, us: float, version: str = "current") -> dict:
+    return {"version": version, "policy": policy, "nodes": nodes, "us_per_decision": us, "decisions_per_s": 1e6 / us}
+
+
+def test_verdicts_compare_the_largest_cluster_with_the_smallest(bd) -> None:
+    rows = [_row("gpupool", 1000, 50.0), _row("gpupool", 5000, 60.0), _row("gpupool", 20000, 74.0),
+            _row("fgd", 1000, 50.0), _row("fgd", 20000, 80.0),
+            _row("gpupool", 1000, 10.0, "baseline x"), _row("gpupool", 20000, 100.0, "baseline x")]
+    lines = bd.scaling_verdicts(rows)
+    assert lines[0] == ("- `gpupool`: 20,000 nodes cost 1.48x 1,000 nodes per decision: met; "
+                        "16,667 decisions/s at 5,000 nodes: met.")
+    assert lines[1] == "- `fgd`: 20,000 nodes cost 1.60x 1,000 nodes per decision: MISSED."
+    slow = bd.scaling_verdicts([_row("gpupool", 1000, 50.0), _row("gpupool", 5000, 101.0)])
+    assert slow == ["- `gpupool`: 5,000 nodes cost 2.02x 1,000 nodes per decision: MISSED; "
+                    "9,901 decisions/s at 5,000 nodes: MISSED."]
+    assert bd.scaling_verdicts([_row("gpupool", 1000, 50.0), {"version": "current", "error": "x"}]) == []
+
+
+def test_a_scaling_row_warms_the_kernels_first_and_hashes_its_decisions(bd) -> None:
+    row = bd.measure_scaling(60, "gpupool", 42, 0.5, 20, 40)
+    assert row["decisions"] == 40 and row["scheduled"] + row["unschedulable"] == 40
+    assert len(row["decisions_sha256"]) == 16
+    if compiled.enabled():
+        assert row["warm_up_s"] >= 0.0 and compiled.warm_up().keys() == compiled.SIGNATURES.keys()
+    else:
+        assert row["warm_up_s"] == 0.0
+    again = bd.measure_scaling(60, "gpupool", 42, 0.5, 20, 40)
+    assert again["decisions_sha256"] == row["decisions_sha256"]
