@@ -41,3 +41,26 @@ def test_no_kubeconfig_is_a_clean_error(tmp_path: Path, monkeypatch: pytest.Monk
     result = CliRunner().invoke(app, ["scheduler"])
     assert result.exit_code == 2
     assert "no usable Kubernetes configuration" in result.output
+
+
+def test_the_scheduler_and_extender_warm_the_engine_kernels_before_the_first_pod(caplog) -> None:
+    """``run_scheduler`` and ``run_extender`` call ``warm_kernels`` before they serve: every compiled kernel is
+    ready (compiled or loaded from numba's cache), logged with the count and the seconds it took."""
+    import logging
+
+    from gpupool.engine import compiled
+    from gpupool.k8s import extender_cli, scheduler_cli
+
+    log = logging.getLogger("gpupool.test.warm")
+    with caplog.at_level(logging.INFO, logger="gpupool.test.warm"):
+        scheduler_cli.warm_kernels(log)
+    if compiled.enabled():
+        (rec,) = [r for r in caplog.records if r.getMessage() == "engine kernels ready"]
+        assert rec.kernels == len(compiled.SIGNATURES) and rec.seconds >= 0
+    else:
+        assert not caplog.records
+    assert extender_cli.warm_kernels is scheduler_cli.warm_kernels
+    import inspect
+
+    for fn in (scheduler_cli.run_scheduler, extender_cli.run_extender):
+        assert "warm_kernels(log)" in inspect.getsource(fn)
