@@ -546,3 +546,51 @@ def test_warm_up_is_idempotent_and_kernel_types_reject_unknown_words() -> None:
         compiled.kernel_types("i8[] i9")
     with pytest.raises(ValueError, match=r"i8\[,"):
         compiled.kernel_types("i8[,")
+
+
+@needs_numba
+@pytest.mark.parametrize("policy", ["gpupool", "fgd"])
+def test_a_scoped_policy_scores_with_the_compiled_scorer_and_decides_alike(policy) -> None:
+    """The pool scheduler wraps its placement policy in a ScopedPolicy (it changes only ``pick``): the engine
+    scores through the wrapped policy's compiled scorer, and decides as the wrapper's NumPy path does."""
+    from gpupool.engine.pool.placement import DelegatingPolicy, ScopedPolicy, Vetoed
+
+    def place(eng, p):
+        try:
+            return _place(eng, p)
+        except Vetoed:  # no allowed node fits: the pool scheduler tries elsewhere
+            return "vetoed"
+
+    rng = random.Random(17)
+    specs = mixed_nodes(rng, 120)
+    workload = [random_pod(rng, f"w{i}") for i in range(200)]
+    fast_state, slow_state = ClusterState(specs), ClusterState(specs)
+    fast = Engine(fast_state, ScopedPolicy(make_policy(policy)), seed=4, workload=workload)
+    slow = Engine(slow_state, ScopedPolicy(make_policy(policy)), seed=4, workload=workload)
+    assert fast._scorer is not None and fast._masked_scores == (policy == "gpupool")  # gpupool: memory in its key
+    slow._scorer = None
+    slow._masked_scores = False
+    allowed = np.ones(len(specs), dtype=bool)
+    allowed[::3] = False
+    for i in range(900):
+        p = random_pod(rng, f"p{i}")
+        scoped = i % 5 == 0  # now and then a topology scope, as a gang's later pods get
+        for eng in (fast, slow):
+            eng.policy.allowed = allowed if scoped else None
+        assert place(fast, p) == place(slow, p), i
+        if i % 3 == 0 and fast_state.assignments:
+            name = sorted(fast_state.assignments)[i % len(fast_state.assignments)]
+            assert fast.release(name) == slow.release(name)
+
+    class Rescored(DelegatingPolicy):
+        def score(self, state, req, nodes):
+            return -self.inner.score(state, req, nodes)
+
+    inner = make_policy(policy)
+    assert ScopedPolicy(inner).scored_by() is inner
+    wrapped = Rescored(inner)
+    assert wrapped.scored_by() is wrapped
+    assert Engine(ClusterState(specs), wrapped, seed=1)._scorer is None
+    other_filters = ScopedPolicy(make_policy(policy))
+    other_filters.filters = other_filters.filters[:-1]
+    assert other_filters.scored_by() is other_filters

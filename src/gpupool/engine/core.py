@@ -98,6 +98,12 @@ class Policy:
     def on_release(self, state: ClusterState, assignment: Assignment) -> None:
         """Hook after a pod leaves."""
 
+    def scored_by(self) -> Policy:
+        """The policy whose :meth:`effective`, :meth:`score_key` and :meth:`score` this one's are, unchanged:
+        itself, or for a wrapper that changes only how a node is picked, the policy it wraps. The engine
+        chooses its compiled scorer for that policy (a wrapped FGD or gpupool scores as fast as a bare one)."""
+        return self
+
 
 def best_fit_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
     """Devices for ``req`` on ``node``: the fitting GPUs with the least free share, lowest index first."""
@@ -240,8 +246,9 @@ class Engine:
         self._filters = policy.filters  # what _codes was chosen for (a policy's filters may be replaced later)
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
         self._codes = compiled.enabled() and compiled.uses_default_filters(policy.filters)
-        self._scorer = compiled.FGDScorer(policy) if compiled.FGDScorer.supports(policy) else None
-        self._masked_scores = self._scorer is not None and self._codes and self._mask_keyed(policy)
+        scored = policy.scored_by()  # a wrapper that only picks differently scores as the policy it wraps
+        self._scorer = compiled.FGDScorer(scored) if compiled.FGDScorer.supports(scored) else None
+        self._masked_scores = self._scorer is not None and self._codes and self._mask_keyed(scored)
         # the best node from a heap where the policy picks the first best score the base-class way
         self._use_heap = policy.node_local and policy.tie_break == "first" and type(policy).pick is Policy.pick
 

@@ -65,6 +65,16 @@ class DelegatingPolicy(Policy):
     def on_release(self, state: ClusterState, assignment: Assignment) -> None:
         self.inner.on_release(state, assignment)
 
+    def scored_by(self) -> Policy:
+        """The inner policy's scorer when this wrapper's subclass keeps ``effective``, ``score_key`` and
+        ``score`` as delegated here and its filters are the inner's (so that the engine's compiled scorer,
+        chosen for the inner policy, scores what :meth:`score` would); else itself."""
+        cls = type(self)
+        if (cls.effective is DelegatingPolicy.effective and cls.score_key is DelegatingPolicy.score_key
+                and cls.score is DelegatingPolicy.score and self.filters is self.inner.filters):
+            return self.inner.scored_by()
+        return self
+
 
 class ScopedPolicy(DelegatingPolicy):
     """Wraps ``inner`` and applies the current ``allowed`` / ``preferred`` masks ((n_nodes,) bool or None)."""
