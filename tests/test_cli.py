@@ -76,6 +76,22 @@ def in_unit(value) -> bool:
     return value is not None and 0.0 <= value <= 1.0 + 1e-9
 
 
+def test_policies_lists_the_job_policies_too():
+    from gpupool.engine.pool.scheduler import DEFAULT_JOB_POLICIES, JOB_POLICIES
+
+    result = invoke("policies")
+    assert result.exit_code == 0, result.output
+    assert "Placement policies" in result.output and "Job policies" in result.output
+    assert "gittins" in result.output
+    only = invoke("policies", "--jobs")
+    assert only.exit_code == 0 and "Placement policies" not in only.output and "gittins" in only.output
+    rows = strict_json(invoke("policies", "--json", "--jobs").stdout)
+    assert [r["name"] for r in rows] == list(JOB_POLICIES)
+    assert {r["name"] for r in rows if r["compared_by_default"]} == set(DEFAULT_JOB_POLICIES)
+    assert {r["name"]: r["placement"] for r in rows}["round-robin"] == "round-robin"
+    assert all(r["description"] for r in rows)
+
+
 # --------------------------------------------------------------------------------------------------
 # policies
 

@@ -608,7 +608,7 @@ def _execute(
         from gpupool.sim.inflation import run_inflation as runner
     node_list, pod_list = _load(nodes, pods)
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = _console(200)
     pass_progress = proto == "inflation" or _accepts_progress(runner)
     gpus = sum(n.gpu_count for n in node_list)
     convert = report.run_from_inflation if proto == "inflation" else report.run_from_replay
@@ -763,7 +763,7 @@ def _execute_jobs(
     config, overrides, fair_cost = _job_model(config, model or {}, tree is not None, names)
     if model and model.get("one_queue"):
         records = one_queue(records)
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = _console(200)
     pools = {name: replace(job_policy(name)[1], **overrides) if overrides else None for name in names}
     one_records = one_queue(records) if fair_cost else None  # the counterfactual of --fairness-cost
     objectives = _objectives((model or {}).get("objective"))
@@ -1034,16 +1034,38 @@ def _root(
     """GPU pool orchestrator: compare GPU placement policies on public cluster traces."""
 
 
-@app.command("policies", short_help="List the placement policies: name, kind, description.")
+def _console(piped_width: int) -> Console:
+    """The tables' console: the terminal's width, or ``COLUMNS`` where set; ``piped_width`` columns when
+    stdout is no terminal and ``COLUMNS`` is unset (so that a table piped to a file keeps its columns)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
+        return Console()
+    return Console(width=piped_width)
+
+
+def _job_policy_rows() -> list[dict[str, Any]]:
+    from gpupool.engine.pool.scheduler import DEFAULT_JOB_POLICIES, JOB_POLICIES
+
+    return [{"name": name, "placement": placement, "compared_by_default": name in DEFAULT_JOB_POLICIES,
+             "description": desc} for name, (placement, _, desc) in JOB_POLICIES.items()]
+
+
+@app.command("policies", short_help="List the placement and job policies: name, kind, description.")
 def policies_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the list as JSON instead of a table.")] = False,
+    jobs: Annotated[bool, typer.Option(
+        "--jobs", help="Only the job policies (simulate/compare --jobs); with --json, their list.")] = False,
 ) -> None:
-    """List the placement policies: name, kind (baseline, GPU-aware, inference, default) and description."""
-    rows = _policy_rows()
+    """List the placement policies (name, kind: baseline, GPU-aware, inference, default; description) and the
+    job policies that `simulate --jobs` / `compare --jobs` run (name, the placement policy they place pods
+    with, description). `--json` prints the placement policies as a JSON list, `--json --jobs` the job
+    policies."""
     if as_json:
-        sys.stdout.write(report.dumps(rows))
+        sys.stdout.write(report.dumps(_job_policy_rows() if jobs else _policy_rows()))
         return
-    Console(width=None if sys.stdout.isatty() else 160).print(report.policies_table(rows))
+    console = _console(160)
+    if not jobs:
+        console.print(report.policies_table(_policy_rows()))
+    console.print(report.job_policies_table(_job_policy_rows()))
 
 
 @app.command("simulate", short_help="Run one policy on a pod trace, or on a job trace (--jobs).")

@@ -466,6 +466,19 @@ def policies_table(rows: Sequence[dict[str, str]], wide: bool = False) -> Table:
     return table
 
 
+def job_policies_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """The job policies of ``gpupool policies``: name, the placement policy their pods go through, and the
+    description; the ones ``compare --jobs`` runs without ``--policies`` are marked."""
+    table = Table(title="Job policies (simulate / compare --jobs; * compared by default)", title_justify="left")
+    table.add_column("policy", style="bold", no_wrap=True)
+    table.add_column("placement", no_wrap=True)
+    table.add_column("description", overflow="fold")
+    for row in rows:
+        name = row["name"] + (" *" if row["compared_by_default"] else "")
+        table.add_row(name, row["placement"], row["description"])
+    return table
+
+
 def results_table(summary: Sequence[dict[str, Any]], protocol: str, title: str = "", *,
                   wide: bool = False) -> FitTable:
     """One row per policy, side by side; mean (± sample std when several seeds). Best values in bold.
