@@ -162,7 +162,13 @@ compiled and BLAS sums differ by about 1e-12 points."""
 @_jit
 def _fit_count(n, num_gpu, milli, gpu_milli, need_mem, restricts, allowed, usable, gpu_free, healthy, gpu_model,
                mem_cap, mem_free):  # pragma: no cover - compiled
-    """How many GPUs of node ``n`` fit, as :func:`gpu_fit_matrix` tests them."""
+    """How many GPUs of node ``n`` fit, as :func:`gpu_fit_matrix` tests them.
+
+    The same per-GPU test is written out in :func:`_fits` and :func:`_fgd_nodes` too, on purpose: one shared
+    kernel called per GPU (numba ``inline="always"`` or not) measured 47 -> 60 us per decision at 1,000 nodes
+    (bench_decisions --scaling-one 1000 gpupool, 2026-12-01). The side-by-side decision tests of
+    tests/test_decision_cost.py (compiled against NumPy's :func:`gpu_fit_matrix` path) catch a copy that
+    drifts."""
     count = 0
     n_models = allowed.shape[0] - 1
     for g in range(usable.shape[1]):
