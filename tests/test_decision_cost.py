@@ -594,3 +594,21 @@ def test_a_scoped_policy_scores_with_the_compiled_scorer_and_decides_alike(polic
     other_filters = ScopedPolicy(make_policy(policy))
     other_filters.filters = other_filters.filters[:-1]
     assert other_filters.scored_by() is other_filters
+
+
+@needs_numba
+def test_no_writable_numba_cache_compiles_in_process_instead_of_failing() -> None:
+    """In a locked-down container (read-only root file system, no home directory, no NUMBA_CACHE_DIR) numba
+    finds no place for its cache and refuses ``cache=True`` ("no locator available"). The engine then
+    compiles its kernels uncached, with a warning, and decides as always. NUMBA_CACHE_LOCATOR_CLASSES limited to
+    the NUMBA_CACHE_DIR locator, with NUMBA_CACHE_DIR unset, is numba's own way to that state."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(NUMBA_CACHE_LOCATOR_CLASSES="UserProvidedCacheLocator", GPUPOOL_NO_NUMBA="0")
+    code = _SCRIPT.format(tests=str(Path(__file__).resolve().parent)).replace(
+        "print(json.dumps({", 'print(json.dumps({"cached": compiled.CACHED, ')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["compiled"] is True and got["scorer"] is True and got["cached"] is False
+    assert "no writable cache location" in out.stderr and "NUMBA_CACHE_DIR" in out.stderr
+    assert got["hash"] == _run_script({"GPUPOOL_NO_NUMBA": "1"})["hash"]

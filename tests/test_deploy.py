@@ -485,6 +485,18 @@ def test_dockerfile_builds_a_non_root_gpupool_image():
     assert str(dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"]) == user.split(":")[0]
     ignored = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()}
     assert {".git", ".venv", "tests"} <= ignored and "src" not in ignored and "pyproject.toml" not in ignored
+    # numba's kernel cache where every manifest running the image mounts a writable emptyDir (read-only root,
+    # no home: without it numba has no cache location and the kernels compile in every process)
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(ln for ln in lines if not ln.startswith(("RUN", "COPY")))))
+    cache = env["NUMBA_CACHE_DIR"]
+    for manifest in (DEPLOY / "deployment.yaml", DEPLOY / "autoscaler" / "deployment.yaml",
+                     ROOT / "examples" / "k8s" / "extender" / "extender.yaml"):
+        spec = next(d for d in _docs(manifest.read_text()) if d and d.get("kind") == "Deployment")
+        pod = spec["spec"]["template"]["spec"]
+        empty = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+        (c,) = [c for c in pod["containers"] if c["image"].startswith("gpupool")] or pod["containers"][:1]
+        mounts = [m["mountPath"] for m in c.get("volumeMounts", []) if m["name"] in empty]
+        assert any(cache == m or cache.startswith(m.rstrip("/") + "/") for m in mounts), (manifest, mounts)
 
 
 # ---------------------------------------------------------------------- deploy/agent (the node agent)

@@ -71,10 +71,19 @@ def _jit(fn):
     return fn
 
 
+CACHED: bool | None = None
+"""Whether the compiled kernels are cached on disk (None until :func:`enabled` wrapped them). False where numba
+finds no writable cache location (a read-only root file system with no home directory and no
+``NUMBA_CACHE_DIR``, as in a locked-down container): the kernels then compile in every process (seconds at
+start-up, :func:`warm_up`), with a warning, instead of failing."""
+
+
 def enabled() -> bool:
     """Whether the engine uses the compiled kernels (numba present, ``GPUPOOL_NO_NUMBA`` unset or 0); the first
-    call imports numba and wraps the kernels (each compiles on its first call, cached on disk)."""
-    global _loaded
+    call imports numba and wraps the kernels (each compiles on its first call, cached on disk where numba
+    finds a writable place: ``NUMBA_CACHE_DIR``, the package's ``__pycache__`` or the user's cache directory;
+    else not cached, see :data:`CACHED`)."""
+    global _loaded, CACHED
     if _loaded is None:
         _loaded = False
         if AVAILABLE and not _disabled():
@@ -83,8 +92,20 @@ def enabled() -> bool:
             except ImportError:  # pragma: no cover - find_spec said it was there
                 return False
             g = globals()
+            CACHED = True
             for name in _KERNELS:  # kernels calling kernels find the compiled ones in these globals
-                g[name] = numba.njit(cache=True, nogil=True, boundscheck=False)(g[name])
+                try:
+                    g[name] = numba.njit(cache=CACHED, nogil=True, boundscheck=False)(g[name])
+                except RuntimeError as exc:  # numba: "cannot cache function ...: no locator available"
+                    if not CACHED or "cannot cache" not in str(exc):
+                        raise
+                    import logging
+
+                    logging.getLogger(__name__).warning(
+                        "numba has no writable cache location (%s); the engine's kernels compile in this process "
+                        "and are not kept: set NUMBA_CACHE_DIR to a writable directory", exc)
+                    CACHED = False
+                    g[name] = numba.njit(cache=False, nogil=True, boundscheck=False)(g[name])
             _loaded = True
     return _loaded and not _disabled()
 
