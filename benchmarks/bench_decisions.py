@@ -386,9 +386,13 @@ def scaling_main(args: argparse.Namespace) -> int:
                 row["version"] = label
                 rows.append(row)
                 print(f"{label:24s} {policy:8s} {n:>6d} nodes " + (row.get("error") or
-                      f"{row['us_per_decision']:7.1f} us/decision ({row['us_scheduled']:.1f} scheduled, "
-                      f"{row['us_unschedulable']:.1f} unschedulable, {row['unschedulable']} of them) "
+                      f"{row['us_per_decision']:7.1f} us/decision ({_fmt(row['us_scheduled'])} scheduled, "
+                      f"{_fmt(row['us_unschedulable'])} unschedulable, {row['unschedulable']} of them) "
                       f"{row['decisions_per_s']:8.0f}/s  {row['decisions_sha256']}"), file=sys.stderr, flush=True)
+                if "error" not in row and not row.get("scheduled"):
+                    print(f"warning: no pod of the {row['decisions']:,} timed ones was placed at {n:,} nodes: the row "
+                          "measures the unschedulable path only (the prefilled cluster is out of CPU; a longer "
+                          "--warmup lets releases free room first)", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"benchmark": "decision cost against cluster size",
               "settings": {"nodes": nodes, "policies": policies, "seed": args.seed, "fill": args.fill,
@@ -404,6 +408,15 @@ def scaling_main(args: argparse.Namespace) -> int:
     return 1 if any("error" in r for r in rows) else 0
 
 
+def _fill_range(rows: list[dict]) -> str:
+    """The GPU fill the prefill reached, over the rows (e.g. ``84%-85%``)."""
+    fills = [r["fill_after_prefill"] for r in rows if "fill_after_prefill" in r]
+    if not fills:
+        return "n/a"
+    lo, hi = f"{min(fills):.0%}", f"{max(fills):.0%}"
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def scaling_verdicts(rows: list[dict]) -> list[str]:
     """One line per policy of the ``current`` rows: the largest cluster's per-decision time over the smallest's
     against :data:`SCALING_TARGET_RATIO`, and for ``gpupool`` the decisions/s at 5,000 nodes against
@@ -416,13 +429,18 @@ def scaling_verdicts(rows: list[dict]) -> list[str]:
             continue
         lo, hi = mine[0], mine[-1]
         ratio = hi["us_per_decision"] / lo["us_per_decision"]
-        line = (f"- `{policy}`: {hi['nodes']:,} nodes cost {ratio:.2f}x {lo['nodes']:,} nodes per decision: "
-                f"{'met' if ratio <= SCALING_TARGET_RATIO else 'MISSED'}")
+        if lo["nodes"] <= SCALING_NODES[0] and hi["nodes"] >= SCALING_NODES[-1]:
+            verdict = "met" if ratio <= SCALING_TARGET_RATIO else "MISSED"
+        else:
+            verdict = f"the target is for {SCALING_NODES[-1]:,} against {SCALING_NODES[0]:,} nodes, not measured here"
+        line = f"- `{policy}`: {hi['nodes']:,} nodes cost {ratio:.2f}x {lo['nodes']:,} nodes per decision: {verdict}"
         at5k = next((r for r in mine if r["nodes"] == 5000), None)
         if policy == "gpupool" and at5k is not None:
             dps = at5k["decisions_per_s"]
             line += (f"; {dps:,.0f} decisions/s at 5,000 nodes: "
                      f"{'met' if dps >= SCALING_TARGET_DPS else 'MISSED'}")
+        elif policy == "gpupool":
+            line += f"; no 5,000-node row, so the {SCALING_TARGET_DPS:,.0f} decisions/s target is not measured"
         out.append(line + ".")
     return out
 
@@ -437,8 +455,9 @@ def scaling_markdown(rows: list[dict], machine: dict, args: argparse.Namespace, 
         "The engine's numba kernels are compiled (or loaded from numba's disk cache) before anything is timed "
         "(`compiled.warm_up`, as the live scheduler does at start-up; a baseline without it compiles on first "
         "use). "
-        f"Synthetic clusters (8 GPUs a node, seed {args.seed}), prefilled to {args.fill:.0%} of the GPUs by random "
-        f"fit (untimed); one `engine.schedule` of each request class of the trace (timed apart: `ms first of a "
+        f"Synthetic clusters (8 GPUs a node, seed {args.seed}), prefilled toward {args.fill:.0%} of the GPUs by "
+        f"random fit (untimed; reached {_fill_range(rows)} of the GPUs, where CPU runs out first); one "
+        "`engine.schedule` of each request class of the trace (timed apart: `ms first of a "
         f"class`, which scores every node); then {args.warmup:,} warm-up and {args.window:,} timed arrivals "
         "through `engine.place`, "
         "each placed pod followed by the release of a random running pod (untimed). CPU time "

@@ -38,9 +38,16 @@ def test_verdicts_compare_the_largest_cluster_with_the_smallest(bd) -> None:
     assert lines[0] == ("- `gpupool`: 20,000 nodes cost 1.48x 1,000 nodes per decision: met; "
                         "16,667 decisions/s at 5,000 nodes: met.")
     assert lines[1] == "- `fgd`: 20,000 nodes cost 1.60x 1,000 nodes per decision: MISSED."
-    slow = bd.scaling_verdicts([_row("gpupool", 1000, 50.0), _row("gpupool", 5000, 101.0)])
-    assert slow == ["- `gpupool`: 5,000 nodes cost 2.02x 1,000 nodes per decision: MISSED; "
+    slow = bd.scaling_verdicts([_row("gpupool", 1000, 50.0), _row("gpupool", 5000, 101.0),
+                                _row("gpupool", 20000, 101.0)])
+    assert slow == ["- `gpupool`: 20,000 nodes cost 2.02x 1,000 nodes per decision: MISSED; "
                     "9,901 decisions/s at 5,000 nodes: MISSED."]
+    small = bd.scaling_verdicts([_row("gpupool", 300, 50.0), _row("gpupool", 1200, 51.0)])
+    assert small == ["- `gpupool`: 1,200 nodes cost 1.02x 300 nodes per decision: the target is for 20,000 "
+                     "against 1,000 nodes, not measured here; no 5,000-node row, so the 10,000 decisions/s target "
+                     "is not measured."]
+    assert bd._fill_range([{"fill_after_prefill": 0.841}, {"fill_after_prefill": 0.852}, {}]) == "84%-85%"
+    assert bd._fill_range([{"error": "x"}]) == "n/a"
     assert bd.scaling_verdicts([_row("gpupool", 1000, 50.0), {"version": "current", "error": "x"}]) == []
 
 
