@@ -76,6 +76,22 @@ def in_unit(value) -> bool:
     return value is not None and 0.0 <= value <= 1.0 + 1e-9
 
 
+def test_job_trace_help_names_every_job_policy():
+    import re
+
+    import typer
+
+    from gpupool.engine.pool.scheduler import JOB_POLICIES
+
+    commands = typer.main.get_command(app).commands
+    for cmd in ("simulate", "compare"):
+        (opt,) = [p for p in commands[cmd].params if "--jobs" in p.opts]
+        for name in JOB_POLICIES:
+            assert re.search(rf"\b{re.escape(name)}\b", opt.help), (cmd, name, opt.help)
+    for name in JOB_POLICIES:
+        assert name in commands["simulate"].help
+
+
 def test_policies_lists_the_job_policies_too():
     from gpupool.engine.pool.scheduler import DEFAULT_JOB_POLICIES, JOB_POLICIES
 

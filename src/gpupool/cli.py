@@ -162,7 +162,8 @@ JobsOpt = Annotated[
         "--jobs", metavar="FILE", dir_okay=False, show_default=False,
         help="Job trace CSV (Philly: timestamp,duration,num_gpus,gpu_time,cluster; ITP: "
              "job_id,submission_time,duration,num_gpu): run the pool scheduler's job-level policies "
-             "(fifo, round-robin, gpupool; also lowest-power) instead of pod placement. Needs --cluster.",
+             "(fifo, round-robin, gpupool, gittins, lowest-power: `gpupool policies --jobs`) instead of pod "
+             "placement. Needs --cluster.",
         rich_help_panel="Job traces",
     ),
 ]
@@ -1109,8 +1110,8 @@ def simulate_cmd(
     """Run one placement policy on a trace and print its GPU allocation, fragmentation and failures.
 
     Same options and outputs as `compare`, for a single policy. With --jobs, run one job-level policy
-    (fifo, round-robin, gpupool) on a job trace and print JCT, queueing delay, utilization, fairness,
-    preemptions and energy.
+    (fifo, round-robin, gpupool, gittins, lowest-power: `gpupool policies --jobs`) on a job trace and print
+    JCT, queueing delay, utilization, fairness, preemptions and energy.
     """
     if jobs is not None:
         _pod_only_flags(nodes, pods, protocol, ratio)
