@@ -80,7 +80,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from _common import json_safe, pin_one_cpu  # noqa: E402
+from _common import int_at_least, int_list, json_safe, pin_one_cpu  # noqa: E402
 from gpupool.cluster import ClusterState  # noqa: E402
 from gpupool.engine.core import Engine  # noqa: E402
 from gpupool.model import NodeSpec, PodRequest  # noqa: E402
@@ -419,28 +419,40 @@ def _fill_range(rows: list[dict]) -> str:
 
 def scaling_verdicts(rows: list[dict]) -> list[str]:
     """One line per policy of the ``current`` rows: the largest cluster's per-decision time over the smallest's
-    against :data:`SCALING_TARGET_RATIO`, and for ``gpupool`` the decisions/s at 5,000 nodes against
-    :data:`SCALING_TARGET_DPS` (met / MISSED)."""
+    against :data:`SCALING_TARGET_RATIO` (judged only where the target's sizes, 1,000 and 20,000 nodes, both
+    ran), and for ``gpupool`` the decisions/s at 5,000 nodes against :data:`SCALING_TARGET_DPS` (met / MISSED,
+    or why not measured: a row that failed or was not asked for)."""
     out = []
-    cur = [r for r in rows if r.get("version") == "current" and "error" not in r]
+    cur = [r for r in rows if r.get("version") == "current" and "policy" in r and "nodes" in r]
     for policy in dict.fromkeys(r["policy"] for r in cur):
         mine = sorted((r for r in cur if r["policy"] == policy), key=lambda r: r["nodes"])
-        if len(mine) < 2:
-            continue
         lo, hi = mine[0], mine[-1]
-        ratio = hi["us_per_decision"] / lo["us_per_decision"]
-        if lo["nodes"] <= SCALING_NODES[0] and hi["nodes"] >= SCALING_NODES[-1]:
-            verdict = "met" if ratio <= SCALING_TARGET_RATIO else "MISSED"
+        if len(mine) < 2:
+            line = f"- `{policy}`: one cluster size only ({lo['nodes']:,} nodes), no ratio"
+        elif "error" in lo or "error" in hi:
+            bad = lo if "error" in lo else hi
+            line = f"- `{policy}`: the {bad['nodes']:,}-node row failed, no ratio"
+        elif not (lo.get("us_per_decision") or 0) > 0:
+            line = f"- `{policy}`: no time measured at {lo['nodes']:,} nodes, no ratio"
         else:
-            verdict = f"the target is for {SCALING_NODES[-1]:,} against {SCALING_NODES[0]:,} nodes, not measured here"
-        line = f"- `{policy}`: {hi['nodes']:,} nodes cost {ratio:.2f}x {lo['nodes']:,} nodes per decision: {verdict}"
-        at5k = next((r for r in mine if r["nodes"] == 5000), None)
-        if policy == "gpupool" and at5k is not None:
-            dps = at5k["decisions_per_s"]
-            line += (f"; {dps:,.0f} decisions/s at 5,000 nodes: "
-                     f"{'met' if dps >= SCALING_TARGET_DPS else 'MISSED'}")
-        elif policy == "gpupool":
-            line += f"; no 5,000-node row, so the {SCALING_TARGET_DPS:,.0f} decisions/s target is not measured"
+            ratio = hi["us_per_decision"] / lo["us_per_decision"]
+            if lo["nodes"] <= SCALING_NODES[0] and hi["nodes"] >= SCALING_NODES[-1]:
+                verdict = "met" if ratio <= SCALING_TARGET_RATIO else "MISSED"
+            else:
+                verdict = (f"the target is for {SCALING_NODES[-1]:,} against {SCALING_NODES[0]:,} nodes, "
+                           "not measured here")
+            line = (f"- `{policy}`: {hi['nodes']:,} nodes cost {ratio:.2f}x {lo['nodes']:,} nodes per decision: "
+                    f"{verdict}")
+        if policy == "gpupool":
+            at5k = next((r for r in mine if r["nodes"] == 5000), None)
+            if at5k is None:
+                line += f"; no 5,000-node row, so the {SCALING_TARGET_DPS:,.0f} decisions/s target is not measured"
+            elif "error" in at5k or "decisions_per_s" not in at5k:
+                line += "; the 5,000-node row failed: decisions/s target not measured"
+            else:
+                dps = at5k["decisions_per_s"]
+                line += (f"; {dps:,.0f} decisions/s at 5,000 nodes: "
+                         f"{'met' if dps >= SCALING_TARGET_DPS else 'MISSED'}")
         out.append(line + ".")
     return out
 
@@ -610,12 +622,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--baseline", metavar="COMMIT", help="with --scaling: also measure the engine of this git commit, "
                                                         "row by row beside the current one")
     p.add_argument("--fill", type=float, default=SCALING_FILL, help="with --scaling: prefill share of the GPUs")
-    p.add_argument("--warmup", type=int, default=SCALING_WARMUP, help="with --scaling: untimed arrivals first")
-    p.add_argument("--window", type=int, default=SCALING_WINDOW, help="with --scaling: timed arrivals")
+    p.add_argument("--warmup", type=int_at_least(0), default=SCALING_WARMUP,
+                   help="with --scaling: untimed arrivals first")
+    p.add_argument("--window", type=int_at_least(1), default=SCALING_WINDOW, help="with --scaling: timed arrivals")
     p.add_argument("--scaling-one", nargs=2, metavar=("NODES", "POLICY"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.max_pods < 1:
         p.error("--max-pods must be >= 1")
+    if args.scaling is not None:
+        args.scaling = ",".join(map(str, dict.fromkeys(int_list(p, "--scaling", args.scaling, minimum=1))))
+    if not (0.0 < args.fill <= 1.0):
+        p.error(f"argument --fill: must be a share of the GPUs in (0, 1], got {args.fill}")
     return args
 
 

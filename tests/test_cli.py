@@ -540,3 +540,18 @@ def test_wide_is_passed_to_the_table(tiny, monkeypatch):
     assert seen == {"wide": True}
     assert invoke("simulate", "--nodes", nodes, "--pods", pods, "-p", "best-fit").exit_code == 0
     assert seen == {"wide": False}
+
+
+@pytest.mark.parametrize("columns", ["0", "5", "39", " 120", "abc", "", "²"])
+def test_a_useless_columns_value_is_ignored_when_piped(columns):
+    """COLUMNS of 0, a handful, spaces or no number: the piped tables keep their own width instead of being
+    drawn 0-5 columns wide (nothing printed) or crashing."""
+    result = CliRunner().invoke(app, ["policies"], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    assert "gpupool-combined" in result.output and "gittins" in result.output
+    assert max(map(len, result.output.splitlines())) > 100
+
+
+def test_a_sensible_columns_value_is_honoured_when_piped():
+    result = CliRunner().invoke(app, ["policies"], env={"COLUMNS": "60"})
+    assert result.exit_code == 0 and max(map(len, result.output.splitlines())) <= 60

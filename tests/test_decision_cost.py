@@ -544,8 +544,25 @@ def test_warm_up_is_idempotent_and_kernel_types_reject_unknown_words() -> None:
         assert len(compiled.kernel_types(spec)) == len(spec.split()), name
     with pytest.raises(ValueError, match="i9"):
         compiled.kernel_types("i8[] i9")
-    with pytest.raises(ValueError, match=r"i8\[,"):
-        compiled.kernel_types("i8[,")
+    for bad in ("i8[,", "i8[", "i8[][]", "i8[]]", "i8[x]", "i8[,]x]", "i8[,,,]", "[]", "I8"):
+        with pytest.raises(ValueError, match="unknown kernel argument type"):
+            compiled.kernel_types(f"i8 {bad}")
+    assert len(compiled.kernel_types("b1[,,] f8")) == 2
+
+
+@needs_numba
+def test_a_warm_up_that_fails_names_the_kernel_and_the_scheduler_still_starts(monkeypatch, caplog) -> None:
+    import logging
+
+    from gpupool.k8s.scheduler_cli import warm_kernels
+
+    monkeypatch.setattr(compiled, "_warm", None)
+    monkeypatch.setitem(compiled.SIGNATURES, "_stale_nodes", "i8[] i8 i8 i8[] i8[] b1[]")  # one argument short
+    with pytest.raises(RuntimeError, match="warm-up of kernel _stale_nodes"):
+        compiled.warm_up()
+    with caplog.at_level(logging.WARNING, logger="gpupool.test.warm"):
+        warm_kernels(logging.getLogger("gpupool.test.warm"))
+    assert any(r.getMessage() == "engine kernels not warmed up" for r in caplog.records)
 
 
 @needs_numba
@@ -586,7 +603,25 @@ def test_a_scoped_policy_scores_with_the_compiled_scorer_and_decides_alike(polic
         def score(self, state, req, nodes):
             return -self.inner.score(state, req, nodes)
 
+    # the wrapper changed after the engine was built: the engine follows (scores as the NumPy path does)
+    swapped = make_policy("best-fit")
+    swapped.prepare(fast_state, workload)
+    for eng in (fast, slow):
+        eng.policy.allowed = None
+        eng.policy.inner = swapped if eng is fast else make_policy("best-fit")
+        if eng is slow:
+            eng.policy.inner.prepare(slow_state, workload)
+        eng._score_cache.entries.clear()
+        eng._best.clear()
+    for i in range(100):
+        p = random_pod(rng, f"q{i}")
+        assert place(fast, p) == place(slow, p), ("swapped inner", i)
+    assert fast._scorer is None
     inner = make_policy(policy)
+    own = ScopedPolicy(inner)
+    assert own.scored_by() is inner
+    own.score = lambda state, req, nodes: -inner.score(state, req, nodes)
+    assert own.scored_by() is own
     assert ScopedPolicy(inner).scored_by() is inner
     wrapped = Rescored(inner)
     assert wrapped.scored_by() is wrapped

@@ -1036,11 +1036,12 @@ def _root(
 
 
 def _console(piped_width: int) -> Console:
-    """The tables' console: the terminal's width, or ``COLUMNS`` where set; ``piped_width`` columns when
-    stdout is no terminal and ``COLUMNS`` is unset (so that a table piped to a file keeps its columns)."""
-    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit():
-        return Console()
-    return Console(width=piped_width)
+    """The tables' console: the terminal's width, or ``COLUMNS`` where it is a whole number >= 40; else, when
+    stdout is no terminal, ``piped_width`` columns (so that a table piped to a file keeps its columns)."""
+    columns = os.environ.get("COLUMNS", "")
+    if sys.stdout.isatty() or (columns.isascii() and columns.isdigit() and int(columns) >= 40):
+        return Console()  # Rich reads COLUMNS itself
+    return Console(width=piped_width, height=25)  # both set: Rich reads no COLUMNS (int("²") raised inside it)
 
 
 def _job_policy_rows() -> list[dict[str, Any]]:

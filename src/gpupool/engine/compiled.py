@@ -137,15 +137,17 @@ _warm: dict[str, float] | None = None
 def kernel_types(spec: str) -> tuple:
     """The numba argument types of a :data:`SIGNATURES` entry (imports numba); raises ValueError naming an
     unknown word."""
+    import re
+
     from numba import types
 
     out = []
     for word in spec.split():
-        base, _, dims = word.partition("[")
-        if base not in _DTYPES or (dims and not dims.endswith("]")):
+        m = re.fullmatch(r"(i8|i4|i2|u8|b1|f8)(?:\[(,{0,2})\])?", word)
+        if m is None:
             raise ValueError(f"unknown kernel argument type {word!r} in {spec!r}")
-        dtype = getattr(types, _DTYPES[base])
-        out.append(types.Array(dtype, dims.count(",") + 1, "C") if dims else dtype)
+        dtype = getattr(types, _DTYPES[m.group(1)])
+        out.append(types.Array(dtype, len(m.group(2)) + 1, "C") if m.group(2) is not None else dtype)
     return tuple(out)
 
 
@@ -166,7 +168,10 @@ def warm_up() -> dict[str, float]:
         done: dict[str, float] = {}
         for name, spec in SIGNATURES.items():
             t0 = time.perf_counter()
-            g[name].compile(kernel_types(spec))
+            try:
+                g[name].compile(kernel_types(spec))
+            except Exception as exc:  # a SIGNATURES entry out of step with its kernel: say which
+                raise RuntimeError(f"warm-up of kernel {name} ({spec!r}) failed: {exc}") from exc
             done[name] = time.perf_counter() - t0
         _warm = done
     return dict(_warm)

@@ -247,6 +247,7 @@ class Engine:
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
         self._codes = compiled.enabled() and compiled.uses_default_filters(policy.filters)
         scored = policy.scored_by()  # a wrapper that only picks differently scores as the policy it wraps
+        self._scored = scored  # looked at again each decision: a wrapper's inner policy may be replaced
         self._scorer = compiled.FGDScorer(scored) if compiled.FGDScorer.supports(scored) else None
         self._masked_scores = self._scorer is not None and self._codes and self._mask_keyed(scored)
         # the best node from a heap where the policy picks the first best score the base-class way
@@ -413,7 +414,7 @@ class Engine:
     def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
         """One cycle for ``req``: (effective request, node, devices), node -1 if no node passes the filters."""
         policy, state = self.policy, self.state
-        if policy is not self._configured:
+        if policy is not self._configured or (self._scorer is not None and policy.scored_by() is not self._scored):
             self._configure(policy)
         eff = policy.effective(req)
         key = eff.key()

@@ -303,7 +303,11 @@ def warm_kernels(log) -> None:
     cycle stalls on a compilation (:func:`gpupool.engine.compiled.warm_up`)."""
     from gpupool.engine import compiled
 
-    took = compiled.warm_up()
+    try:
+        took = compiled.warm_up()
+    except RuntimeError as exc:  # serve anyway: a kernel then compiles on its first call
+        log.warning("engine kernels not warmed up", extra={"error": str(exc)})
+        return
     if took:
         log.info("engine kernels ready", extra={"kernels": len(took), "seconds": round(sum(took.values()), 3)})
 

@@ -69,9 +69,10 @@ class DelegatingPolicy(Policy):
         """The inner policy's scorer when this wrapper's subclass keeps ``effective``, ``score_key`` and
         ``score`` as delegated here and its filters are the inner's (so that the engine's compiled scorer,
         chosen for the inner policy, scores what :meth:`score` would); else itself."""
-        cls = type(self)
+        cls, own = type(self), vars(self)
         if (cls.effective is DelegatingPolicy.effective and cls.score_key is DelegatingPolicy.score_key
-                and cls.score is DelegatingPolicy.score and self.filters is self.inner.filters):
+                and cls.score is DelegatingPolicy.score and self.filters is self.inner.filters
+                and not {"effective", "score_key", "score"} & own.keys()):  # nor replaced on the instance
             return self.inner.scored_by()
         return self
 
