@@ -147,6 +147,9 @@ def test_jobs_table_fits_without_cutting_numbers(width, failures, n_seeds):
 def test_jobs_table_failure_columns_only_when_failures_were_injected():
     without = render(report.jobs_table([_jobs_entry(i, 1, False) for i in range(3)], wide=True), 400)
     assert "restarts" not in without.replace("\n", " ") and "lost" not in without and "killed" not in without
+    preempted = [{**_jobs_entry(i, 1, False), "restarts": 40.0, "lost_gpu_hours": 12.0} for i in range(3)]
+    only_preemptions = render(report.jobs_table(preempted, wide=True), 400)  # restarts after preemptions only
+    assert "killed" not in only_preemptions and "lost" not in only_preemptions
     with_ = render(report.jobs_table([_jobs_entry(i, 1, True) for i in range(3)], wide=True), 400)
     for word in ("failures", "killed", "re-", "lost", "GPU-h", "1,234", "1,200", "4,321", "321"):
         assert word in with_

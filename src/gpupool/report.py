@@ -868,7 +868,9 @@ def summarize_jobs(runs: Sequence[JobRun]) -> list[dict[str, Any]]:
 
 
 def _failures_injected(summary: Sequence[dict[str, Any]]) -> bool:
-    keys = ("failure_events", "job_failures", "restarts", "lost_gpu_hours")
+    """Whether any run had node/GPU failures (restarts and lost GPU-hours alone come from preemptions too,
+    which every preemptive policy has: they are in the JSON)."""
+    keys = ("failure_events", "job_failures")
     return any(math.isfinite(e.get(k, NAN)) and e.get(k, NAN) > 0 for e in summary for k in keys)
 
 
