@@ -340,6 +340,7 @@ def test_itp_good(tmp_path: Path) -> None:
     [
         ("b,x,600,1", "submission_time"),
         ("b,-1,600,1", "submission_time"),
+        ("b,1e300,600,1", "submission_time"),  # above MAX_SUBMISSION_TIME_S: every duration would round away
         ("b,10,0,1", "duration"),
         ("b,10,-600,1", "duration"),
         ("b,10,1e12,1", "duration"),  # above MAX_JOB_DURATION_S: a unit mistake

@@ -28,6 +28,11 @@ MAX_JOB_DURATION_S = 10 * 365 * 86400.0
 """Longest job duration a trace row may give (10 years, in seconds): a larger one is a unit mistake, and
 would make a simulation run (and sample) for ages."""
 
+MAX_SUBMISSION_TIME_S = 100 * 365 * 86400.0
+"""Latest ITP ``submission_time`` a row may give (100 years after the start of collection, in seconds): a
+larger one is a unit mistake (milliseconds, an epoch in nanoseconds), and far enough out that adding a
+duration to it loses the duration to rounding (1e300 + 100 == 1e300: every job would take no time)."""
+
 _TIMESTAMP_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}")
 _EPOCH = datetime(1970, 1, 1)
 
@@ -109,15 +114,16 @@ def load_itp_jobs(path: StrPath) -> list[JobRecord]:
 
     Raises:
         TraceFormatError: empty file, unknown/missing/duplicate header column, a row with the wrong
-            number of fields, an empty or duplicate ``job_id``, a non-numeric or negative
-            ``submission_time``, a non-positive ``duration`` or ``num_gpu`` < 1; the error names the
+            number of fields, an empty or duplicate ``job_id``, a non-numeric, negative or too large
+            (:data:`MAX_SUBMISSION_TIME_S`) ``submission_time``, a non-positive ``duration`` or ``num_gpu`` < 1;
+            the error names the
             file, line and column.
         OSError: the file cannot be read.
     """
     raw: list[tuple[str, float, float, int, int]] = []
     for row in read_table(path, ITP_COLUMNS, unique="job_id"):
         job_id = row.text("job_id")
-        submitted = row.number("submission_time")
+        submitted = row.number("submission_time", maximum=MAX_SUBMISSION_TIME_S)
         duration = row.number("duration", positive=True, maximum=MAX_JOB_DURATION_S)
         num_gpu = row.integer("num_gpu", minimum=1)
         raw.append((job_id, submitted, duration, num_gpu, row.line))
