@@ -148,7 +148,7 @@ class _Trace:
 
 
 class StaticPolicy:
-    """A fixed number of replicas of one slice, all day (provisioned for the peak)."""
+    """A fixed number of replicas of one slice for the whole run (provisioned for the peak)."""
 
     def __init__(self, name: str, slice_name: str, replicas: int, *, sized_for: str = "") -> None:
         if replicas < 1:
@@ -163,7 +163,7 @@ class StaticPolicy:
         self.trace = _Trace()
 
     def describe(self) -> str:
-        return f"{self.replicas} x {self.slice} all day{self.sized_for}"
+        return f"{self.replicas} x {self.slice} for the whole run{self.sized_for}"
 
     def initial(self) -> Mapping[str, int]:
         return {self.slice: self.replicas}
