@@ -87,7 +87,7 @@ NodesOpt = Annotated[
     Path | None,
     typer.Option(
         "--nodes", metavar="FILE", dir_okay=False, show_default=False,
-        help="openb node list CSV (sn,cpu_milli,memory_mib,gpu,model). Default: the embedded "
+        help="openb node list CSV (columns sn, cpu_milli, memory_mib, gpu, model). Default: the embedded "
              f"{EMBEDDED_NODES} (1,213 GPU nodes, 6,212 GPUs).",
     ),
 ]
@@ -95,7 +95,7 @@ PodsOpt = Annotated[
     Path | None,
     typer.Option(
         "--pods", metavar="FILE", dir_okay=False, show_default=False,
-        help="openb pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos,...]). "
+        help="openb pod list CSV (columns name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec, qos, ...]). "
              f"Default: the embedded {EMBEDDED_PODS} (8,152 pods).",
     ),
 ]
@@ -160,8 +160,8 @@ JobsOpt = Annotated[
     Path | None,
     typer.Option(
         "--jobs", metavar="FILE", dir_okay=False, show_default=False,
-        help="Job trace CSV (Philly: timestamp,duration,num_gpus,gpu_time,cluster; ITP: "
-             "job_id,submission_time,duration,num_gpu): run the pool scheduler's job-level policies "
+        help="Job trace CSV (Philly columns: timestamp, duration, num_gpus, gpu_time, cluster; "
+             "ITP: job_id, submission_time, duration, num_gpu): run the pool scheduler's job-level policies "
              "(fifo, round-robin, gpupool, gittins, lowest-power: `gpupool policies --jobs`) instead of pod "
              "placement. Needs --cluster.",
         rich_help_panel="Job traces",
