@@ -28,6 +28,25 @@ ALL_POLICIES = (
 )
 
 
+def bench_module(relpath: str, name: str | None = None):
+    """The script ``benchmarks/<relpath>`` loaded as a module named ``name`` (default: its file's stem),
+    registered in ``sys.modules`` (dataclasses look their module up there) with its folder on ``sys.path``
+    (the scripts import ``_common``)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / relpath
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    name = name or path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def node(name: str, cpu: int = 32000, mem: int = 65536, gpus: int = 0, model: str | None = None,
          domain: str = "", rack: str = "") -> NodeSpec:
     """A node; ``model`` defaults to V100M16 when it has GPUs (16160 MiB, 300 W peak)."""

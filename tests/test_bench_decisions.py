@@ -6,24 +6,15 @@ warms the kernels before timing and reports what it measured.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from conftest import bench_module
 from gpupool.engine import compiled
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bd():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_decisions", ROOT / "benchmarks" / "bench_decisions.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("bench_decisions.py")
 
 
 def _row(policy: str, nodes: int, us: float, version: str = "current") -> dict:

@@ -6,12 +6,12 @@ that good input still runs and writes both files.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,11 +26,7 @@ PHILLY = """timestamp,duration,num_gpus,gpu_time,cluster
 
 @pytest.fixture(scope="module")
 def bjo():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_job_order", ROOT / "benchmarks" / "bench_job_order.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_module("bench_job_order.py")
 
 
 @pytest.fixture

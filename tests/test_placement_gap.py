@@ -3,23 +3,15 @@ terms added for issue 12 (GPU stranded by CPU, device best fit) on small hand-ch
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from conftest import cluster, engine, node, occupy, placed, pod, typical
+from conftest import bench_module, cluster, engine, node, occupy, placed, pod, typical
 from gpupool.policies.gpupool_policy import GpupoolPolicy, per_gpu_milli, stranded_gpus
 
 pytest.importorskip("highspy", reason="the optimum needs the bench extra (highspy)")
 
-_spec = importlib.util.spec_from_file_location(
-    "optimum", Path(__file__).resolve().parents[1] / "benchmarks" / "optimum.py")
-optimum = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("optimum", optimum)  # dataclasses look their module up there
-_spec.loader.exec_module(optimum)
+optimum = bench_module("optimum.py")
 
 
 def test_bound_exact_when_big_pods_cannot_share_a_gpu() -> None:

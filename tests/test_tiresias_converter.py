@@ -6,27 +6,19 @@ part of the test suite. These tests check the formats on a few rows, without the
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import bench_module
 from gpupool.traces.errors import TraceFormatError
 from gpupool.traces.jobs import JobRecord, load_philly_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-conv = _load("tiresias_convert", ROOT / "benchmarks" / "tiresias" / "convert.py")
+conv = bench_module("tiresias/convert.py", "tiresias_convert")
 
 PHILLY = """timestamp,duration,num_gpus,gpu_time,cluster
 2017-10-09 07:01:55,66.0,1,66.0,11cb48
@@ -155,7 +147,7 @@ def test_job_log_parser_rejects_inconsistent_jct(tmp_path: Path) -> None:
 
 def test_gpupool_spec_parsing() -> None:
     pytest.importorskip("numpy")
-    run = _load("tiresias_run", ROOT / "benchmarks" / "tiresias" / "run.py")
+    run = bench_module("tiresias/run.py", "tiresias_run")
     assert run.parse_gpupool_spec("gpupool") == ("gpupool", {})
     assert run.parse_gpupool_spec("gpupool+thresholds=3250+min_run_s=0") == \
         ("gpupool", {"thresholds": (3250,), "min_run_s": 0})
@@ -175,7 +167,7 @@ def test_committed_results_render() -> None:
     results = ROOT / "benchmarks" / "results" / "tiresias_peer.json"
     if not results.exists():
         pytest.skip("no committed tiresias_peer.json")
-    run = _load("tiresias_run", ROOT / "benchmarks" / "tiresias" / "run.py")
+    run = bench_module("tiresias/run.py", "tiresias_run")
     report = json.loads(results.read_text())
     md = run.markdown(report)
     assert f"at {report['tiresias']['commit']}" in md and "NumPy" in md
@@ -188,7 +180,7 @@ def test_committed_results_render() -> None:
 @pytest.fixture(scope="module")
 def run_mod():
     pytest.importorskip("numpy")
-    return _load("tiresias_run", ROOT / "benchmarks" / "tiresias" / "run.py")
+    return bench_module("tiresias/run.py", "tiresias_run")
 
 
 def _run_error(run_mod, capsys, argv: list[str]) -> str:
