@@ -552,6 +552,12 @@ def test_a_useless_columns_value_is_ignored_when_piped(columns):
     assert max(map(len, result.output.splitlines())) > 100
 
 
+def test_a_bad_lines_value_beside_a_good_columns_value_is_ignored():
+    result = CliRunner().invoke(app, ["policies", "--jobs"], env={"COLUMNS": "100", "LINES": "²"})
+    assert result.exit_code == 0, result.output
+    assert max(map(len, result.output.splitlines())) <= 100 and "gittins" in result.output
+
+
 def test_a_sensible_columns_value_is_honoured_when_piped():
     result = CliRunner().invoke(app, ["policies"], env={"COLUMNS": "60"})
     assert result.exit_code == 0 and max(map(len, result.output.splitlines())) <= 60

@@ -606,17 +606,29 @@ def test_a_scoped_policy_scores_with_the_compiled_scorer_and_decides_alike(polic
     # the wrapper changed after the engine was built: the engine follows (scores as the NumPy path does)
     swapped = make_policy("best-fit")
     swapped.prepare(fast_state, workload)
-    for eng in (fast, slow):
+    for eng in (fast, slow):  # no cache cleared by hand: the engine drops the scores of the replaced policy
         eng.policy.allowed = None
         eng.policy.inner = swapped if eng is fast else make_policy("best-fit")
         if eng is slow:
             eng.policy.inner.prepare(slow_state, workload)
-        eng._score_cache.entries.clear()
-        eng._best.clear()
-    for i in range(100):
+    for i in range(60):
         p = random_pod(rng, f"q{i}")
         assert place(fast, p) == place(slow, p), ("swapped inner", i)
     assert fast._scorer is None
+    # the same score key, other scores: the scores cached before the change are dropped, not served after it
+    # (FGD's scores are not compared with a fresh computation: its floors differ with the batch of nodes scored)
+    state = ClusterState(specs)
+    wrapper = ScopedPolicy(make_policy(policy))
+    eng = Engine(state, wrapper, seed=4, workload=workload)
+    for i in range(150):
+        eng.place(random_pod(rng, f"r{i}"))
+    assert len(eng._score_cache.entries) > 1
+    plain = wrapper.inner.score
+    wrapper.score = lambda st, req, nodes: -plain(st, req, nodes)
+    p = random_pod(rng, "s0")
+    eng.schedule(p)
+    assert list(eng._score_cache.entries) in ([], [("score",) + wrapper.score_key(wrapper.effective(p))])
+    assert eng._scorer is None and eng._scored is wrapper
     inner = make_policy(policy)
     own = ScopedPolicy(inner)
     assert own.scored_by() is inner
@@ -629,6 +641,25 @@ def test_a_scoped_policy_scores_with_the_compiled_scorer_and_decides_alike(polic
     other_filters = ScopedPolicy(make_policy(policy))
     other_filters.filters = other_filters.filters[:-1]
     assert other_filters.scored_by() is other_filters
+
+
+@needs_numba
+def test_numba_that_cannot_wrap_the_kernels_leaves_the_engine_on_numpy_with_a_warning() -> None:
+    """A numba setting that makes wrapping fail (here an unknown NUMBA_CACHE_LOCATOR_CLASSES, numba's own
+    RuntimeError) turns the compiled path off as a whole: enabled() is False on every call, no kernel is left
+    half-wrapped, a warning says so, and decisions are NumPy's."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(NUMBA_CACHE_LOCATOR_CLASSES="NoSuchLocator", GPUPOOL_NO_NUMBA="0")
+    code = _SCRIPT.format(tests=str(Path(__file__).resolve().parent)).replace(
+        "print(json.dumps({", 'print(json.dumps({"again": compiled.enabled(), "cached": compiled.CACHED, '
+        '"kinds": sorted({type(getattr(compiled, k)).__name__ for k in compiled._KERNELS}), ')
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["compiled"] is False and got["again"] is False and got["scorer"] is False
+    assert got["cached"] is None and got["kinds"] == ["function"]
+    assert "compiled kernels are off" in out.stderr and "NoSuchLocator" in out.stderr
+    assert got["hash"] == _run_script({"GPUPOOL_NO_NUMBA": "1"})["hash"]
 
 
 @needs_numba

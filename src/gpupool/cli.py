@@ -1036,12 +1036,22 @@ def _root(
 
 
 def _console(piped_width: int) -> Console:
-    """The tables' console: the terminal's width, or ``COLUMNS`` where it is a whole number >= 40; else, when
-    stdout is no terminal, ``piped_width`` columns (so that a table piped to a file keeps its columns)."""
-    columns = os.environ.get("COLUMNS", "")
-    if sys.stdout.isatty() or (columns.isascii() and columns.isdigit() and int(columns) >= 40):
-        return Console()  # Rich reads COLUMNS itself
-    return Console(width=piped_width, height=25)  # both set: Rich reads no COLUMNS (int("²") raised inside it)
+    """The tables' console: ``COLUMNS`` columns where it is a whole number >= 40, else the terminal's width, or
+    ``piped_width`` when stdout is no terminal (so that a table piped to a file keeps its columns). Width and
+    height are always given, so Rich reads neither ``COLUMNS`` nor ``LINES`` itself (it raises on a value
+    such as "²")."""
+
+    def whole(name: str, least: int) -> int | None:
+        value = os.environ.get(name, "")
+        return int(value) if value.isascii() and value.isdigit() and int(value) >= least else None
+
+    width = whole("COLUMNS", 40)
+    if width is None:
+        try:
+            width = os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else piped_width
+        except (OSError, ValueError, AttributeError):  # no real file descriptor (e.g. a test's captured stdout)
+            width = piped_width
+    return Console(width=max(width, 40), height=whole("LINES", 1) or 25)
 
 
 def _job_policy_rows() -> list[dict[str, Any]]:

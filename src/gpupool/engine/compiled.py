@@ -87,25 +87,32 @@ def enabled() -> bool:
     if _loaded is None:
         _loaded = False
         if AVAILABLE and not _disabled():
+            import logging
+
+            log = logging.getLogger(__name__)
             try:
                 import numba
-            except ImportError:  # pragma: no cover - find_spec said it was there
-                return False
-            g = globals()
-            CACHED = True
-            for name in _KERNELS:  # kernels calling kernels find the compiled ones in these globals
-                try:
-                    g[name] = numba.njit(cache=CACHED, nogil=True, boundscheck=False)(g[name])
-                except RuntimeError as exc:  # numba: "cannot cache function ...: no locator available"
-                    if not CACHED or "cannot cache" not in str(exc):
-                        raise
-                    import logging
 
-                    logging.getLogger(__name__).warning(
-                        "numba has no writable cache location (%s); the engine's kernels compile in this process "
-                        "and are not kept: set NUMBA_CACHE_DIR to a writable directory", exc)
-                    CACHED = False
-                    g[name] = numba.njit(cache=False, nogil=True, boundscheck=False)(g[name])
+                wrapped: dict[str, object] = {}
+                cached = True
+                g = globals()
+                for name in _KERNELS:  # kernels calling kernels find the compiled ones in these globals
+                    try:
+                        wrapped[name] = numba.njit(cache=cached, nogil=True, boundscheck=False)(g[name])
+                    except RuntimeError as exc:  # numba: "cannot cache function ...: no locator available"
+                        if not cached or "cannot cache" not in str(exc):
+                            raise
+                        log.warning("numba has no writable cache location (%s); the engine's kernels compile in "
+                                    "this process and are not kept: set NUMBA_CACHE_DIR to a writable directory",
+                                    exc)
+                        cached = False
+                        wrapped[name] = numba.njit(cache=False, nogil=True, boundscheck=False)(g[name])
+            except Exception as exc:  # numba unusable here (a broken install, a bad NUMBA_* setting): NumPy only
+                log.warning("the engine's compiled kernels are off, decisions use NumPy only (same decisions, "
+                            "slower): %s: %s", type(exc).__name__, exc)
+                return False
+            g.update(wrapped)  # all kernels at once, or none
+            CACHED = cached
             _loaded = True
     return _loaded and not _disabled()
 

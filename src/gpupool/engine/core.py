@@ -247,6 +247,9 @@ class Engine:
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
         self._codes = compiled.enabled() and compiled.uses_default_filters(policy.filters)
         scored = policy.scored_by()  # a wrapper that only picks differently scores as the policy it wraps
+        if getattr(self, "_scored", None) is not None and scored is not self._scored:
+            self._score_cache.entries.clear()  # scores of another policy (a wrapper's inner or score replaced)
+            self._best.clear()
         self._scored = scored  # looked at again each decision: a wrapper's inner policy may be replaced
         self._scorer = compiled.FGDScorer(scored) if compiled.FGDScorer.supports(scored) else None
         self._masked_scores = self._scorer is not None and self._codes and self._mask_keyed(scored)
@@ -414,7 +417,7 @@ class Engine:
     def _select(self, req: PodRequest) -> tuple[EffectiveRequest, int, tuple[int, ...]]:
         """One cycle for ``req``: (effective request, node, devices), node -1 if no node passes the filters."""
         policy, state = self.policy, self.state
-        if policy is not self._configured or (self._scorer is not None and policy.scored_by() is not self._scored):
+        if policy is not self._configured or policy.scored_by() is not self._scored:
             self._configure(policy)
         eff = policy.effective(req)
         key = eff.key()

@@ -29,7 +29,7 @@ MAX_JOB_DURATION_S = 10 * 365 * 86400.0
 would make a simulation run (and sample) for ages."""
 
 MAX_SUBMISSION_TIME_S = 100 * 365 * 86400.0
-"""Latest ITP ``submission_time`` a row may give (100 years after the start of collection, in seconds): a
+"""Largest ITP ``submission_time`` a row may give (100 years, in seconds, as the file counts them): a
 larger one is a unit mistake (milliseconds, an epoch in nanoseconds), and far enough out that adding a
 duration to it loses the duration to rounding (1e300 + 100 == 1e300: every job would take no time)."""
 
