@@ -47,6 +47,17 @@ def bench_module(relpath: str, name: str | None = None):
     return mod
 
 
+def argparse_error(main, capsys, argv: list[str]) -> str:
+    """The last stderr line of ``main(argv)`` exiting 2 without a traceback (a benchmark script's argparse-style
+    refusal); fails the test otherwise."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
 def node(name: str, cpu: int = 32000, mem: int = 65536, gpus: int = 0, model: str | None = None,
          domain: str = "", rack: str = "") -> NodeSpec:
     """A node; ``model`` defaults to V100M16 when it has GPUs (16160 MiB, 300 W peak)."""

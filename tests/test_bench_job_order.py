@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bench_module
+from conftest import argparse_error, bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,15 +36,6 @@ def trace(tmp_path: Path) -> Path:
     return p
 
 
-def _error(bjo, capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as exc:
-        bjo.main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
 @pytest.mark.parametrize(("argv", "words"), [
     (["--offsets", "abc"], ["--offsets", "'abc'"]),
     (["--offsets", ""], ["--offsets", "no value"]),
@@ -62,42 +53,42 @@ def _error(bjo, capsys, argv: list[str]) -> str:
     (["--orders", "nope"], ["--orders", "'nope'"]),
 ])
 def test_bad_lists_name_the_option(bjo, capsys, tmp_path: Path, argv: list[str], words: list[str]) -> None:
-    msg = _error(bjo, capsys, [*argv, "--out", str(tmp_path / "out")])
+    msg = argparse_error(bjo.main, capsys, [*argv, "--out", str(tmp_path / "out")])
     assert all(w in msg for w in words), msg
     assert not (tmp_path / "out").exists()
 
 
 def test_bad_trace(bjo, capsys, tmp_path: Path, trace: Path) -> None:
     out = ["--out", str(tmp_path / "out"), "--peer-results"]
-    msg = _error(bjo, capsys, ["--trace", str(tmp_path), *out])
+    msg = argparse_error(bjo.main, capsys, ["--trace", str(tmp_path), *out])
     assert "--trace" in msg and str(tmp_path) in msg
     trace.write_text(PHILLY + "2017-10-09 09:00:00,abc,1,10.0,6c71a0\n")
-    msg = _error(bjo, capsys, ["--trace", str(trace), *out])
+    msg = argparse_error(bjo.main, capsys, ["--trace", str(trace), *out])
     assert "--trace" in msg and "philly.csv" in msg and ":7" in msg
-    msg = _error(bjo, capsys, ["--trace", str(tmp_path / "nope.csv"), *out])
+    msg = argparse_error(bjo.main, capsys, ["--trace", str(tmp_path / "nope.csv"), *out])
     assert "--trace" in msg and "nope.csv" in msg
     trace.write_text(PHILLY)
-    msg = _error(bjo, capsys, ["--trace", str(trace), "--offsets", "5", *out])
+    msg = argparse_error(bjo.main, capsys, ["--trace", str(trace), "--offsets", "5", *out])
     assert "--offsets" in msg and "5" in msg
 
 
 def test_bad_rescore_and_peer_results(bjo, capsys, tmp_path: Path) -> None:
     out = ["--out", str(tmp_path / "out")]
-    msg = _error(bjo, capsys, ["--rescore", str(tmp_path / "nope.json"), "--peer-results", *out])
+    msg = argparse_error(bjo.main, capsys, ["--rescore", str(tmp_path / "nope.json"), "--peer-results", *out])
     assert "--rescore" in msg and "nope.json" in msg
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
-    msg = _error(bjo, capsys, ["--rescore", str(bad), "--peer-results", *out])
+    msg = argparse_error(bjo.main, capsys, ["--rescore", str(bad), "--peer-results", *out])
     assert "--rescore" in msg and "bad.json" in msg
     for text in ("{}", "[]", '{"windows": [{"offset": 0}]}'):
         bad.write_text(text)
-        msg = _error(bjo, capsys, ["--rescore", str(bad), "--peer-results", *out])
+        msg = argparse_error(bjo.main, capsys, ["--rescore", str(bad), "--peer-results", *out])
         assert "--rescore" in msg and "not a job_order.json" in msg
-    msg = _error(bjo, capsys, ["--peer-results", str(tmp_path / "nope.json"), *out])
+    msg = argparse_error(bjo.main, capsys, ["--peer-results", str(tmp_path / "nope.json"), *out])
     assert "--peer-results" in msg and "nope.json" in msg
     for text in ("not json", "[]", '{"window": {}}'):
         bad.write_text(text)
-        msg = _error(bjo, capsys, ["--peer-results", str(bad), *out])
+        msg = argparse_error(bjo.main, capsys, ["--peer-results", str(bad), *out])
         assert "--peer-results" in msg and "bad.json" in msg
     assert not (tmp_path / "out").exists()
 

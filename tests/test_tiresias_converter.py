@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bench_module
+from conftest import argparse_error, bench_module
 from gpupool.traces.errors import TraceFormatError
 from gpupool.traces.jobs import JobRecord, load_philly_jobs
 
@@ -183,15 +183,6 @@ def run_mod():
     return bench_module("tiresias/run.py", "tiresias_run")
 
 
-def _run_error(run_mod, capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as exc:
-        run_mod.main(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
 @pytest.mark.parametrize(("argv", "words"), [
     (["--gpus-per-node", "0"], ["--gpus-per-node", "0"]),
     (["--gpus-per-node", "-8"], ["--gpus-per-node", "-8"]),
@@ -219,7 +210,7 @@ def _run_error(run_mod, capsys, argv: list[str]) -> str:
 def test_run_bad_options_name_the_option(run_mod, capsys, tmp_path: Path, argv: list[str],
                                          words: list[str]) -> None:
     """Each bad option ends the run with one argparse-style line (exit 2), before anything runs or is written."""
-    msg = _run_error(run_mod, capsys, [*argv, "--out", str(tmp_path / "out")])
+    msg = argparse_error(run_mod.main, capsys, [*argv, "--out", str(tmp_path / "out")])
     assert all(w in msg for w in words), msg
     assert not (tmp_path / "out").exists()
 
@@ -228,18 +219,18 @@ def test_run_bad_trace_window_and_render(run_mod, capsys, tmp_path: Path) -> Non
     trace = tmp_path / "philly.csv"
     trace.write_text(PHILLY)
     base = ["--trace", str(trace), "--peer=", "--gpupool", "fifo", "--out", str(tmp_path / "out")]
-    msg = _run_error(run_mod, capsys, [*base, "--max-gpus", "1", "--offset", "2"])
+    msg = argparse_error(run_mod.main, capsys, [*base, "--max-gpus", "1", "--offset", "2"])
     assert "--offset" in msg and "--max-gpus 1" in msg
     trace.write_text(PHILLY + "2017-10-09 09:00:00,abc,1,10.0,6c71a0\n")
-    msg = _run_error(run_mod, capsys, base)
+    msg = argparse_error(run_mod.main, capsys, base)
     assert "--trace" in msg and "philly.csv" in msg
     bad = tmp_path / "r.json"
     for text in ("{}", "not json"):
         bad.write_text(text)
-        msg = _run_error(run_mod, capsys, ["--render", str(bad)])
+        msg = argparse_error(run_mod.main, capsys, ["--render", str(bad)])
         assert "--render" in msg and "r.json" in msg, msg
     assert not bad.with_suffix(".md").exists()
-    msg = _run_error(run_mod, capsys, ["--render", str(tmp_path / "nope.json")])
+    msg = argparse_error(run_mod.main, capsys, ["--render", str(tmp_path / "nope.json")])
     assert "--render" in msg and "nope.json" in msg
 
 
