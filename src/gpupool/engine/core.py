@@ -248,8 +248,7 @@ class Engine:
         self._codes = compiled.enabled() and compiled.uses_default_filters(policy.filters)
         scored = policy.scored_by()  # a wrapper that only picks differently scores as the policy it wraps
         if getattr(self, "_scored", None) is not None and scored is not self._scored:
-            self._score_cache.entries.clear()  # scores of another policy (a wrapper's inner or score replaced)
-            self._best.clear()
+            self._forget_scores()  # scores of another policy (a wrapper's inner or score replaced)
         self._scored = scored  # looked at again each decision: a wrapper's inner policy may be replaced
         self._scorer = compiled.FGDScorer(scored) if compiled.FGDScorer.supports(scored) else None
         self._masked_scores = self._scorer is not None and self._codes and self._mask_keyed(scored)
@@ -270,11 +269,15 @@ class Engine:
                 and getattr(policy.effective, "__func__", None) is Policy.effective
                 and compiled.uses_default_filters(policy.filters))
 
-    def _drop_masked_scores(self) -> None:
-        """Forget every cached score and best-node heap: scores left out under one set of filters' masks could be
-        read under another's (the filters were replaced)."""
+    def _forget_scores(self) -> None:
+        """Forget every cached score and best-node heap."""
         self._score_cache.entries.clear()
         self._best.clear()
+
+    def _drop_masked_scores(self) -> None:
+        """:meth:`_forget_scores` and stop masked scoring: scores left out under one set of filters' masks could
+        be read under another's (the filters were replaced)."""
+        self._forget_scores()
         self._masked_scores = False
 
     def feasible_mask(self, eff: EffectiveRequest) -> np.ndarray:

@@ -308,10 +308,10 @@ def warm_kernels(log) -> None:
     except RuntimeError as exc:  # serve anyway: a kernel then compiles on its first call
         log.warning("engine kernels not warmed up", extra={"error": str(exc)})
         return
-    if not compiled.enabled() and compiled.AVAILABLE:
-        log.warning("engine kernels off: decisions use NumPy only (same decisions, slower)")
-    if took:
+    if took:  # empty: the compiled path is off
         log.info("engine kernels ready", extra={"kernels": len(took), "seconds": round(sum(took.values()), 3)})
+    elif compiled.AVAILABLE:  # numba is there but could not be used
+        log.warning("engine kernels off: decisions use NumPy only (same decisions, slower)")
 
 
 def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path | None,

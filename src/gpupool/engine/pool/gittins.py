@@ -157,7 +157,7 @@ class GittinsOrder(TiresiasOrder):
                  model: SizeModel | None = None) -> None:
         super().__init__(thresholds, promote_knob, promote_min_s)
         if metric not in SIZE_ORDERS:
-            raise ValueError(f"unknown metric {metric!r} (known: gittins, remaining)")
+            raise ValueError(f"unknown metric {metric!r} (known: {', '.join(SIZE_ORDERS)})")
         if not delta > 0:
             raise ValueError(f"delta must be > 0 GPU-seconds, got {delta}")
         self.metric = metric
