@@ -146,3 +146,43 @@ def test_unhealthy_gpus_are_never_chosen_and_kill_their_pods():
     sched.submit(again, 20.0)
     assert sched.cycle(20.0).started == []
     assert sched.free_gpus == int(((state.gpu_free >= 1000) & state.gpu_healthy).sum())
+
+
+def test_pending_shape_index_follows_the_queue():
+    """_Pending keeps, per job shape, the keys of its jobs in key order (insert, remove, re-sort), and
+    next_live finds the first later job of a live shape, as a scan over the queue would."""
+    import random
+
+    from gpupool.engine.pool.scheduler import _Pending
+
+    rng = random.Random(7)
+    plist = _Pending()
+    shapes = [(1, 1, None), (2, 1, None), (8, 2, None), (8, 2, "switch"), (4, 4, None)]
+    shape_of: dict[int, tuple] = {}
+    live: list[PoolJob] = []
+    for step in range(400):
+        if live and rng.random() < 0.4:
+            job = live.pop(rng.randrange(len(live)))
+            plist.remove(job, shape_of[job.seq])
+        else:
+            job = PoolJob(f"j{step}", "q", 1, 1, float(rng.randrange(50)))
+            job.seq = step
+            job.key = (0, rng.randrange(3), job.submit_time, job.seq)
+            shape_of[step] = rng.choice(shapes)
+            plist.insert(job, shape_of[step])
+            live.append(job)
+        if step % 97 == 0:  # keys change (a size model learned more): re-sort
+            for job in live:
+                job.key = (0, rng.randrange(3), job.submit_time, job.seq)
+            plist.resort(lambda j: shape_of[j.seq])
+        assert plist.keys == sorted(j.key for j in live) == [j.key for j in plist.jobs]
+        expected: dict[tuple, list] = {}
+        for job in plist.jobs:
+            expected.setdefault(shape_of[job.seq], []).append(job.key)
+        assert plist.by_shape == expected
+        if plist.jobs:
+            dead = set(rng.sample(shapes, rng.randrange(len(shapes) + 1)))
+            i = rng.randrange(len(plist.jobs))
+            scan = next((k for k in range(i + 1, len(plist.jobs)) if shape_of[plist.jobs[k].seq] not in dead),
+                        len(plist.jobs))
+            assert plist.next_live(i, dead.__contains__) == scan

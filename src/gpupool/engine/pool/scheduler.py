@@ -197,25 +197,57 @@ class CycleResult:
 
 
 class _Pending:
-    """Jobs of one queue kept sorted by ``job.key``."""
+    """Jobs of one queue kept sorted by ``job.key``, and the keys of each job shape ((GPUs per pod, minimum pods,
+    required topology tier), :meth:`PoolScheduler._shape`) sorted the same way: where the next waiting job of a
+    shape that has not failed is, without passing over every job of the shapes that have."""
 
-    __slots__ = ("jobs", "keys")
+    __slots__ = ("jobs", "keys", "by_shape")
 
     def __init__(self) -> None:
         self.keys: list[tuple] = []
         self.jobs: list[PoolJob] = []
+        self.by_shape: dict[tuple, list[tuple]] = {}
 
-    def insert(self, job: PoolJob) -> None:
+    def insert(self, job: PoolJob, shape: tuple) -> None:
         i = bisect.bisect_right(self.keys, job.key)
         self.keys.insert(i, job.key)
         self.jobs.insert(i, job)
+        keys = self.by_shape.get(shape)
+        if keys is None:
+            keys = self.by_shape[shape] = []
+        bisect.insort_right(keys, job.key)
 
-    def remove(self, job: PoolJob) -> None:
+    def remove(self, job: PoolJob, shape: tuple) -> None:
         i = bisect.bisect_left(self.keys, job.key)
         if i >= len(self.jobs) or self.jobs[i] is not job:
             i = self.jobs.index(job)
+        key = self.keys[i]  # the key it was inserted with
         del self.keys[i]
         del self.jobs[i]
+        keys = self.by_shape[shape]
+        del keys[bisect.bisect_left(keys, key)]
+        if not keys:
+            del self.by_shape[shape]
+
+    def resort(self, shape_of) -> None:
+        """Sort again after the jobs' keys changed (``shape_of(job)``: its shape)."""
+        self.jobs.sort(key=lambda j: j.key)
+        self.keys[:] = [j.key for j in self.jobs]
+        self.by_shape = {}
+        for job in self.jobs:  # in key order: every shape's list comes out sorted
+            self.by_shape.setdefault(shape_of(job), []).append(job.key)
+
+    def next_live(self, i: int, dead) -> int:
+        """Index of the first job after ``i`` whose shape is not ``dead(shape)`` (``len(jobs)`` if none)."""
+        after = self.keys[i]
+        best = None
+        for shape, keys in self.by_shape.items():
+            if dead(shape):
+                continue
+            j = bisect.bisect_right(keys, after)
+            if j < len(keys) and (best is None or keys[j] < best):
+                best = keys[j]
+        return len(self.jobs) if best is None else bisect.bisect_left(self.keys, best)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -461,11 +493,9 @@ class PoolScheduler(EvictionActions):
     def _rekey_pending(self) -> None:
         """The learned sizes changed: recompute the waiting jobs' keys and re-sort every queue."""
         for plist in self.pending:
-            jobs = plist.jobs
-            for job in jobs:
+            for job in plist.jobs:
                 self._set_key(job)
-            jobs.sort(key=lambda j: j.key)
-            plist.keys[:] = [j.key for j in jobs]
+            plist.resort(self._shape)
         self._sizes_keyed = self.sizes.version
 
     def submit(self, job: PoolJob, now: float, waiting_since: float | None = None) -> None:
@@ -485,8 +515,9 @@ class PoolScheduler(EvictionActions):
         job.level = self.order.level(job.attained - job.las_base)
         self._set_key(job)
         grp = self._group(job)
-        self.pending[grp].insert(job)
-        self.shapes[grp][self._shape(job)] += 1
+        shape = self._shape(job)
+        self.pending[grp].insert(job, shape)
+        self.shapes[grp][shape] += 1
         self._add(self.pend, job, job.min_pods, 1.0)
         self.n_pending += 1
         self._fs_dirty = True
@@ -498,8 +529,8 @@ class PoolScheduler(EvictionActions):
 
     def _dequeue(self, job: PoolJob) -> None:
         grp = self._group(job)
-        self.pending[grp].remove(job)
         shape = self._shape(job)
+        self.pending[grp].remove(job, shape)
         self.shapes[grp][shape] -= 1
         if not self.shapes[grp][shape]:
             del self.shapes[grp][shape]
@@ -906,11 +937,12 @@ class PoolScheduler(EvictionActions):
             if not self.order.promoted(now - job.pending_since, job.run_s):
                 continue
             plist = self.pending[self._group(job)]
-            plist.remove(job)
+            shape = self._shape(job)
+            plist.remove(job, shape)
             job.level = 0
             job.las_base = job.attained
             self._set_key(job)
-            plist.insert(job)
+            plist.insert(job, shape)
 
     def _stale(self, entry: tuple) -> bool:
         job = entry[3]
@@ -1016,6 +1048,14 @@ class PoolScheduler(EvictionActions):
                 return False
         return True
 
+    @staticmethod
+    def _shape_failed(shape: tuple, failed: dict, known: dict) -> bool:
+        """Whether a job of ``shape`` fails as one in ``failed`` did (``_fails_like``), remembered in ``known``."""
+        dom = known.get(shape)
+        if dom is None:
+            dom = known[shape] = _fails_like(failed.get(shape[2]), shape[0], shape[1])
+        return dom
+
     def _allocate(self, now: float, res: CycleResult) -> bool:
         """Place waiting jobs in queue order; pass over blocked ones (backfill) unless strict FIFO."""
         placed_any = False
@@ -1070,10 +1110,8 @@ class PoolScheduler(EvictionActions):
                 # _try_place's failed-shape test, first: a job at least as big as a shape that failed fails
                 # the same way (changing nothing), without the call
                 tier = job.topology_tier if (job.topology == "required" and topo) else None  # _shape(job)[2]
-                if _fails_like(memo_for.get(tier), job.gpus_per_pod, job.min_pods):
-                    ok = False
-                else:
-                    ok = self._try_place(job, allowed_for, memo_for, now, res)
+                skipped = _fails_like(memo_for.get(tier), job.gpus_per_pod, job.min_pods)
+                ok = not skipped and self._try_place(job, allowed_for, memo_for, now, res)
                 if ok:
                     placed = placed_any = True
                     break
@@ -1085,6 +1123,16 @@ class PoolScheduler(EvictionActions):
                     if self._dominated(grp, failed, known) and (
                             not exempt or self._dominated(grp, failed_any, known_any)):
                         break
+                if skipped and (fair or not exempt):  # pass over every job of a failed shape at once (the
+                    if known_ver != self._fail_ver:  # same jobs this loop would skip one by one, changing nothing)
+                        known_ver, known, known_any = self._fail_ver, {}, {}
+                    if not exempt:
+                        i = plist.next_live(i, lambda shape, k=known: self._shape_failed(shape, failed, k))
+                    else:  # the memo a job reads depends on its shape only (its GPUs against the quota left)
+                        i = plist.next_live(i, lambda shape, k=known, ka=known_any, h=held, top=quota: (
+                            self._shape_failed(shape, failed_any, ka) if h + shape[1] * shape[0] <= top
+                            else self._shape_failed(shape, failed, k)))
+                    continue
                 i += 1
             cursor[grp] = i
             if placed:
