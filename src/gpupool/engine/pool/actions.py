@@ -311,32 +311,42 @@ class EvictionActions:
         return pairs
 
     # ------------------------------------------------------------------ reclaim
+    def _reclaim_blocked(self, q: int, fs: list[float]) -> bool:
+        """Leaf ``q`` (with waiting jobs) cannot reclaim now: it holds its fair share ``fs[q]`` and its quota, or
+        its smallest waiting job would take it above its quota and some queue on its path above its fair
+        share. The in-share and in-quota tests of :meth:`_reclaim` only fail more as a job's GPUs grow (alloc
+        + need rises with need): when the smallest waiting job fails both, every job does."""
+        alloc_q = self.alloc[q][0]
+        if alloc_q >= fs[q] - _EPS and alloc_q >= self.quota_g[q] - _EPS:
+            return True
+        least = min(g * n for g, n, _ in self.shapes[q])
+        return alloc_q + least > self.quota_g[q] + _EPS and not all(
+            self.alloc[a][0] + least <= fs[a] + _EPS for a in self.paths[q])
+
     def _reclaim(self, now: float, res: CycleResult) -> bool:
         """Cross-queue reclaim up to fair share, and in-quota reclaim by priority (scheduler docstring)."""
         if not self.cfg.fair_share or len(self.tree.leaves) <= 1:
             return False
         fs = self._fs_g
+        leaves = self._leaves
+        pending = self.pending
+        # Most cycles no queue can reclaim (each fails _reclaim_blocked): then the loop below would pass over
+        # every queue, changing nothing. Only an action inside the loop moves allocations, so that test, made
+        # once for every queue before it, is the loop's own answer (a shortcut, no other effect).
+        if all(self._reclaim_blocked(q, fs) for q in leaves if pending[q].jobs):
+            return False
         nq = len(self.tree)
         over = [self.alloc[b][0] - fs[b] for b in range(nq)]
         any_over = any(x > _EPS for x in over)
         acted = False
-        leaves = self.tree.leaves.tolist()
-        order = sorted((self._qkey(q), q) for q in leaves if self.pending[q].jobs)
+        order = sorted((self._qkey(q), q) for q in leaves if pending[q].jobs)
         extras_all = self._extras(now) if self.elastic_running else []
         due = now + 1e-9
         running = self.running
         for _, q in order:
-            if self.alloc[q][0] >= fs[q] - _EPS and self.alloc[q][0] >= self.quota_g[q] - _EPS:
+            if self._reclaim_blocked(q, fs):
                 continue
             path_q = self.paths[q]
-            # The in-share and in-quota tests below only fail more as a job's GPUs grow (alloc + need rises with
-            # need): when the smallest waiting job of the queue fails both, every job in scan does and the
-            # loop below only passes over them (a shortcut, no other effect).
-            least = min(g * n for g, n, _ in self.shapes[q])
-            alloc_q = self.alloc[q][0]
-            if alloc_q + least > self.quota_g[q] + _EPS and not all(
-                    self.alloc[a][0] + least <= fs[a] + _EPS for a in path_q):
-                continue
             scan = self.pending[q].jobs[:_SCAN]  # the first jobs that may reclaim, one per shape
             if not any(job.retry_at <= due for job in scan):
                 continue  # every one is backing off: nothing below can act (a shortcut, no other effect)

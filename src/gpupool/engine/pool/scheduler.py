@@ -294,6 +294,7 @@ class PoolScheduler(EvictionActions):
         # time-slicing replica's share per node (a driver of a cluster with time-sliced GPUs sets it)
         self.slot_milli: int | np.ndarray = MILLI
         self.tree = queues
+        self._leaves: list[int] = queues.leaves.tolist()  # leaf queue indices (the tree is fixed)
         self.sizes: SizeModel | None = None  # job sizes learned online (Gittins / remaining orders)
         if self.cfg.order in SIZE_ORDERS:
             self.sizes = SizeModel(self.cfg.size_prior, self.cfg.size_min_samples)
