@@ -322,6 +322,32 @@ def test_compiled_scorer_equals_the_policy_score(name, seed) -> None:
 
 
 @needs_numba
+@pytest.mark.parametrize("name", ["fgd", "gpupool"])
+def test_whole_gpu_pods_that_fragment_nothing_are_decided_by_the_kernel(name, monkeypatch) -> None:
+    """A whole-GPU pod on nodes it leaves unfragmented scores exactly 50 (a zero decrease): the kernel says so
+    itself (no detour through NumPy's exact path, which the job simulator took for 80% of its refreshes), with
+    the policy's own scores, bit for bit, also next to nodes it does fragment (CPU left short)."""
+    st = ClusterState([node(f"n{i}", gpus=8, cpu=64_000 if i % 3 else 5_000) for i in range(12)])
+    workload = [pod(f"w{i}", cpu=4_000, gpus=1) for i in range(20)]  # Philly's typical pod: one GPU
+    pol = make_policy(name)
+    pol.prepare(st, workload)
+    twin = copy.deepcopy(pol)
+    scorer = compiled.FGDScorer(twin)
+    calls: list[bool] = []
+    kernel = compiled._fgd_nodes
+    monkeypatch.setattr(compiled, "_fgd_nodes", lambda *a: calls.append(kernel(*a)) or calls[-1])
+    idx = np.arange(st.n_nodes)
+    for g in (1, 2, 4, 8):
+        eff = EffectiveRequest(pod(f"p{g}", cpu=1_000 * g, gpus=g), 1000)
+        want = pol.score(st, eff, idx)
+        got = scorer.score(st, eff, idx)
+        assert got.tobytes() == want.tobytes()
+        assert (np.abs(got - 50.0) < 1e-3).any()  # nodes with room for everything: unfragmented (gpupool's
+        assert g in (1, 8) or (got < 49.0).any()  # final score adds < 1e-3); CPU-short nodes left GPUs: fragmented
+    assert calls and not any(calls)  # never unsure
+
+
+@needs_numba
 def test_a_changed_policy_turns_the_compiled_scorer_off(monkeypatch) -> None:
     from gpupool.policies.fgd import FGD
 
