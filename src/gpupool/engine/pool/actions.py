@@ -74,7 +74,7 @@ class EvictionActions:
         if not cands:
             return False
         g = job.gpus_per_pod
-        free = ((self.state.gpu_free >= MILLI) & self.state.gpu_healthy).sum(axis=1)
+        free = self._free_whole()
         if allowed is not None:
             free = np.where(allowed, free, 0)
         holdings = [self._holdings(p, allowed) for _, p, _ in cands]
@@ -561,10 +561,9 @@ class EvictionActions:
         :func:`~gpupool.engine.pool.victims.select_victims`) and moving other running preemptible jobs
         to other nodes. All or nothing: the job is placed and every moved job placed again at once, or
         nothing changes. True if the job started."""
-        st = self.state
         g, n = job.gpus_per_pod, job.min_pods
         allowed = self._allowed_for(job)
-        free = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1)
+        free = self._free_whole()
         if allowed is not None:
             free = np.where(allowed, free, 0)
         room = int(free.sum()) + sum(c[0].running_gpus for c in evict)

@@ -336,6 +336,7 @@ class PoolScheduler(EvictionActions):
         self.free_gpus = int(((state.gpu_free >= MILLI) & state.gpu_healthy).sum())
         self.reservation: _Reservation | None = None
         self._reserved_memo: tuple | None = None  # reserved_gpus' last answer
+        self._free_memo: tuple[int, np.ndarray] | None = None  # _free_whole's last answer
         self._gangs: list[tuple[float, int, PoolJob]] = []  # (pending_since, seq, job): reservation candidates
         self._fs: np.ndarray | None = None
         self._fs_g: list[float] = [0.0] * nq
@@ -752,6 +753,18 @@ class PoolScheduler(EvictionActions):
                 return False
         return True
 
+    def _free_whole(self) -> np.ndarray:
+        """(n_nodes,) int64, read-only: free whole healthy GPUs per node, kept until a node changes (every change of
+        the state's free shares or health moves ``state.changes``)."""
+        st = self.state
+        memo = self._free_memo
+        if memo is not None and memo[0] == st.changes:
+            return memo[1]
+        free = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1)
+        free.flags.writeable = False
+        self._free_memo = (st.changes, free)
+        return free
+
     def _free_slots(self) -> np.ndarray:
         """(n_nodes, max_gpus) int: free whole-GPU slots per healthy GPU: 1 for a free GPU, or the free time-slicing
         replicas of a time-sliced one (``slot_milli`` set by the driver)."""
@@ -981,8 +994,7 @@ class PoolScheduler(EvictionActions):
         with ``extra`` more GPUs anywhere? A cheap upper bound checked before any victim search."""
         if g <= 1 or extra:
             return True
-        st = self.state
-        free = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1)
+        free = self._free_whole()
         pot = free
         for q in queues:
             if outranked is None:
@@ -1188,7 +1200,7 @@ class PoolScheduler(EvictionActions):
         n = job.min_pods
         if int(cap.sum()) < n:
             return False
-        free = ((st.gpu_free >= MILLI) & st.gpu_healthy).sum(axis=1)
+        free = self._free_whole()
         candidates = np.ones(st.n_nodes, dtype=bool)
         if self.cfg.topology_aware and n > 1 and (self.switch >= 0).any():
             valid = self.switch >= 0

@@ -39,7 +39,10 @@ def select_victims(free_gpus: np.ndarray, g: int, n: int, holdings: Sequence[Seq
     """
     if g <= 0:
         return []
-    pot = [int(x) for x in free_gpus]
+    if isinstance(free_gpus, np.ndarray) and free_gpus.dtype.kind in "iub":  # the same Python ints, in one call
+        pot = free_gpus.astype(np.int64, copy=False).tolist()
+    else:
+        pot = [int(x) for x in free_gpus]
     fits = sum(x // g for x in pot)
     if fits >= n:
         return []
