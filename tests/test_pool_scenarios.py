@@ -391,3 +391,37 @@ def test_non_preemptible_elastic_job_that_shrinks_and_grows_keeps_its_quota_book
     assert by_id["E"]["end"] == pytest.approx(1050.0)
     assert by_id["F"]["start"] == pytest.approx(3000.0)
     assert res.metrics["deadlocks"] == 0 and res.metrics["finished_jobs"] == 3
+
+
+@pytest.mark.parametrize("seed", [*range(12), 120, 155, 158])  # 120, 155, 158: the worker alone (pods left)
+def test_reclaim_with_moves_never_releases_an_elastic_worker_twice(seed):
+    """Reclaim with moves (``_make_room``) may choose an elastic job's extra worker and, on the same node, the
+    whole job: the job goes (its workers with it) and each pod is released once; a worker chosen alone is
+    given up by a shrink. Before, the worker was released twice (AllocationError "pod ... is not placed") in
+    about one random run in ten, and a worker chosen alone evicted its whole job from the books while its
+    other pods stayed on their GPUs for good."""
+    import random
+
+    rng = random.Random(seed)
+    nodes = [NodeSpec(f"n{i}", cpu_milli=64_000, memory_mib=512 * 1024, gpu_count=rng.choice([4, 8, 8]),
+                      gpu_model="A100", rack=f"r{i // 3}", switch=f"leaf{i // 4}") for i in range(rng.randint(4, 8))]
+    tree = QueueTree([QueueSpec(name="a", quota=0.0), QueueSpec(name="b", quota=8.0),
+                      QueueSpec(name="c", quota=16.0, weight=2.0)], "test")
+    jobs, t = [], 0.0
+    for k in range(rng.randint(80, 140)):
+        t += rng.expovariate(1 / 100.0)
+        g = rng.choice([1, 1, 2, 2, 4, 8, 16])
+        n_pods = mn = mx = 0
+        if g >= 2 and rng.random() < 0.4:  # elastic: between half and twice its pods
+            n_pods = g
+            mn, mx = max(1, g // 2), 2 * g
+        jobs.append(JobSpec(f"j{k}", t, rng.uniform(50, 8000), g, queue=rng.choice("abc"), n_pods=n_pods or None,
+                            min_pods=mn, max_pods=mx))
+    from gpupool.sim.jobs import JobSimulator
+
+    pool = replace(JOB_POLICIES["gpupool"][1], consolidate=True, min_run_s=0.0, reclaim_min_run_s=0.0, max_attempts=4)
+    sim = JobSimulator(nodes, jobs, tree, JobSimConfig(policy="gpupool", seed=seed, pool=pool))
+    res = sim.run()
+    assert res.metrics["finished_jobs"] + res.metrics["unfinished_jobs"] == len(jobs)
+    # a worker given up is a shrink, not an eviction of the whole job with its other pods left on their GPUs
+    assert not sim.state.assignments and sim.sched.n_running == 0

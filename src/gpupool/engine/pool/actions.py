@@ -655,6 +655,10 @@ class EvictionActions:
                 holdings[i] = []
         else:
             return False
+        # an elastic job's extra workers are candidates of their own and part of the job's candidate (as in
+        # _solve): when the whole job goes, its workers go with it (each pod released once)
+        whole = {cands[i][0].seq for i in chosen if not cands[i][2]}
+        chosen = [i for i in chosen if not (cands[i][2] and cands[i][0].seq in whole)]
         placed = self._trial(job, cands, chosen, allowed)
         if placed is None:
             return False
@@ -680,8 +684,15 @@ class EvictionActions:
             moved.append((v, got))
         needed = [i for i in reversed(chosen) if i < n_evict and not self._restore(cands[i][0], cands[i][1],
                                                                                      quiet=True)]
+        shrunk: dict[int, tuple[PoolJob, list[Assignment]]] = {}
         for i in needed:
-            self._evict(cands[i][0], now, res, f"{reason} by {job.name}")
+            victim, pods, shrink = cands[i]
+            if shrink:  # an elastic job's extra worker: the job shrinks and runs on
+                shrunk.setdefault(victim.seq, (victim, []))[1].extend(pods)
+            else:
+                self._evict(victim, now, res, f"{reason} by {job.name}")
+        for victim, pods in shrunk.values():
+            self._shrink(victim, pods, now, res)
         for v, got in moved:
             self._evict(v, now, res, f"consolidated by {job.name}")
             self._start(v, got, now, res)
