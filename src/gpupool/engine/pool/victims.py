@@ -39,7 +39,7 @@ def select_victims(free_gpus: np.ndarray, g: int, n: int, holdings: Sequence[Seq
     """
     if g <= 0:
         return []
-    if isinstance(free_gpus, np.ndarray) and free_gpus.dtype.kind in "iub":  # the same Python ints, in one call
+    if isinstance(free_gpus, np.ndarray) and free_gpus.dtype.kind in "ib":  # the same Python ints, in one call
         pot = free_gpus.astype(np.int64, copy=False).tolist()
     else:
         pot = [int(x) for x in free_gpus]
