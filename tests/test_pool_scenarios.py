@@ -421,7 +421,18 @@ def test_reclaim_with_moves_never_releases_an_elastic_worker_twice(seed):
 
     pool = replace(JOB_POLICIES["gpupool"][1], consolidate=True, min_run_s=0.0, reclaim_min_run_s=0.0, max_attempts=4)
     sim = JobSimulator(nodes, jobs, tree, JobSimConfig(policy="gpupool", seed=seed, pool=pool))
+    evictions: list = []
+    cycle = sim.sched.cycle
+
+    def recorded(now):
+        out = cycle(now)
+        evictions.extend(out.evictions)
+        return out
+
+    sim.sched.cycle = recorded
     res = sim.run()
     assert res.metrics["finished_jobs"] + res.metrics["unfinished_jobs"] == len(jobs)
     # a worker given up is a shrink, not an eviction of the whole job with its other pods left on their GPUs
     assert not sim.state.assignments and sim.sched.n_running == 0
+    # every eviction, shrink and move names the job it made room for (what the Kubernetes driver groups by)
+    assert evictions and all(pre is not None for *_, pre in evictions)

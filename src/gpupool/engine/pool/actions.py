@@ -95,21 +95,34 @@ class EvictionActions:
                 self.stats["victim_restores"] += 1
             else:
                 evicted.append(i)
+        self._give_up(job, cands, list(reversed(evicted)), (), now, res, reason)
+        self._start(job, placed, now, res)
+        return True
+
+    def _give_up(self, job: PoolJob, cands: Sequence[Candidate], take: Sequence[int],
+                 moved: Sequence[tuple[PoolJob, list[Assignment]]], now: float, res: CycleResult,
+                 reason: str) -> None:
+        """Books of the candidates ``take`` (their pods already released) that make room for ``job``, in that
+        order: each is evicted, or, for an elastic job's extra worker, its job shrinks (once per job); then each
+        of ``moved`` (a job and its new pods) is evicted and started again. Every eviction names ``job`` as its
+        preemptor (``CycleResult.evictions``)."""
         shrunk: dict[int, tuple[PoolJob, list[Assignment]]] = {}
         self._preemptor = job
         try:
-            for i in reversed(evicted):
+            for i in take:
                 victim, pods, shrink = cands[i]
-                if shrink:
+                if shrink:  # the job runs on with fewer workers
                     shrunk.setdefault(victim.seq, (victim, []))[1].extend(pods)
                 else:
                     self._evict(victim, now, res, f"{reason} by {job.name}")
             for victim, pods in shrunk.values():
                 self._shrink(victim, pods, now, res)
+            for v, got in moved:
+                self._evict(v, now, res, f"consolidated by {job.name}")
+                self._start(v, got, now, res)
+                self.stats["moved_jobs"] += 1
         finally:
             self._preemptor = None
-        self._start(job, placed, now, res)
-        return True
 
     def _trial(self, job: PoolJob, cands: Sequence[Candidate], chosen: Sequence[int],
                allowed: np.ndarray | None) -> list[Assignment] | None:
@@ -684,19 +697,7 @@ class EvictionActions:
             moved.append((v, got))
         needed = [i for i in reversed(chosen) if i < n_evict and not self._restore(cands[i][0], cands[i][1],
                                                                                      quiet=True)]
-        shrunk: dict[int, tuple[PoolJob, list[Assignment]]] = {}
-        for i in needed:
-            victim, pods, shrink = cands[i]
-            if shrink:  # an elastic job's extra worker: the job shrinks and runs on
-                shrunk.setdefault(victim.seq, (victim, []))[1].extend(pods)
-            else:
-                self._evict(victim, now, res, f"{reason} by {job.name}")
-        for victim, pods in shrunk.values():
-            self._shrink(victim, pods, now, res)
-        for v, got in moved:
-            self._evict(v, now, res, f"consolidated by {job.name}")
-            self._start(v, got, now, res)
-            self.stats["moved_jobs"] += 1
+        self._give_up(job, cands, needed, moved, now, res, reason)
         self._start(job, placed, now, res)
         return True
 
