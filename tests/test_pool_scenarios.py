@@ -436,3 +436,90 @@ def test_reclaim_with_moves_never_releases_an_elastic_worker_twice(seed):
     assert not sim.state.assignments and sim.sched.n_running == 0
     # every eviction, shrink and move names the job it made room for (what the Kubernetes driver groups by)
     assert evictions and all(pre is not None for *_, pre in evictions)
+
+
+def _sim(nodes, jobs, quota, **kw):
+    from gpupool.sim.jobs import JobSimulator
+
+    tree = QueueTree([QueueSpec(name="q", quota=quota)])
+    return JobSimulator(nodes, jobs, tree, JobSimConfig(policy="gpupool", restart_overhead_s=0.0, sample_interval_s=0,
+                                                        **kw))
+
+
+def test_a_required_node_pod_runs_on_a_node_without_nvlink_when_only_that_one_holds_it():
+    """On a cluster that mixes NVLink and plain nodes a multi-GPU pod prefers NVLink nodes; for a job that
+    requires one node, that preference must not rule out the plain node that holds it whole (it waited for
+    good, reported as a deadlock)."""
+    nodes = [NodeSpec("plain", cpu_milli=72_000, memory_mib=600_000, gpu_count=8, gpu_model="V100M32", switch="s"),
+             NodeSpec("nv", cpu_milli=16_000, memory_mib=80_000, gpu_count=1, gpu_model="V100M32", nvlink_domain="d",
+                      switch="s")]
+    res = _sim(nodes, [JobSpec("j", 0.0, 100.0, 8, queue="q", topology="required", topology_tier="node")], 9).run()
+    assert res.metrics["finished_jobs"] == 1 and res.metrics["deadlocks"] == 0
+    assert res.jobs[0]["nodes"] == ["plain"]
+
+
+def test_a_job_evicted_in_a_cycle_neither_restarts_nor_preempts_in_it_without_restart_evicted():
+    """restart_evicted=False (the Kubernetes driver's setting: evicted pods take time to go): a job preempted in
+    a cycle may not preempt another job and start again in that same cycle."""
+    nodes = [NodeSpec("n0", cpu_milli=32_000, memory_mib=256_000, gpu_count=2, gpu_model="V100M32"),
+             NodeSpec("n1", cpu_milli=32_000, memory_mib=256_000, gpu_count=1, gpu_model="V100M32")]
+    jobs = [JobSpec("low", 0.0, 1000.0, 1, queue="q"), JobSpec("mid1", 1.0, 1000.0, 1, queue="q", priority=5),
+            JobSpec("mid2", 1.0, 1000.0, 1, queue="q", priority=5), JobSpec("high", 10.0, 1000.0, 2, queue="q",
+                                                                            priority=10)]
+    pool = replace(JOB_POLICIES["gpupool"][1], order="fifo", min_run_s=0.0, reclaim_min_run_s=0.0,
+                   restart_evicted=False)
+    sim = _sim(nodes, jobs, 3, pool=pool)
+    cycle, again = sim.sched.cycle, []
+
+    def checked(now):
+        out = cycle(now)
+        evicted = {v.name for v, _, action, _ in out.evictions if action != "shrunk"}
+        again.extend(j.name for j in out.started if j.name in evicted)
+        return out
+
+    sim.sched.cycle = checked
+    res = sim.run()
+    assert res.metrics["preemptions"] >= 1 and not again
+
+
+def test_a_gang_no_single_gpu_model_can_hold_does_not_wait_for_one():
+    """Heterogeneity-aware placement waits (an hour) for one GPU model to hold a gang, but not when no model
+    could ever hold it alone: on an idle cluster nothing would end that wait (the gang was dropped as a
+    deadlock)."""
+    nodes = [NodeSpec("v100", cpu_milli=64_000, memory_mib=512_000, gpu_count=4, gpu_model="V100M32", switch="s"),
+             NodeSpec("h100", cpu_milli=64_000, memory_mib=512_000, gpu_count=4, gpu_model="H100", switch="s")]
+    pool = replace(JOB_POLICIES["gpupool"][1], reserve_after_s=0.0)
+    res = _sim(nodes, [JobSpec("g", 0.0, 100.0, 8, queue="q", n_pods=2)], 8, pool=pool, gpu_speed="catalog",
+               objective="jct").run()
+    assert res.metrics["finished_jobs"] == 1 and res.jobs[0]["start"] == 0.0
+
+
+@pytest.mark.parametrize("tier", ["node", "nvlink", "switch"])
+def test_an_elastic_job_grows_within_its_required_tier(tier):
+    """An elastic job whose topology is required grows new workers only within its tier: its node for 'node'
+    (and for 'nvlink' on a node outside any NVLink domain), its leaf switch for 'switch' (it grew across nodes
+    whatever the tier)."""
+    from gpupool.topology import placement_tier, tier_at_most
+
+    nodes = [NodeSpec(f"n{i}", cpu_milli=32_000, memory_mib=256_000, gpu_count=2, gpu_model="V100M32",
+                      switch="s0" if i < 2 else "s1") for i in range(3)]
+    job = JobSpec("e", 0.0, 1000.0, 2, queue="q", n_pods=1, min_pods=1, max_pods=3, topology="required",
+                  topology_tier=tier)
+    sim = _sim(nodes, [job], 6)
+    cycle, seen = sim.sched.cycle, []
+
+    def watched(now):
+        out = cycle(now)
+        for j in sim.sched.running_jobs():
+            seen.append((placement_tier([nodes[a.node] for a in j.placed], [len(a.gpus) for a in j.placed]),
+                         len({a.node for a in j.placed}), len(j.placed)))
+        return out
+
+    sim.sched.cycle = watched
+    sim.run()
+    assert seen
+    if tier == "switch":
+        assert all(tier_at_most(t, "switch") for t, _, _ in seen)
+        assert max(n for _, _, n in seen) == 2  # it grew, onto the other node of its switch
+    else:  # these nodes have no NVLink domain: the job's one node
+        assert all(k == 1 for _, k, _ in seen)

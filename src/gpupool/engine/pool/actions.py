@@ -200,6 +200,12 @@ class EvictionActions:
                 if len(j.placed) > j.min_pods and j.run_since < now and j.protected_until <= now
                 for a in reversed(j.placed[j.min_pods:])]
 
+    def _held_back(self, job: PoolJob, now: float) -> bool:
+        """``job`` was evicted in this very cycle and may not start again in it (``restart_evicted`` False: a
+        driver whose evictions take time, such as Kubernetes, where its pods are still being deleted), so it may
+        not evict others either."""
+        return job.evicted_at >= now and not self.cfg.restart_evicted
+
     def _victim_ok(self, v: PoolJob, now: float, min_run_s: float) -> bool:
         """May ``v`` be evicted now? Preemptible and past ``min_run_s`` (else a wake-up is noted)."""
         if not v.preemptible:
@@ -385,7 +391,7 @@ class EvictionActions:
             for job in scan:
                 if attempts >= self.cfg.max_attempts:
                     break
-                if job.status != PENDING or job.retry_at > due:
+                if job.status != PENDING or job.retry_at > due or self._held_back(job, now):
                     continue
                 need = job.min_pods * job.gpus_per_pod
                 in_fs = in_fs_by_need.get(need)
@@ -480,7 +486,7 @@ class EvictionActions:
             stop = len(jobs) if extras else bisect.bisect_left(plist.keys, top if self.preemptive_order else top[:1])
             for k in range(stop):
                 job = jobs[k]
-                if job.retry_at > due:
+                if job.retry_at > due or self._held_back(job, now):
                     continue
                 if searched >= limit:
                     break
@@ -552,7 +558,7 @@ class EvictionActions:
                     return acted
                 need = job.min_pods * job.gpus_per_pod
                 if (job.gpus_per_pod < 1 or need > self.free_gpus or job.status != PENDING
-                        or job.retry_at > now + 1e-9):
+                        or job.retry_at > now + 1e-9 or self._held_back(job, now)):
                     continue
                 shape = (job.gpus_per_pod, job.min_pods)
                 if shape in tried or not self._admissible(job, job.min_pods):
@@ -846,6 +852,27 @@ class EvictionActions:
         return out
 
     # ------------------------------------------------------------------ elastic
+    def _required_scope(self, job: PoolJob) -> np.ndarray | None:
+        """(n_nodes,) bool: where a running job whose topology is required may place more workers, by its tier:
+        its node (``node``, or ``nvlink`` on a node outside a multi-node NVLink domain), its NVLink domain, its
+        leaf switch (``switch`` and ``spine``; its node when the node hangs under no known switch, for ``switch``);
+        None: anywhere (``spine`` without a switch)."""
+        node = job.placed[0].node
+        tier = job.topology_tier
+        if tier in ("switch", "spine"):
+            sw = self.switch[node]
+            if sw >= 0:
+                return self.switch == sw
+            if tier == "spine":
+                return None
+        elif tier == "nvlink":
+            dom = self.multi_dom[node]
+            if dom >= 0:
+                return self.multi_dom == dom
+        mask = np.zeros(self.state.n_nodes, dtype=bool)
+        mask[node] = True
+        return mask
+
     def _grow(self, now: float, res: CycleResult) -> None:
         """Give idle GPUs to elastic jobs, one worker at a time, lowest allocation / fair share first."""
         jobs = sorted(self.elastic_running.values(), key=lambda j: (self._qkey(j.q), j.seq))
@@ -860,12 +887,11 @@ class EvictionActions:
                     continue
                 req = job.pods[len(job.placed)]
                 if self.cfg.topology_aware and job.placed and job.topology != "none":
-                    sw = self.switch[job.placed[0].node]
-                    scope = (self.switch == sw) if sw >= 0 else None
-                    if job.topology == "required" and scope is not None:
-                        self.picker.allowed = scope  # a required scope holds for the workers it grows too
+                    if job.topology == "required":  # a required scope holds for the workers it grows too
+                        self.picker.allowed = self._required_scope(job)
                     else:
-                        self.picker.preferred = scope
+                        sw = self.switch[job.placed[0].node]
+                        self.picker.preferred = (self.switch == sw) if sw >= 0 else None
                 try:
                     d = self.engine.place(req)
                 except Vetoed:

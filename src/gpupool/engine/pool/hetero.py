@@ -116,10 +116,14 @@ class HeteroPolicy(DelegatingPolicy):
         self._veto = False
         self.mixed_after_s = mixed_after_s
 
-    def begin_gang(self, job: PoolJob, pods: int, fits: Callable[[], np.ndarray], now: float) -> None:
+    def begin_gang(self, job: PoolJob, pods: int, fits: Callable[[], np.ndarray], now: float,
+                   capacity: Callable[[], np.ndarray] | None = None) -> None:
         """Plan where the ``pods`` pods of ``job`` go; ``fits()``: (n_nodes,) int pods of the job each
-        node could take now (the scheduler's ``_fits_per_node``); ``now``: the scheduler's clock (s).
-        One pod needs no plan (the cost decides)."""
+        node could take now (the scheduler's ``_fits_per_node``); ``now``: the scheduler's clock (s);
+        ``capacity()``: (n_nodes,) int pods of the job each node could hold empty (None: unknown). One pod
+        needs no plan (the cost decides). A wait for one model happens only while one model could hold the
+        gang but is busy, so some running job ends (an event, a new plan) before or after it: no wake-up of its
+        own (the wait ends at the first cycle after ``mixed_after_s``)."""
         self._gang, self._order, self._veto = job.name, None, False
         if pods <= 1 or self.speed is None:
             return
@@ -132,7 +136,10 @@ class HeteroPolicy(DelegatingPolicy):
                 self._order = np.where(self.rank == r, 0, 1 + self.rank)
                 self.plans["single-model"] += 1
                 return
-        if now - job.submit_time < self.mixed_after_s:  # wait for one model rather than run at the slowest
+        # wait for one model rather than run at the slowest, unless no model could ever hold the gang alone
+        # (then the wait is for nothing, and on an idle cluster nothing would end it)
+        if now - job.submit_time < self.mixed_after_s and (capacity is None or self._one_model_could(capacity(),
+                                                                                                     pods)):
             self._veto = True
             self.plans["waited"] += 1
             return
@@ -142,6 +149,10 @@ class HeteroPolicy(DelegatingPolicy):
                 self._order = np.where(ok, self.speed, np.inf)
                 self.plans["mixed"] += 1
                 return
+
+    def _one_model_could(self, cap: np.ndarray, pods: int) -> bool:
+        """Whether the nodes of one cost rank (one GPU model) could hold ``pods`` pods, emptied (``cap``)."""
+        return any(int(cap[self.rank == r].sum()) >= pods for r in np.unique(self.rank).tolist())
 
     def effective(self, req: PodRequest) -> EffectiveRequest:
         if self._order is not None and req.name.rpartition("/")[0] != self._gang:

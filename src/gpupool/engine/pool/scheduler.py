@@ -409,10 +409,12 @@ class PoolScheduler(EvictionActions):
         of nodes where the first pod may go)]``, or ``[]`` when no scope within the job's tier can."""
         levels = {"nvlink": ("node", "nvlink"), "node": ("node",), "switch": ("node", "nvlink", "switch"),
                   "spine": ("node", "nvlink", "switch")}[job.topology_tier]
+        whole = None  # nodes that hold the whole job, when the NVLink preference below left them out
         for level in levels:
             if level == "node":
                 ok = f >= n
-                if n == 1 and self.mixed_nvlink and job.gpus_per_pod > 1:
+                if n == 1 and self.mixed_nvlink and job.gpus_per_pod > 1:  # a multi-GPU pod prefers NVLink
+                    whole = ok
                     ok = ok & self.has_nvlink
                 if ok.any():
                     return [("node", ok)]
@@ -425,6 +427,9 @@ class PoolScheduler(EvictionActions):
             good = np.flatnonzero(sums >= n)
             if len(good):
                 return [(level, valid & np.isin(ids, good) & (f > 0))]
+        if whole is not None and job.topology == "required" and whole.any():
+            # a preference, not a requirement: one node without NVLink holds the whole pod (any tier)
+            return [("node", whole)]
         return []
 
     # ------------------------------------------------------------------ bookkeeping
@@ -798,7 +803,9 @@ class PoolScheduler(EvictionActions):
         picker = self.picker
         gang = getattr(picker.inner, "begin_gang", None)  # heterogeneity-aware placement (hetero.py)
         if gang is not None:
-            gang(job, n, lambda: self._fits_per_node(job, allowed), self._now)
+            gang(job, n, lambda: self._fits_per_node(job, allowed), self._now,
+                 capacity=lambda: self._pods_per_node(job, self.state.gpu_healthy.sum(axis=1)
+                                                      // max(1, job.gpus_per_pod)))
         if n == 1 and (not self.cfg.topology_aware or job.gpus_per_pod <= 1 or not self.mixed_nvlink):
             if job.gpus_per_pod > 1 or allowed is not None:  # cheap cached check: no failed engine call
                 mask = self.engine.feasible_mask(picker.effective(members[0]))
@@ -1154,7 +1161,7 @@ class PoolScheduler(EvictionActions):
 
     def _try_place(self, job: PoolJob, allowed: np.ndarray | None, failed: dict, now: float,
                    res: CycleResult) -> bool:
-        if job.evicted_at >= now and not self.cfg.restart_evicted:
+        if self._held_back(job, now):
             return False
         g, nmin = job.gpus_per_pod, job.min_pods
         if not self._admissible(job, nmin):
