@@ -174,8 +174,8 @@ DEFAULT_OBJECTIVE: str | None = None
 """The job simulator's objective when none is given: None, speed-blind placement (opt-in, so that every
 outcome pinned before this module, tests/test_jobsim_hashes.py, stays identical). On mixed-models with
 the Philly trace (benchmarks/results/hetero.md, seed 42) no objective wins everywhere: on the first 3,000
-jobs ``balanced`` has the lowest mean JCT and energy; on the whole trace ``jct`` has (balanced: +26.5 %
-mean JCT, +1.3 % energy against it)."""
+jobs ``balanced`` has the lowest mean JCT and energy; on the whole trace ``jct`` has (balanced: +26.3 %
+mean JCT, +0.7 % energy against it)."""
 
 HETERO_PLACEMENTS = ("gpupool",)
 """Placement policies the job simulator wraps; the placement baselines (round-robin, lowest-power) stay as
