@@ -717,6 +717,10 @@ class PoolScheduler(EvictionActions):
             cap = np.minimum(cap, self.state.mem_cap // job.mem_per_pod)
         return cap
 
+    def _healthy_capacity(self, job: PoolJob) -> np.ndarray:
+        """(n_nodes,) how many of ``job``'s pods each node could hold emptied, on its healthy GPUs."""
+        return self._pods_per_node(job, self.state.gpu_healthy.sum(axis=1) // max(1, job.gpus_per_pod))
+
     def infeasible_reason(self, job: PoolJob) -> str:
         """Why ``job`` could never run on this cluster with every GPU healthy and idle ("" if it can).
 
@@ -804,8 +808,7 @@ class PoolScheduler(EvictionActions):
         gang = getattr(picker.inner, "begin_gang", None)  # heterogeneity-aware placement (hetero.py)
         if gang is not None:
             gang(job, n, lambda: self._fits_per_node(job, allowed), self._now,
-                 capacity=lambda: self._pods_per_node(job, self.state.gpu_healthy.sum(axis=1)
-                                                      // max(1, job.gpus_per_pod)))
+                 capacity=lambda: self._healthy_capacity(job))
         if n == 1 and (not self.cfg.topology_aware or job.gpus_per_pod <= 1 or not self.mixed_nvlink):
             if job.gpus_per_pod > 1 or allowed is not None:  # cheap cached check: no failed engine call
                 mask = self.engine.feasible_mask(picker.effective(members[0]))
@@ -1202,8 +1205,7 @@ class PoolScheduler(EvictionActions):
         """Reserve nodes for a starving ``job``: those where it fits soonest (most free GPUs), within one
         switch if one can hold it. False if even the whole healthy cluster could not."""
         st = self.state
-        g = max(1, job.gpus_per_pod)
-        cap = self._pods_per_node(job, st.gpu_healthy.sum(axis=1) // g)
+        cap = self._healthy_capacity(job)
         n = job.min_pods
         if int(cap.sum()) < n:
             return False
