@@ -1062,14 +1062,8 @@ class PoolScheduler(EvictionActions):
     def _dominated(self, grp: int, failed: dict, known: dict) -> bool:
         """True when every pending shape of ``grp`` is at least as big as one that already failed. ``known``:
         the verdict per shape for these memos, filled as computed (the caller drops it when a memo changes)."""
-        for shape in self.shapes[grp]:
-            dom = known.get(shape)
-            if dom is None:
-                g, n, tier = shape
-                dom = known[shape] = _fails_like(failed.get(tier), g, n)
-            if not dom:
-                return False
-        return True
+        shape_failed = self._shape_failed
+        return all(shape_failed(shape, failed, known) for shape in self.shapes[grp])
 
     @staticmethod
     def _shape_failed(shape: tuple, failed: dict, known: dict) -> bool:
