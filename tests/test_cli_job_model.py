@@ -106,3 +106,18 @@ def test_one_queue_header_and_json_config_record_the_job_model(trace, tmp_path):
 def test_an_error_is_the_only_line_and_order_names_are_checked_first(trace):
     _error(_run("simulate", trace, "-p", "fifo", "--max-preemptions", "2", "--min-run", "inf"), "--min-run")
     _error(_run("simulate", trace, "-p", "gittins", "--job-order", "bogus"), "--job-order must be one of")
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_size_estimates_must_be_finite_and_non_negative(trace, value):
+    _error(_run("simulate", trace, "-p", "gittins", "--size-estimates", value), "--size-estimates")
+
+
+def test_size_estimates_need_a_size_order_and_are_recorded(trace, tmp_path):
+    _error(_run("compare", trace, "-p", "fifo,gpupool", "--size-estimates", "1"), "--size-estimates",
+           "ranks jobs by size")
+    out = tmp_path / "r.json"
+    res = _run("compare", trace, "-p", "gittins", "--size-estimates", "0", "--json", out)
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["config"]["size_estimate_error"] == 0.0 and row["finished_jobs"] == 8

@@ -8,9 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from gpupool.cluster import ClusterState
 from gpupool.engine.pool.gittins import GittinsOrder, SizeModel, SizeTable, parse_sizes
+from gpupool.engine.pool.job import PoolJob
 from gpupool.engine.pool.ordering import TiresiasOrder, make_order
-from gpupool.engine.pool.scheduler import PoolConfig, job_policy
+from gpupool.engine.pool.queues import QueueSpec, QueueTree
+from gpupool.engine.pool.scheduler import PoolConfig, PoolScheduler, job_policy
 from gpupool.model import NodeSpec
 from gpupool.sim.fairness import fairness_cost, one_queue
 from gpupool.sim.jobs import JobSimConfig, run_jobs
@@ -170,6 +173,45 @@ def test_preemption_bound_caps_evictions_per_job():
     # run 1 h, preempted; 50 min, preempted (1 h 50 m); 50 min more -> 2 h 40 m >= 2.5 h: protected
     assert protected["long"]["preemptions"] == 2
     assert capped["s6"]["jct"] > free["s6"]["jct"]  # the bound has a price: short jobs wait
+
+
+def test_size_estimates_rank_by_expected_remaining_service():
+    # the trio of _three_jobs under "remaining" with nothing learned before X ends: without estimates, L (3,600
+    # GPU-s attained) goes before M (5,400) as LAS would (each scores its attained service); with exact
+    # estimates M has 1,800 GPU-s left against L's 68,400 and runs first, ending at 3.5 h
+    base = PoolConfig(order="remaining", thresholds=(3600.0,), promote_knob=None)
+    cfg = JobSimConfig(restart_overhead_s=0.0, topology=FLAT, sample_interval_s=0, pool=base)
+    blind = jct(run_jobs(one_gpu(), _three_jobs(), "gpupool", config=cfg))
+    exact = run_jobs(one_gpu(), _three_jobs(), "gpupool", config=replace(cfg, size_estimate_error=0.0))
+    assert blind["M"] == pytest.approx(22.0 * H)
+    assert jct(exact)["M"] == pytest.approx(3.0 * H)
+    assert sum(jct(exact).values()) < sum(blind.values())
+    assert exact.metrics["config"]["size_estimate_error"] == 0.0
+    # estimates come from a generator of their own: a noisy run draws nothing from the simulator's stream
+    noisy = run_jobs(one_gpu(), _three_jobs(), "gpupool", config=replace(cfg, size_estimate_error=0.5))
+    assert {j["job_id"] for j in noisy.jobs if j["status"] == "finished"} == {"L", "M", "X"}
+
+
+def test_size_estimate_overrun_falls_back_to_learned_sizes():
+    state = ClusterState(one_gpu())
+    sched = PoolScheduler(state, "gpupool", QueueTree([QueueSpec(name="q")]),
+                          PoolConfig(order="remaining", size_prior=(1000.0, 9000.0)))
+    job = PoolJob("j", "q", 1, 1, 0.0, size_estimate=2000.0)
+    plain = PoolJob("p", "q", 1, 1, 0.0)
+    sched.submit(job, 0.0)
+    sched.submit(plain, 0.0)
+    assert sched._score(job, 500.0, 500.0) == pytest.approx(1500.0)  # its own estimate less what it had
+    # past its estimate (too low), the job is ranked as one without: by the learned distribution
+    assert sched._score(job, 2500.0, 2500.0) == pytest.approx(sched._score(plain, 2500.0, 2500.0))
+    assert sched._score(plain, 500.0, 500.0) == pytest.approx((1000.0 + 9000.0) / 2 - 500.0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan])
+def test_size_estimate_bad_values_are_refused(bad):
+    with pytest.raises(ValueError, match="size_estimate must be finite"):
+        PoolJob("j", "q", 1, 1, 0.0, size_estimate=bad)
+    with pytest.raises(ValueError, match="size_estimate_error must be a finite number"):
+        run_jobs(one_gpu(), _three_jobs(), "gpupool", config=JobSimConfig(size_estimate_error=bad))
 
 
 def test_existing_orders_keep_their_keys():

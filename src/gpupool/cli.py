@@ -257,6 +257,12 @@ PriorOpt = Annotated[
     Path | None, typer.Option("--size-prior", metavar="FILE", dir_okay=False, show_default=False,
                               help="Job sizes known before the run for gittins/remaining (GPU-seconds, one a "
                                    "line, or CSV with size_gpu_s, or duration,num_gpu).", rich_help_panel=_MODEL)]
+EstimateOpt = Annotated[
+    float | None, typer.Option("--size-estimates", metavar="SIGMA", show_default=False,
+                               help="Every job carries an estimate of its size, as a user's run-time limit "
+                                    "would, for gittins/remaining: its size x exp(SIGMA x N(0,1)), seeded; 0 is "
+                                    "exact (clairvoyant), 1 typically off by up to a factor e (default: none).",
+                               rich_help_panel=_MODEL)]
 OneQueueOpt = Annotated[
     bool, typer.Option("--one-queue", help="Put every job in one queue (no fair share between tenants).",
                        rich_help_panel=_MODEL)]
@@ -892,7 +898,7 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
     over: dict[str, Any] = {}
     sim: dict[str, Any] = {}
     for flag, key in (("--restart-overhead", "restart_overhead"), ("--min-run", "min_run"),
-                      ("--protect-after-hours", "protect_after_hours")):
+                      ("--protect-after-hours", "protect_after_hours"), ("--size-estimates", "size_estimates")):
         if model.get(key) is not None and not math.isfinite(model[key]):
             _fail(f"{flag} must be a finite number, got {model[key]}")
     if model.get("restart_overhead") is not None:
@@ -921,6 +927,10 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
                 or any(b <= a for a, b in zip(t, t[1:], strict=False))):
             _fail(f"--las-thresholds must be finite, positive and increasing, got {model['las_thresholds']!r}")
         over["thresholds"] = t
+    if model.get("size_estimates") is not None:
+        if not model["size_estimates"] >= 0:
+            _fail(f"--size-estimates must be >= 0, got {model['size_estimates']}")
+        sim["size_estimate_error"] = float(model["size_estimates"])
     if model.get("min_run") is not None:
         if not model["min_run"] >= 0:
             _fail(f"--min-run must be >= 0, got {model['min_run']}")
@@ -943,6 +953,9 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
     if model.get("size_prior") is not None and base and not orders & set(SIZE_ORDERS):
         _fail(f"--size-prior {model['size_prior']} applies only to a policy or --job-order that ranks jobs by "
               f"size ({', '.join(SIZE_ORDERS)}); none is selected")
+    if model.get("size_estimates") is not None and base and not orders & set(SIZE_ORDERS):
+        _fail(f"--size-estimates applies only to a policy or --job-order that ranks jobs by size "
+              f"({', '.join(SIZE_ORDERS)}); none is selected")
     warning = ""
     if base and not any(c.preempt or c.reclaim for c in base.values()):
         unused = [f for f, k in (("--las-thresholds", "las_thresholds"), ("--min-run", "min_run"),
@@ -978,14 +991,15 @@ def _job_model_record(pool: Any, cfg: Any, model: dict[str, Any]) -> dict[str, A
             "topology_slowdown": model.get("topology_slowdown") is not False,
             "one_queue": bool(model.get("one_queue")), "gpus_per_pod": cfg.max_gpus_per_pod,
             "size_prior": str(model["size_prior"]) if model.get("size_prior") is not None else None,
-            "size_prior_n": len(pool.size_prior)}
+            "size_prior_n": len(pool.size_prior), "size_estimate_error": cfg.size_estimate_error}
 
 
 _MODEL_ARGS = {"restart_overhead": ("--restart-overhead", 30.0), "topology_slowdown": ("--no-topology-slowdown", True),
                "gpus_per_pod": ("--gpus-per-pod", None), "job_order": ("--job-order", None),
                "las_thresholds": ("--las-thresholds", None), "min_run": ("--min-run", None),
                "max_preemptions": ("--max-preemptions", None), "protect_after_hours": ("--protect-after-hours", None),
-               "size_prior": ("--size-prior", None), "one_queue": ("--one-queue", False),
+               "size_prior": ("--size-prior", None), "size_estimates": ("--size-estimates", None),
+               "one_queue": ("--one-queue", False),
                "fairness_cost": ("--fairness-cost", False), "objective": ("--objective", None)}
 """Job-model switches of simulate/compare: parameter -> (flag, default)."""
 
@@ -1114,6 +1128,7 @@ def simulate_cmd(
     max_preemptions: MaxPreemptOpt = None,
     protect_after_hours: ProtectOpt = None,
     size_prior: PriorOpt = None,
+    size_estimates: EstimateOpt = None,
     one_queue: OneQueueOpt = False,
     fairness_cost: FairCostOpt = False,
     objective: ObjectiveOpt = None,
@@ -1176,6 +1191,7 @@ def compare_cmd(
     max_preemptions: MaxPreemptOpt = None,
     protect_after_hours: ProtectOpt = None,
     size_prior: PriorOpt = None,
+    size_estimates: EstimateOpt = None,
     one_queue: OneQueueOpt = False,
     fairness_cost: FairCostOpt = False,
     objective: ObjectiveOpt = None,

@@ -122,6 +122,12 @@ class JobSimConfig:
     * ``max_gpus_per_pod``: at most this many GPUs per pod when a job is split into pods (None: a node's
       GPUs, so a job spans the fewest nodes); 1 places a job's GPUs anywhere, one per pod, as a scheduler
       that only counts free GPUs does (the Tiresias simulator's ``--scheme=count``).
+    * ``size_estimate_error``: None (default): jobs carry no size estimate. A number ``sigma >= 0``: every job
+      carries an estimate of its size (:attr:`PoolJob.size_estimate`, which the ``gittins`` and ``remaining``
+      orders use): its trace duration x GPUs x ``exp(sigma * N(0, 1))``, drawn from its own generator seeded
+      with ``seed`` (other draws are unchanged). ``0.0`` gives every job its exact size: a clairvoyant bound
+      for what job-size knowledge can win, not a policy; ``1.0`` is an estimate typically off by a factor
+      up to e, as users' run-time limits are. ValueError for a negative or non-finite sigma.
     * ``objective``: ``"jct"``, ``"energy"`` or ``"balanced"``: heterogeneity-aware placement with
       ``gpu_speed="catalog"`` on a cluster whose models differ in speed
       (:func:`gpupool.engine.pool.hetero.hetero_placement`); None or ``"none"``: speed-blind (the
@@ -148,6 +154,7 @@ class JobSimConfig:
     reference_gpu: str | None = None
     max_gpus_per_pod: int | None = None
     objective: str | None = None
+    size_estimate_error: float | None = None
 
 
 class _SimJob:
@@ -399,6 +406,9 @@ class JobSimulator:
         self.node_idle_w = idle.tolist()
         self.gpu_count = st.gpu_count.tolist()
         self.opaque_models = sorted({m for m, k in zip(models, known, strict=True) if m and not k})
+        sigma = config.size_estimate_error
+        if sigma is not None and not (math.isfinite(sigma) and sigma >= 0):
+            raise ValueError(f"size_estimate_error must be a finite number >= 0, got {sigma}")
         self.rng = np.random.default_rng(config.seed)
         self._figures: dict[tuple[tuple[int, int], ...], _Figures] = {}  # by (node, GPUs) of each pod
 
@@ -498,6 +508,10 @@ class JobSimulator:
             by_name[sj.pj.name] = sj
         if len(by_name) != len(sims):
             raise ValueError("job ids in the trace are not unique")
+        if cfg.size_estimate_error is not None:  # users' size estimates, from a generator of their own
+            noise = np.random.default_rng([cfg.seed, 1]).standard_normal(len(sims))
+            for sj, z in zip(sims, np.exp(cfg.size_estimate_error * noise).tolist(), strict=True):
+                sj.pj.size_estimate = float(sj.rec.duration) * sj.rec.num_gpu * z
         last_arrival = self.records[-1].submit_time if self.records else 0.0
         horizon = last_arrival + 10 * max((r.duration for r in self.records), default=0.0) + 86400.0
         tracker = None
@@ -819,7 +833,9 @@ class JobSimulator:
                        "node_mtbf_h": cfg.node_mtbf_h, "gpu_mtbf_h": cfg.gpu_mtbf_h, "repair_h": cfg.repair_h,
                        "gpu_utilization": cfg.gpu_utilization, "elastic_fraction": cfg.elastic_fraction,
                        "gpu_speed": cfg.gpu_speed,
-                       **({"objective": objective} if objective else {})},  # heterogeneity-aware placement
+                       **({"objective": objective} if objective else {}),  # heterogeneity-aware placement
+                       **({"size_estimate_error": cfg.size_estimate_error}  # jobs carry size estimates
+                          if cfg.size_estimate_error is not None else {})},
         }
         jobs = [{
             "job_id": s.rec.job_id, "queue": s.pj.queue, "num_gpu": s.rec.num_gpu, "submit": s.rec.submit_time,

@@ -52,7 +52,13 @@ def split_gpus(num_gpu: int, gpus_per_node: int) -> tuple[int, int]:
 class PoolJob:
     """One job (gang). Fields above the line are the spec; the rest is the scheduler's bookkeeping.
 
-    Raises ValueError for an impossible spec (no pods, min > n > max, unknown topology mode or tier).
+    ``size_estimate``: the job's expected total service in GPU-seconds (a user's run-time estimate x GPUs,
+    like a Slurm time limit); None: unknown. The Gittins and remaining orders rank a job that has one by its
+    expected remaining service ``size_estimate - attained`` instead of the learned distribution, until it
+    has attained its estimate (then by the distribution again: the estimate was too low).
+
+    Raises ValueError for an impossible spec (no pods, min > n > max, unknown topology mode or tier, a size
+    estimate that is negative or not finite).
     """
 
     name: str
@@ -67,6 +73,7 @@ class PoolJob:
     max_pods: int = 0  # 0: n_pods
     topology: str = "preferred"
     topology_tier: str = "switch"
+    size_estimate: float | None = None  # expected total service, GPU-seconds (see the class docstring)
     # ---- scheduler bookkeeping -------------------------------------------------------------
     status: str = PENDING
     q: int = -1  # leaf queue index
@@ -103,6 +110,9 @@ class PoolJob:
             raise ValueError(f"job {self.name}: topology {self.topology!r} not in {_TOPOLOGY_MODES}")
         if self.topology_tier not in _TOPOLOGY_TIERS:
             raise ValueError(f"job {self.name}: topology_tier {self.topology_tier!r} not in {_TOPOLOGY_TIERS}")
+        if self.size_estimate is not None and not (math.isfinite(self.size_estimate) and self.size_estimate >= 0):
+            raise ValueError(f"job {self.name}: size_estimate must be finite and >= 0 GPU-seconds, "
+                             f"got {self.size_estimate}")
 
     @property
     def elastic(self) -> bool:

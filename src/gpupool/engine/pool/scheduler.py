@@ -465,13 +465,18 @@ class PoolScheduler(EvictionActions):
 
     def _score(self, job: PoolJob, attained: float, run_s: float) -> float:
         """Order score of ``job`` after ``attained`` GPU-seconds in ``run_s`` seconds of run: expected service
-        (inverse Gittins index or expected remaining) plus ``aging`` x (submission + run time), which at any
+        (inverse Gittins index or expected remaining; for a job with a ``size_estimate`` above ``attained``, the
+        estimate less ``attained``) plus ``aging`` x (submission + run time), which at any
         one moment ranks jobs as ``aging`` x the time they waited would (subtracted): waiting jobs age."""
         if self.cfg.scored_levels is not None and job.level >= self.cfg.scored_levels:
             return 0.0
-        gpus = job.num_gpu if self.cfg.size_by_gpus else None
         one = self.cfg.size_dims == 1
-        score = self.order.score(job.q, attained / job.num_gpu if one else attained, gpus)
+        if job.size_estimate is not None and job.size_estimate > attained:  # its own estimate, not yet overrun
+            rest = job.size_estimate - attained
+            score = rest / job.num_gpu if one else rest
+        else:
+            gpus = job.num_gpu if self.cfg.size_by_gpus else None
+            score = self.order.score(job.q, attained / job.num_gpu if one else attained, gpus)
         if self.cfg.aging:
             score += self.cfg.aging * (job.submit_time + run_s) * (1 if one else job.num_gpu)
         return score
