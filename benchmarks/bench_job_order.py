@@ -25,7 +25,13 @@ Orders (``PoolConfig`` of the ``gpupool`` job policy with these overrides):
   job that waited as long as it ran goes back to level 0); the knob was chosen on the first window;
 * ``gittins-knob8``: the same with gpupool's default knob 8;
 * ``gittins-bounded``: ``gittins``, and no job is preempted more than 20 times nor once it has run 100 h;
-* ``remaining``: shortest expected remaining service within the levels (same online sizes).
+* ``remaining``: shortest expected remaining service within the levels (same online sizes);
+* ``remaining-est1``: shortest expected remaining service within the levels, promotion knob 1, every job
+  carrying a size estimate as a user's run-time limit would (``JobSimConfig.size_estimate_error`` 1.0: its
+  size x exp(N(0, 1)), so typically off by up to a factor e; the learned sizes once a job overran it);
+* ``remaining-exact``: the same with every job's exact size known at submission (error 0.0). This row is
+  **clairvoyant**: no scheduler knows this; it bounds what knowing job sizes can win within the LAS levels,
+  and is marked so in the tables (its checks say whether even exact sizes reach the targets).
 
 Tiresias' own figures come from the peer benchmark's results (``--peer-results``, default every
 ``benchmarks/results/tiresias_peer*.json``, written by ``benchmarks/tiresias/run.py``; other windows:
@@ -73,8 +79,18 @@ ORDERS: dict[str, dict] = {
     "gittins-bounded": {"order": "gittins", "promote_knob": 1.0, "max_preemptions": 20,
                         "protect_after_s": 100 * 3600.0},
     "remaining": {"order": "remaining"},
+    "remaining-est1": {"order": "remaining", "promote_knob": 1.0},
+    "remaining-exact": {"order": "remaining", "promote_knob": 1.0},
 }
 """Order name -> PoolConfig overrides of the ``gpupool`` job policy."""
+
+SIM_OPTIONS: dict[str, dict] = {
+    "remaining-est1": {"size_estimate_error": 1.0},
+    "remaining-exact": {"size_estimate_error": 0.0},
+}
+"""Order name -> JobSimConfig overrides: jobs that carry an estimate of their size (``PoolJob.size_estimate``)."""
+CLAIRVOYANT = frozenset({"remaining-exact"})
+"""Rows that know every job's exact size in advance: a bound on what size knowledge can win, not a policy."""
 
 ISSUE14 = {  # issue 14's table (Tiresias simulator at its pinned commit, first 5,000 jobs): mean, p95, p99 (h)
     384: {"tiresias-L": (12.47, 26.68, 314.0), "tiresias-G": (10.94, 13.24, 371.0)},
@@ -124,7 +140,7 @@ def run_one(jobs: list, gpus: int, order: str, place: str) -> dict:
     _, pool = job_policy("gpupool")
     cfg = JobSimConfig(pool=replace(pool, **ORDERS[order]), restart_overhead_s=0.0,
                        topology=TopologyConfig(factors={t: 1.0 for t in TIERS}),
-                       max_gpus_per_pod=1 if place == "count" else None)
+                       max_gpus_per_pod=1 if place == "count" else None, **SIM_OPTIONS.get(order, {}))
     t0 = time.perf_counter()
     res = run_jobs(cluster(gpus), jobs, "gpupool", seed=42, config=cfg)
     row = {"order": order, "place": place, "gpus": gpus, **summary(res), "wall_s": time.perf_counter() - t0}
@@ -223,7 +239,9 @@ def markdown(doc: dict) -> str:
              "Matched model: no restart overhead, no topology slowdown, one queue, seed 42; JCT = end - submit "
              "(h). `count`: 1-GPU pods anywhere (the peer's `--scheme=count`); `node`: gpupool's whole-node "
              "gangs. Check marks: mean and p95 <= Tiresias-G, p99 and makespan <= Tiresias-L (sources below "
-             "each table).", ""]
+             "each table). `remaining-est1`: every job carries a size estimate off by exp(N(0, 1)); a row marked "
+             "(clairvoyant) knows every job's exact size at submission: a bound on what size knowledge can win "
+             "within the LAS levels, not a policy.", ""]
     for w in doc["windows"]:
         lines += [f"## jobs {w['offset']:,}-{w['offset'] + w['jobs']:,} on {w['gpus']} GPUs "
                   f"(offered load {w['load']:.2f}, mean duration {w['mean_duration_h']:.2f} h, "
@@ -239,7 +257,8 @@ def markdown(doc: dict) -> str:
         for r in w["rows"]:
             c = r["checks"]
             marks = " ".join(f"{k.split('_')[0]}{'✓' if v else ('✗' if v is False else '?')}" for k, v in c.items())
-            lines.append(f"| {r['order']} | {r['place']} | {r['mean_jct_h']:.2f} | {r['p95_jct_h']:.2f} | "
+            name = f"{r['order']} (clairvoyant)" if r["order"] in CLAIRVOYANT else r["order"]
+            lines.append(f"| {name} | {r['place']} | {r['mean_jct_h']:.2f} | {r['p95_jct_h']:.2f} | "
                          f"{r['p99_jct_h']:.1f} | {r['makespan_h']:.1f} | {r['preemptions']:,} "
                          f"({r['max_preemptions_per_job']}) | {marks} |")
         srcs = {k: v.get("source") for k, v in w["reference"].items()}
@@ -344,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"benchmark": "job_order", "command": " ".join(["benchmarks/bench_job_order.py", *(argv or sys.argv[1:])]),
            "machine": machine_info(), "orders": {k: {kk: list(v) if isinstance(v, tuple) else v
                                                        for kk, v in ORDERS[k].items()} for k in orders},
+           "sim_options": {k: SIM_OPTIONS[k] for k in orders if k in SIM_OPTIONS},
+           "clairvoyant": sorted(CLAIRVOYANT & set(orders)),
            "windows": []}
     for offset in offsets:
         jobs = window(jobs_all, args.jobs, offset)
