@@ -71,7 +71,11 @@ from pydantic import (
 )
 
 from gpupool.catalog import get_model
-from gpupool.model import GpupoolError, NodeSpec
+from gpupool.model import MAX_CPU_MILLI, MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, GpupoolError, NodeSpec
+
+MAX_CLUSTER_NODES = 1_000_000
+"""Most nodes a cluster file may describe (all pools): more is a typo (a count of 10**8 would take minutes and
+gigabytes to build before anything could say so)."""
 
 __all__ = [
     "API_VERSION",
@@ -197,12 +201,12 @@ class NodePool(_Strict):
     """``spec.nodePools[i]``: ``count`` identical nodes (see the module doc for the fields)."""
 
     name: str
-    count: StrictInt = Field(ge=0)
+    count: StrictInt = Field(ge=0, le=MAX_CLUSTER_NODES)
     gpu_model: str = Field("", alias="gpuModel")
-    gpus_per_node: StrictInt = Field(0, ge=0, alias="gpusPerNode")
-    cpu_milli: StrictInt | None = Field(None, ge=0, alias="cpuMilli")
+    gpus_per_node: StrictInt = Field(0, ge=0, le=MAX_GPUS_PER_NODE, alias="gpusPerNode")
+    cpu_milli: StrictInt | None = Field(None, ge=0, le=MAX_CPU_MILLI, alias="cpuMilli")
     cpu_cores: float | None = Field(None, ge=0, alias="cpuCores")
-    memory_mib: StrictInt | None = Field(None, ge=0, alias="memoryMiB")
+    memory_mib: StrictInt | None = Field(None, ge=0, le=MAX_MEMORY_MIB, alias="memoryMiB")
     memory_gib: float | None = Field(None, ge=0, alias="memoryGiB")
     nvlink: StrictBool = False
     nodes_per_rack: StrictInt | None = Field(None, ge=1, alias="nodesPerRack")
@@ -243,12 +247,18 @@ class NodePool(_Strict):
             problems.append((("cpuCores",), "give either cpuMilli or cpuCores, not both"))
         elif self.cpu_milli is None and self.cpu_cores is None:
             problems.append((("cpuMilli",), "required (or cpuCores)"))
+        elif self.cpu_cores is not None and self.cpu_cores * 1000 > MAX_CPU_MILLI:
+            problems.append((("cpuCores",), f"{self.cpu_cores:g} cores is more than a node may have "
+                                            f"({MAX_CPU_MILLI // 1000:,})"))
         elif self.cpu_cores is not None and not _whole(self.cpu_cores * 1000):
             problems.append((("cpuCores",), f"{self.cpu_cores} cores is not a whole number of milli-cores"))
         if self.memory_mib is not None and self.memory_gib is not None:
             problems.append((("memoryGiB",), "give either memoryMiB or memoryGiB, not both"))
         elif self.memory_mib is None and self.memory_gib is None:
             problems.append((("memoryMiB",), "required (or memoryGiB)"))
+        elif self.memory_gib is not None and self.memory_gib * 1024 > MAX_MEMORY_MIB:
+            problems.append((("memoryGiB",), f"{self.memory_gib:g} GiB is more than a node may have "
+                                             f"({MAX_MEMORY_MIB // 1024:,})"))
         elif self.memory_gib is not None and not _whole(self.memory_gib * 1024):
             problems.append((("memoryGiB",), f"{self.memory_gib} GiB is not a whole number of MiB"))
         if self.gpus_per_node > 0 and not self.gpu_model.strip():
@@ -310,6 +320,9 @@ class Spec(_Strict):
             seen.setdefault(pool.name, i)
         if not problems and sum(p.count for p in self.node_pools) == 0:
             problems.append((("nodePools",), "the cluster has no node (every count is 0)"))
+        if not problems and sum(p.count for p in self.node_pools) > MAX_CLUSTER_NODES:
+            problems.append((("nodePools",), f"{sum(p.count for p in self.node_pools):,} nodes in all; at most "
+                                             f"{MAX_CLUSTER_NODES:,}"))
         if problems:
             raise _FieldErrors(problems)
         return self

@@ -229,12 +229,20 @@ class NodeCache:
 
 
 def _candidates(args: Mapping[str, Any]) -> tuple[list[str], list[dict] | None]:
-    """(node names, the Node objects when the request carried a NodeList)."""
+    """(node names, the Node objects when the request carried a NodeList). Raises ValueError naming the field
+    when ``Nodes`` / ``NodeNames`` is not what kube-scheduler sends."""
     node_list = field_of(args, "Nodes")
     if node_list:
-        items = field_of(node_list, "items") or []
-        return [(n.get("metadata") or {}).get("name", "") for n in items], items
-    return [str(n) for n in (field_of(args, "NodeNames") or [])], None
+        items = field_of(node_list, "items") if isinstance(node_list, Mapping) else None
+        if not isinstance(items, list) or not all(isinstance(n, Mapping) for n in items):
+            raise ValueError(f"ExtenderArgs.Nodes: expected a NodeList {{items: [Node, ...]}}, got "
+                             f"{str(node_list)[:80]!r}")
+        names = [(n.get("metadata") if isinstance(n.get("metadata"), Mapping) else {}).get("name", "") for n in items]
+        return [str(n) for n in names], items
+    raw = field_of(args, "NodeNames") or []
+    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
+        raise ValueError(f"ExtenderArgs.NodeNames: expected a list of node names, got {str(raw)[:80]!r}")
+    return list(raw), None
 
 
 class Extender:
@@ -259,9 +267,13 @@ class Extender:
 
     # ------------------------------------------------------------------ filter
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        names, node_objs = _candidates(args)
         result: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {},
                                   "FailedAndUnresolvableNodes": {}, "Error": ""}
+        try:
+            names, node_objs = _candidates(args)
+        except ValueError as exc:
+            result["Error"] = str(exc)
+            return result
         pod = field_of(args, "Pod")
         if not isinstance(pod, Mapping):
             result["Error"] = "ExtenderArgs without a Pod"
@@ -476,7 +488,10 @@ def make_app(extender: Extender, url_prefix: str = "", metrics: SchedulerMetrics
         args = await read_json(request)
         if args is None:
             return web.json_response({"error": "request body is not ExtenderArgs"}, status=400)
-        return web.json_response(extender.prioritize(args))
+        try:
+            return web.json_response(extender.prioritize(args))
+        except ValueError as exc:  # Nodes / NodeNames malformed (_candidates names the field)
+            return web.json_response({"error": str(exc)}, status=400)
 
     async def bind(request: web.Request) -> web.Response:
         args = await read_json(request)

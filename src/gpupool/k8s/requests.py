@@ -306,7 +306,7 @@ def _memory_mib(value: Any, where: str) -> int:
     """GPU memory: a plain number is MiB (KAI, HAMi); a quantity with a unit (``20Gi``) is bytes."""
     text = str(value).strip()
     q = _quantity(text, where)
-    if re.fullmatch(r"[0-9.]+", text):  # a plain number: MiB
+    if re.fullmatch(r"[0-9.]+([eE][+-]?[0-9]+)?", text):  # a plain number (1e3 too, a quantity's exponent form): MiB
         mib = math.ceil(q)
     else:
         mib = math.ceil(q / MIB)

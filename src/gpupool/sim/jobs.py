@@ -598,15 +598,17 @@ class JobSimulator:
                 ai += 1
                 events["arrival"] += 1
                 try:
-                    sched.submit(sj.pj, now)
+                    # asked before submit, which makes every pod of the job: a row asking 10**9 GPUs is refused
+                    # here, not built into 10**8 pod requests first
+                    reason = sched.infeasible_reason(sj.pj)
+                    if not reason:
+                        sched.submit(sj.pj, now)
                 except KeyError as exc:
                     sj.status, sj.reason = "unfinished", f"unknown queue: {exc.args[0]}"
                     removed += 1
                     unfinished.append(self._unfinished(sj))
                     continue
-                reason = sched.infeasible_reason(sj.pj)
                 if reason:
-                    sched.remove(sj.pj, now, reason)
                     sj.status, sj.reason = "unfinished", reason
                     removed += 1
                     unfinished.append(self._unfinished(sj))

@@ -59,7 +59,7 @@ class QueueSpec(BaseModel):
     quota: float = Field(default=0.0, ge=0.0, description="guaranteed GPUs")
     limit: float | None = Field(default=None, description="most GPUs the queue may hold; None or -1: unlimited")
     weight: float = Field(default=1.0, gt=0.0, description="share of idle capacity above quota")
-    priority: int = 0
+    priority: int = Field(default=0, ge=-(2**31), le=2**31 - 1, description="int32, as the Queue CRD's")
     cpu_quota: float | None = Field(default=None, ge=0.0, description="cores; default: GPU quota x cores per GPU")
     memory_quota: float | None = Field(default=None, ge=0.0, description="GiB; default: GPU quota x GiB per GPU")
 

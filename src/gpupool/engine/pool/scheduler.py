@@ -584,7 +584,10 @@ class PoolScheduler(EvictionActions):
         att = job.las_at(now)
         boundary = self.order.next_boundary(att)
         if math.isfinite(boundary):
-            heapq.heappush(self._demote, (now + (boundary - att) / gpus, job.seq, job.run_since, job))
+            # strictly after now: far out (now ~1e10 s) now + 1e-6 == now, and a crossing rounded just short of the
+            # boundary would be pushed at now again and again (_roll_levels never ending)
+            when = max(now + (boundary - att) / gpus, math.nextafter(now, math.inf))
+            heapq.heappush(self._demote, (when, job.seq, job.run_since, job))
 
     def _release_pods(self, job: PoolJob, pods: Sequence[Assignment]) -> None:
         for a in pods:

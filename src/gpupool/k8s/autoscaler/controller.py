@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -447,6 +448,9 @@ class AutoscalerController:
             if value is None:
                 self.metrics.queries.labels(result="empty").inc()
                 problems.append(f"{m.name}: the query returned no value (empty vector or NaN)")
+            elif not math.isfinite(value):  # finite samples whose sum overflows (1e308 + 1e308): no JSON number
+                self.metrics.queries.labels(result="error").inc()
+                problems.append(f"{m.name}: the query's {m.reduce} over its series is not finite ({value:g}); not used")
             elif value < 0:  # a count, a percentage or seconds: a negative one is a broken exporter or query
                 self.metrics.queries.labels(result="error").inc()
                 problems.append(f"{m.name}: the query returned a negative value ({value:g}); not used")
