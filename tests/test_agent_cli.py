@@ -77,6 +77,7 @@ def test_dry_run_prints_the_report_of_the_recorded_h200(fake_file):
     (("--node-name", "n", "--backend", "cuda"), "expected nvml or fake"),
     (("--node-name", "n", "--fake-file", "x.json"), "goes with --backend fake"),
     (("--node-name", "n", "--backend", "fake", "--fake-file", "/nonexistent.json"), "no such file"),
+    (("--node-name", "n", "--backend", "fake", "--fake-file", "/dev/null"), "not a regular file"),
     (("--dry-run", "--once"), "choose one"),
     (("--log-level", "loud", "--dry-run"), "log level"),
 ])

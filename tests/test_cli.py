@@ -201,6 +201,12 @@ def test_repeated_seed_option_equals_comma_list(tiny, tmp_path):
     assert strip[0] == strip[1]
 
 
+def test_a_seed_option_with_no_seed_is_an_error(tiny):
+    nodes, pods = tiny
+    result = invoke("compare", "--nodes", nodes, "--pods", pods, "-p", "best-fit", "--seeds", ",")
+    assert result.exit_code == 2 and "no seed" in result.output  # was: seed 42, silently
+
+
 def test_json_to_stdout(tiny):
     nodes, pods = tiny
     result = invoke("simulate", "--nodes", nodes, "--pods", pods, "--policy", "spread", "--json", "-")

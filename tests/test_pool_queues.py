@@ -52,6 +52,8 @@ BAD = [
      "more than its own quota"),
     ("no queues", [], "no queues"),
     ("numeric name", [{"name": 103959}], "quote names"),
+    ("boolean weight", [{"name": "a", "weight": True}], "weight.*expected a number, got true"),
+    ("boolean quota", [{"name": "a", "quota": False}], "quota.*expected a number, got false"),
 ]
 
 

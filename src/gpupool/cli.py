@@ -317,6 +317,8 @@ def _parse_seeds(values: Sequence[str] | None) -> list[int]:
             _fail(f"--seed: expected a non-negative integer, got {seed}")
         if seed not in seeds:
             seeds.append(seed)
+    if values and not seeds:  # the option was given, with nothing in it (--seeds ,)
+        _fail(f"--seed: no seed in {', '.join(map(repr, values))}")
     return seeds or [42]
 
 

@@ -62,7 +62,7 @@ def build_backend(kind: str, fake_file: Path | None) -> Any:
         from gpupool.agent.fake import FakeBackend
 
         if not fake_file.is_file():
-            raise UsageError(f"{fake_file}: no such file")
+            raise UsageError(f"{fake_file}: {'not a regular file' if fake_file.exists() else 'no such file'}")
         try:
             return FakeBackend.from_file(fake_file)  # a description, or an NVML recording (nvml.json)
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError,

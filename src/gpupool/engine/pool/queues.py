@@ -63,6 +63,13 @@ class QueueSpec(BaseModel):
     cpu_quota: float | None = Field(default=None, ge=0.0, description="cores; default: GPU quota x cores per GPU")
     memory_quota: float | None = Field(default=None, ge=0.0, description="GiB; default: GPU quota x GiB per GPU")
 
+    @field_validator("quota", "limit", "weight", "priority", "cpu_quota", "memory_quota", mode="before")
+    @classmethod
+    def _not_bool(cls, value: object) -> object:
+        if isinstance(value, bool):  # YAML true/false would pass as 1/0
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
+
     @field_validator("limit")
     @classmethod
     def _limit(cls, value: float | None) -> float | None:
