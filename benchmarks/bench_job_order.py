@@ -49,7 +49,7 @@ Output: ``job_order.json`` and ``job_order.md`` in ``--out`` (default ``benchmar
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_job_order.py --fairness           # 3 windows x 2 clusters, ~20 min
+    .venv/bin/python benchmarks/bench_job_order.py --fairness           # 4 windows x 2 clusters, ~6 min
     .venv/bin/python benchmarks/bench_job_order.py --offsets 0 --gpus 384 --orders las,gittins
 """
 

@@ -58,7 +58,8 @@ def test_one_queue_with_a_queue_file_is_rejected(trace, tmp_path):
 
 def test_job_order_over_a_size_ordered_policy_is_rejected(trace):
     _error(_run("compare", trace, "-p", "gpupool,gittins", "--job-order", "fifo"),
-           "--job-order fifo", "gittins policy", "run it separately")
+           "--job-order fifo", "gittins policy's own order (gittins)", "-p gpupool --job-order fifo",
+           "--promote-knob 1")
     assert _run("compare", trace, "-p", "gpupool,gittins", "--job-order", "gittins").exit_code == 0
 
 
@@ -121,3 +122,32 @@ def test_size_estimates_need_a_size_order_and_are_recorded(trace, tmp_path):
     assert res.exit_code == 0, res.output
     (row,) = json.loads(out.read_text())["results"]
     assert row["config"]["size_estimate_error"] == 0.0 and row["finished_jobs"] == 8
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "inf", "nan", "soon"])
+def test_promote_knob_must_be_positive_finite_or_none(trace, value):
+    _error(_run("simulate", trace, "-p", "gpupool", "--promote-knob", value), "--promote-knob")
+
+
+def test_promote_knob_reaches_the_scheduler_and_the_json(trace, tmp_path):
+    out = tmp_path / "r.json"
+    res = _run("compare", trace, "-p", "gpupool", "--job-order", "remaining", "--promote-knob", "1",
+               "--size-estimates", "1", "--json", out)
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["config"]["promote_knob"] == 1.0 and row["config"]["job_order"] == "remaining"
+    assert row["p95_jct_s"] <= row["p99_jct_s"] <= row["makespan_s"]  # the tail, in the JSON as in the table
+    res = _run("compare", trace, "-p", "gpupool", "--promote-knob", "none", "--json", out)
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["results"][0]["config"]["promote_knob"] is None
+
+
+def test_the_table_title_names_the_model_switches(trace):
+    res = runner.invoke(app, ["compare", "--jobs", str(trace), "--cluster", str(SMALL), "-q", "-p", "gpupool",
+                              "--job-order", "remaining", "--promote-knob", "1", "--no-topology-slowdown"],
+                        env={"COLUMNS": "400"})
+    assert res.exit_code == 0, res.output
+    title = " ".join(res.output.split())
+    assert "model: --no-topology-slowdown --job-order remaining --promote-knob 1" in title
+    plain = runner.invoke(app, ["compare", "--jobs", str(trace), "--cluster", str(SMALL), "-q", "-p", "gpupool"])
+    assert plain.exit_code == 0 and "model:" not in plain.output

@@ -118,6 +118,10 @@ def test_parse_sizes_formats_and_errors():
     assert parse_sizes("# prior\n100\n\n2.5e3\n") == [100.0, 2500.0]
     assert parse_sizes("size_gpu_s,x\n10,a\n20,b\n") == [10.0, 20.0]
     assert parse_sizes("duration,num_gpu\n100,4\n") == [400.0]
+    assert parse_sizes("duration,num_gpus\n100,4\n") == [400.0]
+    # a slice of the Philly trace as it is: gpu_time is GPU-seconds
+    philly = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,66.0,2,132.0,11cb48\n"
+    assert parse_sizes(philly, "philly.csv") == [132.0]
     with pytest.raises(ValueError, match="p.txt:3"):
         parse_sizes("1\n2\nabc\n", "p.txt")
     with pytest.raises(ValueError, match="header"):

@@ -256,7 +256,13 @@ ProtectOpt = Annotated[
 PriorOpt = Annotated[
     Path | None, typer.Option("--size-prior", metavar="FILE", dir_okay=False, show_default=False,
                               help="Job sizes known before the run for gittins/remaining (GPU-seconds, one a "
-                                   "line, or CSV with size_gpu_s, or duration,num_gpu).", rich_help_panel=_MODEL)]
+                                   "line, or CSV with size_gpu_s, gpu_time (a Philly trace), or "
+                                   "duration,num_gpu).", rich_help_panel=_MODEL)]
+KnobOpt = Annotated[
+    str | None, typer.Option("--promote-knob", metavar="K|none", show_default=False,
+                             help="Tiresias' starvation knob for LAS orders: a waiting job goes back to level 0 "
+                                  "after waiting K times the time it has run; none: never (default: the "
+                                  "policy's, 8; 1 for gittins).", rich_help_panel=_MODEL)]
 EstimateOpt = Annotated[
     float | None, typer.Option("--size-estimates", metavar="SIGMA", show_default=False,
                                help="Every job carries an estimate of its size, as a user's run-time limit "
@@ -817,7 +823,8 @@ def _execute_jobs(
         q_label = queues or ("one queue" if (model or {}).get("one_queue") else "one per trace queue")
         title = (f"job trace {jobs} ({len(records):,} jobs) on {cluster} ({len(node_list):,} nodes, {gpus:,} GPUs)"
                  f", queues: {q_label}, seed{'s' if len(seeds) > 1 else ''} "
-                 f"{', '.join(map(str, seeds))}" + (" (mean ± std)" if len(seeds) > 1 else ""))
+                 f"{', '.join(map(str, seeds))}" + (" (mean ± std)" if len(seeds) > 1 else "")
+                 + _model_label(model or {}))
         _print_table(console, report.jobs_table(summary, title, **_table_kwargs(report.jobs_table, wide)), wide)
         for (name, s), cost in one_runs.items():
             console.print(fairness_table(f"{name}, seed {s}", cost))
@@ -929,6 +936,15 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
                 or any(b <= a for a, b in zip(t, t[1:], strict=False))):
             _fail(f"--las-thresholds must be finite, positive and increasing, got {model['las_thresholds']!r}")
         over["thresholds"] = t
+    if model.get("promote_knob") is not None:
+        text = str(model["promote_knob"]).strip().lower()
+        try:
+            knob = None if text in ("none", "off") else float(text)
+        except ValueError:
+            _fail(f"--promote-knob must be a number > 0 or none, got {model['promote_knob']!r}")
+        if knob is not None and not (math.isfinite(knob) and knob > 0):
+            _fail(f"--promote-knob must be a finite number > 0 or none, got {model['promote_knob']!r}")
+        over["promote_knob"] = knob
     if model.get("size_estimates") is not None:
         if not model["size_estimates"] >= 0:
             _fail(f"--size-estimates must be >= 0, got {model['size_estimates']}")
@@ -950,7 +966,9 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
     if order is not None:
         own = [n for n, c in base.items() if c.order in SIZE_ORDERS and c.order != order]
         if own:
-            _fail(f"--job-order {order} would override the order of the {own[0]} policy; run it separately")
+            _fail(f"--job-order {order} would replace the {own[0]} policy's own order ({base[own[0]].order}); use "
+                  f"-p gpupool --job-order {order} (--promote-knob {_knob_text(base[own[0]].promote_knob)} for the "
+                  f"{own[0]} policy's starvation knob)")
     orders = {order if order is not None else c.order for c in base.values()}
     if model.get("size_prior") is not None and base and not orders & set(SIZE_ORDERS):
         _fail(f"--size-prior {model['size_prior']} applies only to a policy or --job-order that ranks jobs by "
@@ -986,6 +1004,10 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
     return replace(config, **sim) if sim else config, over, fair_cost
 
 
+def _knob_text(knob: float | None) -> str:
+    return "none" if knob is None else f"{knob:g}"
+
+
 def _job_model_record(pool: Any, cfg: Any, model: dict[str, Any]) -> dict[str, Any]:
     """The job-model settings a run used (its policy's, after the switches), for the JSON ``config``."""
     return {"job_order": pool.order, "las_thresholds": list(pool.thresholds), "min_run_s": pool.min_run_s,
@@ -993,7 +1015,8 @@ def _job_model_record(pool: Any, cfg: Any, model: dict[str, Any]) -> dict[str, A
             "topology_slowdown": model.get("topology_slowdown") is not False,
             "one_queue": bool(model.get("one_queue")), "gpus_per_pod": cfg.max_gpus_per_pod,
             "size_prior": str(model["size_prior"]) if model.get("size_prior") is not None else None,
-            "size_prior_n": len(pool.size_prior), "size_estimate_error": cfg.size_estimate_error}
+            "size_prior_n": len(pool.size_prior), "size_estimate_error": cfg.size_estimate_error,
+            "promote_knob": pool.promote_knob}
 
 
 _MODEL_ARGS = {"restart_overhead": ("--restart-overhead", 30.0), "topology_slowdown": ("--no-topology-slowdown", True),
@@ -1001,9 +1024,22 @@ _MODEL_ARGS = {"restart_overhead": ("--restart-overhead", 30.0), "topology_slowd
                "las_thresholds": ("--las-thresholds", None), "min_run": ("--min-run", None),
                "max_preemptions": ("--max-preemptions", None), "protect_after_hours": ("--protect-after-hours", None),
                "size_prior": ("--size-prior", None), "size_estimates": ("--size-estimates", None),
+               "promote_knob": ("--promote-knob", None),
                "one_queue": ("--one-queue", False),
                "fairness_cost": ("--fairness-cost", False), "objective": ("--objective", None)}
 """Job-model switches of simulate/compare: parameter -> (flag, default)."""
+
+
+def _model_label(model: dict[str, Any]) -> str:
+    """``", model: --job-order remaining --promote-knob 1"``: the job-model switches given (other than the
+    queues, already in the title), so that a saved table says what it measured; "" when none."""
+    parts = []
+    for key, (flag, default) in _MODEL_ARGS.items():
+        value = model.get(key, default)
+        if key == "one_queue" or value == default or value is None:
+            continue
+        parts.append(flag if isinstance(value, bool) else f"{flag} {value}")
+    return f", model: {' '.join(parts)}" if parts else ""
 
 
 def _model_args(given: dict[str, Any]) -> dict[str, Any]:
@@ -1131,6 +1167,7 @@ def simulate_cmd(
     protect_after_hours: ProtectOpt = None,
     size_prior: PriorOpt = None,
     size_estimates: EstimateOpt = None,
+    promote_knob: KnobOpt = None,
     one_queue: OneQueueOpt = False,
     fairness_cost: FairCostOpt = False,
     objective: ObjectiveOpt = None,
@@ -1194,6 +1231,7 @@ def compare_cmd(
     protect_after_hours: ProtectOpt = None,
     size_prior: PriorOpt = None,
     size_estimates: EstimateOpt = None,
+    promote_knob: KnobOpt = None,
     one_queue: OneQueueOpt = False,
     fairness_cost: FairCostOpt = False,
     objective: ObjectiveOpt = None,

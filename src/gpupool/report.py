@@ -802,6 +802,7 @@ def plot_unallocated(summary: Sequence[dict[str, Any]], path: Path, *, trace: st
 JOB_METRIC_KEYS = (
     "mean_jct_s",
     "p95_jct_s",
+    "p99_jct_s",
     "mean_queueing_delay_s",
     "makespan_s",
     "gpu_utilization",
@@ -844,9 +845,11 @@ class JobRun:
 
 def run_from_jobs(res: Any) -> JobRun:
     """A :class:`JobRun` from a :class:`gpupool.sim.jobs.JobSimResult`."""
+    jct = np.asarray(res.jct, dtype=float)
     record = {"policy": res.policy, "seed": int(res.seed), "n_jobs": int(res.n_jobs), **res.metrics,
+              "p99_jct_s": float(np.percentile(jct, 99)) if len(jct) else NAN,  # the tail (linear interpolation)
               "queues": res.queues, "unfinished": res.unfinished}
-    return JobRun(record, np.asarray(res.jct, dtype=float), np.asarray(res.share_times, dtype=float),
+    return JobRun(record, jct, np.asarray(res.share_times, dtype=float),
                   np.asarray(res.share_alloc, dtype=float), np.asarray(res.share_fair, dtype=float),
                   tuple(res.queue_names))
 
@@ -886,6 +889,7 @@ def jobs_table(summary: Sequence[dict[str, Any]], title: str = "", *, wide: bool
 
     add("mean\nJCT (h)", "mean_jct_s", -1, 1, "mean JCT (h)", scale=1 / 3600)
     add("p95\nJCT (h)", "p95_jct_s", -1, 4, "p95 JCT (h)", scale=1 / 3600)
+    add("p99\nJCT (h)", "p99_jct_s", -1, 6, "p99 JCT (h)", scale=1 / 3600)
     add("mean\nwait (h)", "mean_queueing_delay_s", -1, 2, "mean queueing delay (h)", scale=1 / 3600, digits=2)
     add("makespan\n(d)", "makespan_s", -1, 3, "makespan (days)", scale=1 / 86400)
     add("GPU\nutil (%)", "gpu_utilization", 1, 1, "GPU utilization", pct=True)

@@ -192,10 +192,11 @@ def _number(field: str) -> float | None:
 
 def parse_sizes(text: str, source: str = "<prior>") -> list[float]:
     """Job sizes (GPU-seconds) from a prior file's text: one number per line, or CSV with a ``size_gpu_s``
-    column, or CSV with ``duration`` (seconds, >= 0) and ``num_gpu`` / ``gpus`` (> 0) columns (size =
-    duration x GPUs). Fields are read with the ``csv`` module (quoting as RFC 4180, per line); a leading UTF-8
-    BOM, blank lines and ``#`` comments are skipped. A first line of numbers only is data (so ``inf`` gets
-    the "finite" error), anything else is a header. ValueError naming ``source``, the line and, in a CSV,
+    column, or CSV with a ``gpu_time`` column (GPU-seconds: a Philly trace file as it is), or CSV with
+    ``duration`` (seconds, >= 0) and ``num_gpu`` / ``num_gpus`` / ``gpus`` (> 0) columns (size = duration x
+    GPUs). Fields are read with the ``csv`` module (quoting as RFC 4180, per line); a leading UTF-8 BOM, blank
+    lines and ``#`` comments are skipped. A first line of numbers only is data (so ``inf`` gets the "finite"
+    error), anything else is a header. ValueError naming ``source``, the line and, in a CSV,
     the column for anything else (a non-number, a header-less line with more than one field, a missing
     field, a size that is negative or not finite, a duration < 0, a GPU count <= 0)."""
     text = text.removeprefix("\ufeff")
@@ -211,13 +212,16 @@ def parse_sizes(text: str, source: str = "<prior>") -> list[float]:
     gpu_col: int | None = None
     if any(_number(f) is None for f in head):
         header = [h.lower() for h in head]
+        gpu_name = next((h for h in ("num_gpu", "num_gpus", "gpus") if h in header), None)
         if "size_gpu_s" in header:
             size_col = header.index("size_gpu_s")
-        elif "duration" in header and ("num_gpu" in header or "gpus" in header):
+        elif "gpu_time" in header:  # a Philly trace (timestamp,duration,num_gpus,gpu_time,cluster): GPU-seconds
+            size_col = header.index("gpu_time")
+        elif "duration" in header and gpu_name is not None:
             size_col = header.index("duration")
-            gpu_col = header.index("num_gpu" if "num_gpu" in header else "gpus")
+            gpu_col = header.index(gpu_name)
         else:
-            raise ValueError(f"{source}:{k0}: header needs size_gpu_s, or duration and num_gpu")
+            raise ValueError(f"{source}:{k0}: header needs size_gpu_s, gpu_time, or duration and num_gpu")
         rows = rows[1:]
     else:
         size_col, header = 0, []
