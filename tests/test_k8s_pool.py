@@ -398,3 +398,75 @@ def test_dry_run_of_a_reclaim_is_the_same_whatever_the_hash_seed(tmp_path):
                                    check=True).stdout)
     assert outs[0] == outs[1] == outs[2]
     assert json.loads(outs[0])["summary"]["evictions"] == 4
+
+
+def test_size_ranked_job_orders_in_the_live_scheduler_config(tmp_path):
+    from gpupool.k8s.scheduler_cli import load_config
+
+    f = tmp_path / "c.yaml"
+    for order in ("gittins", "remaining"):
+        f.write_text(f"pool:\n  jobOrder: {order}\n")
+        cfg = load_config(f).pool_config()
+        assert (cfg.order, cfg.promote_knob) == (order, 1.0)  # the simulator's gittins policy's knob
+    f.write_text("pool:\n  jobOrder: tiresias\n")
+    assert load_config(f).pool_config().promote_knob == 8.0
+
+
+def test_run_time_limit_from_kueue_label_or_active_deadline():
+    from gpupool.k8s.pool import run_time_limit
+
+    p = pod("p", 1)
+    assert run_time_limit(None, p) is None
+    p["spec"]["activeDeadlineSeconds"] = 7200
+    assert run_time_limit(None, p) == 7200.0
+    p["metadata"]["labels"]["kueue.x-k8s.io/max-exec-time-seconds"] = "3600"
+    assert run_time_limit(None, p) == 3600.0  # Kueue's label first
+    group = pod_group("g", 2)
+    group["metadata"]["labels"] = {"kueue.x-k8s.io/max-exec-time-seconds": "600"}
+    assert run_time_limit(group, p) == 600.0  # the PodGroup's first
+    for bad in ("1.5", "-3", "0", "soon", "1" + "0" * 13):
+        p["metadata"]["labels"]["kueue.x-k8s.io/max-exec-time-seconds"] = bad
+        assert run_time_limit(None, p) == 7200.0  # unreadable: the next source
+    p["spec"]["activeDeadlineSeconds"] = True
+    assert run_time_limit(None, p) is None
+
+
+def test_live_remaining_order_starts_the_job_with_the_shorter_declared_limit_first():
+    # one GPU, busy; two 1-GPU jobs wait: 'long' (limit 10 h) came first, 'short' (limit 10 min) later.
+    # fifo starts 'long' when the GPU frees; remaining (expected remaining service first) starts 'short'
+    started = {}
+    for order in ("fifo", "remaining"):
+        c = Cluster([node("n1", gpus=1)], order=order)
+        c.add(pod("busy", 1, created=0.0))
+        c.run(2)
+        long_, short = pod("long", 1, created=10.0), pod("short", 1, created=20.0)
+        long_["spec"]["activeDeadlineSeconds"] = 36000
+        short["spec"]["activeDeadlineSeconds"] = 600
+        c.add(long_, short)
+        c.run(2)
+        assert c.running() == ["default/busy"]
+        c.finish("default/busy")
+        c.run(2)
+        started[order] = c.running()
+    assert started == {"fifo": ["default/long"], "remaining": ["default/short"]}
+
+
+def test_live_size_orders_learn_from_the_jobs_that_left_not_from_evictions():
+    c = Cluster([node("n1", gpus=2)], order="gittins", promote_knob=1.0, thresholds=(60.0,), min_run_s=0.0,
+                reclaim_min_run_s=0.0)
+    c.add(pod("a", 1, created=0.0), pod("b", 1, created=1.0))
+    c.run(100)
+    sizes = c.driver.pool.sizes
+    assert c.running() == ["default/a", "default/b"] and sizes is not None and sizes.n_seen == 0
+    c.finish("default/a")  # a left after about 100 s on 1 GPU
+    c.run(3)
+    assert sizes.n_seen == 1 and 95.0 <= next(iter(sizes.seen.values()))[0] <= 105.0
+    # b (level 1 after 60 GPU-s) is evicted for a newcomer at level 0 while the GPU a freed is taken: an
+    # eviction is no departure, nothing is learned
+    c.add(pod("c", 1, created=200.0), pod("d", 1, created=201.0))
+    c.run(3)
+    assert any(what.startswith("evicted") and key == "default/b" for _, what, key in c.log)
+    assert sizes.n_seen == 1
+    c.delete("default/c")  # its owner deleted it: it left too
+    c.run(3)
+    assert sizes.n_seen == 2

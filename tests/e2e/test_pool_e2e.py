@@ -281,3 +281,28 @@ def test_gang_reservation_under_a_stream_of_small_pods(e2e: E2E, kubelet: FakeKu
     lc.wait_for(lambda: group_status().get("phase") == "Running" and group_status().get("running") == 4, 20,
                 "PodGroup big: phase Running, 4 running")
     print(json.dumps(group_status()))
+
+
+def test_remaining_order_starts_the_job_with_the_shorter_declared_limit(e2e: E2E, kubelet: FakeKubelet) -> None:
+    """--job-order remaining: of two waiting jobs, the one whose declared run-time limit (Kueue's
+    max-exec-time-seconds label, or the pod's activeDeadlineSeconds) leaves less to run starts first, although it
+    came later; the scheduler learns a job size from each job that left."""
+    lc.make_nodes(e2e.admin, f"{e2e.ns}-n", 1, gpus=2)
+    (qa,) = queues(e2e, a={"quota": 2})
+    sched = pool_scheduler(e2e, order="remaining", promote_knob=1.0)
+    lc.create_pods(e2e.admin, [body(e2e, f"busy-{i}", 1, qa) for i in range(2)])
+    lc.wait_for(lambda: len(running(e2e, "busy-")) == 2, 60, "two pods hold both GPUs")
+    long_ = body(e2e, "long", 1, qa)
+    long_["spec"]["activeDeadlineSeconds"] = 36000
+    lc.create_pod(e2e.admin, long_)
+    time.sleep(1.1)  # a later creation time: FIFO would start "long" first
+    lc.create_pod(e2e.admin, body(e2e, "short", 1, qa, labels={"kueue.x-k8s.io/max-exec-time-seconds": "600"}))
+    time.sleep(1.0)
+    assert running(e2e, "long") == [] and running(e2e, "short") == []
+    kubelet.finish("busy-0")
+    lc.wait_for(lambda: running(e2e, "short") == ["short"], 60, "the job with the shorter limit starts first")
+    assert running(e2e, "long") == []
+    lc.wait_for(lambda: sched.pool_driver.pool.sizes.n_seen >= 1, 20, "a size learned from busy-0, which left")
+    kubelet.finish("busy-1")
+    lc.wait_for(lambda: running(e2e, "long") == ["long"], 60, "the other job starts when a GPU frees again")
+    no_overallocation(e2e)

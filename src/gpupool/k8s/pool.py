@@ -42,7 +42,7 @@ from gpupool.engine.pool import PoolConfig, PoolJob, PoolScheduler, QueueConfigE
 from gpupool.engine.pool import QueueSpec as PoolQueueSpec
 from gpupool.engine.pool.job import PENDING, RUNNING
 from gpupool.k8s import LABEL_NVLINK_DOMAIN, LABEL_RACK, LABEL_SWITCH
-from gpupool.k8s.requests import PodInfo, annotations_of
+from gpupool.k8s.requests import PodInfo, annotations_of, labels_of
 from gpupool.model import MILLI, Assignment, PodRequest
 
 log = logging.getLogger("gpupool.k8s.pool")
@@ -135,6 +135,29 @@ def max_member(group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -
                 except ValueError:
                     return None
                 return n if n >= 1 else None
+    return None
+
+
+LABEL_KUEUE_MAX_EXEC = "kueue.x-k8s.io/max-exec-time-seconds"
+"""Kueue's maximum execution time of a job (seconds), a label on the job or its pods."""
+
+
+def run_time_limit(group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -> float | None:
+    """The run-time limit a job declares, in seconds: Kueue's :data:`LABEL_KUEUE_MAX_EXEC` on its PodGroup or
+    pod, else the pod's ``spec.activeDeadlineSeconds`` (the limit the kubelet enforces); None when there is
+    none or it is not a whole number of seconds >= 1 (the job is then ranked by the learned sizes)."""
+    candidates: list[Any] = []
+    for obj in (group, pod):
+        if isinstance(obj, Mapping):
+            candidates.append(labels_of(obj).get(LABEL_KUEUE_MAX_EXEC))
+    if isinstance(pod, Mapping) and isinstance(pod.get("spec"), Mapping):
+        candidates.append(pod["spec"].get("activeDeadlineSeconds"))
+    for raw in candidates:
+        if raw is None or isinstance(raw, bool):
+            continue
+        text = str(raw).strip()
+        if text.isdigit() and 1 <= int(text) <= 10**12:  # whole seconds; beyond 30,000 years: a typo, ignored
+            return float(int(text))
     return None
 
 
@@ -479,14 +502,19 @@ class PoolDriver:
         return out
 
     def _job(self, name: str, reqs: Sequence[PodRequest], queue: str, n: int, nmin: int, nmax: int,
-             group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -> PoolJob:
+             group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None,
+             limit_pod: Mapping[str, Any] | None = None) -> PoolJob:
+        """The scheduler's job: topology from ``group`` / ``pod``, the size estimate (GPU-seconds: the declared
+        run-time limit x the job's GPUs, :func:`run_time_limit`) from ``group`` / ``limit_pod`` (default ``pod``)."""
         mode, tier = job_topology(group, pod)
         g = max((r.num_gpu for r in reqs), default=0)
+        limit = run_time_limit(group, pod if limit_pod is None else limit_pod)
         job = PoolJob(name=name, queue=queue, gpus_per_pod=g, n_pods=n, submit_time=0.0,
                       priority=max((r.priority for r in reqs), default=0),
                       cpu_per_pod=max((r.cpu_milli for r in reqs), default=0),
                       mem_per_pod=max((r.memory_mib for r in reqs), default=0),
-                      min_pods=nmin, max_pods=nmax, topology=mode, topology_tier=tier)
+                      min_pods=nmin, max_pods=nmax, topology=mode, topology_tier=tier,
+                      size_estimate=None if limit is None or not g else limit * g * n)
         job.pods = list(reqs)
         return job
 
@@ -552,7 +580,9 @@ class PoolDriver:
             same = set(now_placed) == set(held_keys) and all(st.assignments[k] is now_placed[k] for k in held_keys)
             if not same:
                 run_since = job.run_since
-                pool.detach(job, now, requeue=False)
+                # every pod gone and none waiting: the job left (its pods completed, or their owner deleted
+                # them); gpupool's own evictions requeue it elsewhere. Its service is a job size to learn from
+                pool.detach(job, now, requeue=False, finished=not held_keys and not pending)
                 info.attained = job.attained
                 self.jobs.pop(name, None)
                 job = None
@@ -652,7 +682,8 @@ class PoolDriver:
         queue = self._leaf(model.pods[held_keys[0]].info.queue) or self.default_queue
         extra = [pi.request for pi in pending]
         nmax = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
-        job = self._job(name, reqs + extra, queue, h, min(min_member, h), nmax, group, None)
+        job = self._job(name, reqs + extra, queue, h, min(min_member, h), nmax, group, None,
+                        limit_pod=model.pods[held_keys[0]].obj)
         if math.isnan(info.submit):
             created = [t for k in held_keys if (t := model.pods[k].info.request.creation_time) is not None]
             info.submit = min(created) if created else now

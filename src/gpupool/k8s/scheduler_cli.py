@@ -75,7 +75,7 @@ class Settings:
     prometheus_url: str = ""
     dcgm_endpoints: list[str] = field(default_factory=list)
     pool: bool = True  # the pool scheduler runs the cluster (queues' fair share, gangs, reclaim, preemption)
-    job_order: str = "fifo"  # within a queue, after priority: fifo or tiresias (2D-LAS)
+    job_order: str = "fifo"  # within a queue, after priority: fifo, tiresias (2D-LAS), gittins or remaining
     reserve_after_s: float | None = 600.0  # a gang waiting this long gets nodes reserved (None: never)
     min_runtime_s: float = 60.0  # a pod runs at least this long before it may be evicted
     consolidate: bool = False  # move running pods to defragment (a move restarts them)
@@ -86,12 +86,17 @@ class Settings:
 
     def pool_config(self) -> Any:
         """The :class:`~gpupool.engine.pool.PoolConfig` these settings give (:func:`gpupool.k8s.pool.live_config`)."""
+        from gpupool.engine.pool.ordering import SIZE_ORDERS
         from gpupool.k8s.pool import live_config
 
+        knob = {"promote_knob": 1.0} if self.job_order in SIZE_ORDERS else {}  # as the simulator's gittins policy
         return live_config(order=self.job_order, reserve_after_s=self.reserve_after_s, min_run_s=self.min_runtime_s,
                            reclaim_min_run_s=self.min_runtime_s, consolidate=self.consolidate,
-                           preempt=self.preemption, reclaim=self.reclaim, elastic=self.elastic)
+                           preempt=self.preemption, reclaim=self.reclaim, elastic=self.elastic, **knob)
 
+
+LIVE_ORDERS = ("fifo", "tiresias", "gittins", "remaining")
+"""Job orders the live scheduler takes (``pool.jobOrder``, ``--job-order``)."""
 
 CONFIG_KEYS = {"apiVersion", "kind", "leaderElection", "profiles", "metrics", "logging", "telemetry", "pool"}
 POOL_KEYS = {"enabled", "jobOrder", "reserveAfter", "minRuntime", "consolidate", "preemption", "reclaim", "elastic",
@@ -171,8 +176,8 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
             setattr(s, attr, pool[key])
     if "jobOrder" in pool:
         s.job_order = str(pool["jobOrder"])
-        if s.job_order not in ("fifo", "tiresias"):
-            raise ConfigError(f"{path}: pool.jobOrder: {s.job_order!r}: expected fifo or tiresias")
+        if s.job_order not in LIVE_ORDERS:
+            raise ConfigError(f"{path}: pool.jobOrder: {s.job_order!r}: expected {' or '.join(LIVE_ORDERS)}")
     if "reserveAfter" in pool:
         raw = pool["reserveAfter"]
         s.reserve_after_s = None if str(raw).strip().lower() in ("never", "none", "off") else parse_duration(
@@ -449,7 +454,9 @@ def register(app: typer.Typer) -> None:
                  "elastic gangs. --no-pool: placement within queue limits only. Default: on.")] = None,
         job_order: Annotated[str | None, typer.Option(
             "--job-order", show_default=False,
-            help="Order of jobs within a queue after priority: fifo or tiresias. Default: fifo.")] = None,
+            help="Order of jobs within a queue after priority: fifo, tiresias (2D-LAS), gittins or remaining "
+                 "(by job sizes learned from the jobs that left, and a run-time limit a job declares: Kueue's "
+                 "max-exec-time-seconds label or the pod's activeDeadlineSeconds). Default: fifo.")] = None,
         reserve_after: Annotated[float | None, typer.Option(
             "--reserve-after", metavar="SECONDS", min=0, show_default=False,
             help="Reserve nodes for a gang that waited this long (0: never). Default: 600.")] = None,
@@ -497,8 +504,8 @@ def register(app: typer.Typer) -> None:
             settings.min_runtime_s = min_runtime
         if consolidate is not None:
             settings.consolidate = consolidate
-        if settings.job_order not in ("fifo", "tiresias"):
-            _fail(f"job order {settings.job_order!r}: expected fifo or tiresias")
+        if settings.job_order not in LIVE_ORDERS:
+            _fail(f"job order {settings.job_order!r}: expected {' or '.join(LIVE_ORDERS)}")
         if settings.policy not in REGISTRY:
             _fail(f"unknown policy {settings.policy!r}; known: {', '.join(REGISTRY)}")
         if settings.log_format not in ("json", "kv", "logfmt"):

@@ -618,6 +618,10 @@ class PoolScheduler(EvictionActions):
         self._account_stop(job, now)
         job.status = DONE
         self.jobs_by_name.pop(job.name, None)
+        self._learn_size(job)
+
+    def _learn_size(self, job: PoolJob) -> None:
+        """A job left after ``job.attained`` GPU-seconds of service: a size for the size-ranked orders."""
         if self.sizes is not None:
             self.sizes.observe(job.q, job.attained / job.num_gpu if self.cfg.size_dims == 1 else job.attained,
                                job.num_gpu if self.cfg.size_by_gpus else None)
@@ -665,10 +669,12 @@ class PoolScheduler(EvictionActions):
         self._book_running(job, now)
         self._fs_dirty = True
 
-    def detach(self, job: PoolJob, now: float, requeue: bool) -> None:
+    def detach(self, job: PoolJob, now: float, requeue: bool, finished: bool = False) -> None:
         """A running ``job`` whose pods the driver already released from the state (they finished, were
         deleted, or their binding failed): update the books only; back to its queue if ``requeue``, else
-        done. A pending job is taken out of its queue (``requeue`` False) or left there."""
+        done. A pending job is taken out of its queue (``requeue`` False) or left there. ``finished`` (with
+        ``requeue`` False): the job left for good on its own, and its attained service is a job size the
+        Gittins / remaining orders learn from (as :meth:`finish`)."""
         if job.status == PENDING:
             if not requeue:
                 self._dequeue(job)
@@ -683,6 +689,8 @@ class PoolScheduler(EvictionActions):
         else:
             job.status = DONE
             self.jobs_by_name.pop(job.name, None)
+            if finished:
+                self._learn_size(job)
 
     def resync_free(self) -> None:
         """Recount the free whole healthy GPUs from the state (a driver that also places or counts pods
