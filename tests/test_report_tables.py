@@ -170,3 +170,13 @@ def test_policies_table_accepts_wide_and_wraps_descriptions():
         text = render(report.policies_table(rows, wide=wide), 80)
         assert_nothing_cut(text)
         assert all(p in text for p in POLICIES)
+
+
+def test_jobs_table_quota_columns_only_with_more_than_one_queue():
+    many = render(report.jobs_table([_jobs_entry(i, 1, False) for i in range(3)], wide=True), 400)
+    assert "quota" in many and "shortf." in many
+    one = render(report.jobs_table([{**_jobs_entry(i, 1, False), "n_queues": 1} for i in range(3)], wide=True), 400)
+    assert "quota" not in one and "shortf." not in one  # one queue: a shortfall would be idle capacity
+    runs = [report.JobRun({"policy": "fifo", "seed": 1, "queues": {"default": {}}}),
+            report.JobRun({"policy": "gpupool", "seed": 1, "queues": {"a": {}, "b": {}}})]
+    assert [e["n_queues"] for e in report.summarize_jobs(runs)] == [1, 2]

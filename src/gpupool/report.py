@@ -861,7 +861,8 @@ def summarize_jobs(runs: Sequence[JobRun]) -> list[dict[str, Any]]:
         by_policy.setdefault(run.policy, []).append(run)
     out = []
     for policy, group in by_policy.items():
-        entry: dict[str, Any] = {"policy": policy, "seeds": [r.record["seed"] for r in group], "n_seeds": len(group)}
+        entry: dict[str, Any] = {"policy": policy, "seeds": [r.record["seed"] for r in group], "n_seeds": len(group),
+                                 "n_queues": max(len(r.record.get("queues") or {"": 0}) for r in group)}
         for key in JOB_METRIC_KEYS:
             mean, std = _stats([r.record.get(key) for r in group])
             entry[key] = mean
@@ -879,9 +880,10 @@ def _failures_injected(summary: Sequence[dict[str, Any]]) -> bool:
 
 def jobs_table(summary: Sequence[dict[str, Any]], title: str = "", *, wide: bool = False) -> FitTable:
     """One row per job-level policy: JCT, queueing delay, makespan, utilization, fairness, quota deficit
-    and shortfall, preemptions, deadlocks, energy, events/s; with failure injection (any run had node/GPU
-    failures) also the failures, the jobs they killed, the restarts and the GPU-hours lost. Mean (± std
-    over seeds); best values in bold green. Fits the width it is printed at (:class:`FitTable`)."""
+    and shortfall (when a run had more than one queue: with one, they would measure idle capacity),
+    preemptions, deadlocks, energy, events/s; with failure injection (any run had node/GPU failures) also the
+    failures, the jobs they killed, the restarts and the GPU-hours lost. Mean (± std over seeds); best values
+    in bold green. Fits the width it is printed at (:class:`FitTable`)."""
     cols = [_Col("policy", [e["policy"] for e in summary], 0, name="policy")]
 
     def add(header: str, key: str, better: int, priority: int, name: str, **kw: Any) -> None:
@@ -894,8 +896,10 @@ def jobs_table(summary: Sequence[dict[str, Any]], title: str = "", *, wide: bool
     add("makespan\n(d)", "makespan_s", -1, 3, "makespan (days)", scale=1 / 86400)
     add("GPU\nutil (%)", "gpu_utilization", 1, 1, "GPU utilization", pct=True)
     add("Jain", "jain_fairness", 1, 3, "Jain fairness", digits=3)
-    add("quota\ndeficit (%)", "worst_quota_deficit", -1, 4, "worst quota deficit", pct=True)
-    add("longest\nshortf. (h)", "longest_quota_shortfall_s", -1, 6, "longest quota shortfall (h)", scale=1 / 3600)
+    if any(e.get("n_queues", 2) > 1 for e in summary):  # one queue: a "shortfall" is idle capacity, no quota's
+        add("quota\ndeficit (%)", "worst_quota_deficit", -1, 4, "worst quota deficit", pct=True)
+        add("longest\nshortf. (h)", "longest_quota_shortfall_s", -1, 6, "longest quota shortfall (h)",
+            scale=1 / 3600)
     add("pre-\nempt.", "preemptions", 0, 5, "preemptions", digits=0, thousands=True)
     add("dead-\nlocks", "deadlocks", -1, 6, "deadlocks", digits=0)
     add("energy\n(MWh)", "energy_kwh", -1, 5, "energy (MWh)", scale=1 / 1000)
