@@ -193,3 +193,21 @@ def test_a_queue_cr_with_a_huge_priority_is_left_out_and_the_pool_goes_on() -> N
     assert c.model.stats.get("pool_errors", 0) == 0
     assert "queue a" in c.driver.tree_error and "2147483647" in c.driver.tree_error
     assert c.running() == ["default/b0", "default/b1"]
+
+
+def test_an_empty_node_list_as_go_encodes_it_is_no_error() -> None:
+    from gpupool.k8s.extender import _candidates
+
+    assert _candidates({"Nodes": {"items": None}}) == ([], [])  # Go: a nil slice is null
+
+
+def test_an_unknown_queue_is_named_before_capacity() -> None:
+    from gpupool.engine.pool.queues import QueueSpec, QueueTree
+    from gpupool.sim.jobs import JobSpec
+
+    jobs = [JobSpec("huge", 0.0, 10.0, 10**5, queue="nosuch"), JobSpec("ok", 0.0, 100.0, 1, queue="a")]
+    res = run_jobs(_nodes(2, 8), jobs, "gpupool", queues=QueueTree([QueueSpec(name="a", quota=8)]),
+                   config=JobSimConfig(sample_interval_s=0, restart_overhead_s=0.0))
+    by_id = {j["job_id"]: j for j in res.jobs}
+    assert by_id["huge"]["reason"].startswith("unknown queue"), by_id["huge"]["reason"]
+    assert by_id["ok"]["status"] == "finished"

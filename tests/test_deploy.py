@@ -394,6 +394,7 @@ def test_crds_define_every_status_field_gpupool_writes():
 
 @pytest.mark.parametrize("spec", [
     {"quota": -1}, {"limit": -2}, {"weight": 0}, {"weight": -1}, {"quota": "8"}, {"priority": 1.5},
+    {"priority": 2**31}, {"priority": -(2**31) - 1},  # int32, as gpupool's QueueSpec takes it
     {"parent": 3}, {"unknown": 1, "quota": 1},
 ])
 def test_queue_schema_rejects_bad_specs(spec):

@@ -470,3 +470,99 @@ def test_live_size_orders_learn_from_the_jobs_that_left_not_from_evictions():
     c.delete("default/c")  # its owner deleted it: it left too
     c.run(3)
     assert sizes.n_seen == 2
+
+
+# ------------------------------------------------------------------ size-ranked orders, live (review findings)
+def test_before_any_size_is_known_estimates_do_not_reorder_jobs():
+    # a fresh scheduler, nothing learned: a declared limit must not put a job behind one that declares none
+    # (the learned score of every job is 0 then); both arrive together on one idle GPU: FIFO decides
+    for order in ("fifo", "remaining", "gittins"):
+        c = Cluster([node("n1", gpus=1)], order=order, promote_knob=1.0)
+        short, nolimit = pod("short", 1, created=10.0), pod("nolimit", 1, created=20.0)
+        short["spec"]["activeDeadlineSeconds"] = 60
+        c.add(short, nolimit)
+        c.run(2)
+        assert c.running() == ["default/short"], (order, c.running())
+
+
+def test_learned_sizes_survive_a_driver_reset():
+    c = Cluster([node("n1", gpus=2)], order="gittins", promote_knob=1.0, thresholds=(60.0,))
+    c.add(pod("a", 1, created=0.0))
+    c.run(100)
+    c.finish("default/a")
+    c.run(3)
+    assert c.driver.pool.sizes.n_seen == 1
+    c.model.apply("nodes", "ADDED", node("n2", gpus=2))  # the autoscaler adds a node: state rebuilt
+    c.run(3)
+    assert c.driver.stats["resets"] >= 2
+    assert c.driver.pool.sizes.n_seen == 1, "learned sizes lost on reset"
+
+
+def test_gang_attained_service_kept_across_a_gpupool_eviction():
+    # gang g (2 pods) runs 100 s, is evicted by a higher-priority job, its controller re-creates its pods
+    c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[pod_group("g", 2)], order="gittins",
+                promote_knob=1.0, min_run_s=0.0, reclaim_min_run_s=0.0)
+    c.add(pod("g-0", 1, queue="a", group="g", created=0.0), pod("g-1", 1, queue="a", group="g", created=0.0))
+    c.run(100)
+    assert c.running() == ["default/g-0", "default/g-1"]
+    c.add(pod("hi", 2, queue="a", priority=50, created=100.0))
+    c.run(3)
+    assert c.running() == ["default/hi"], c.log[-6:]
+    c.add(pod("g-0b", 1, queue="a", group="g", created=104.0), pod("g-1b", 1, queue="a", group="g", created=104.0))
+    c.run(2)
+    job = c.driver.jobs["default/g"]
+    assert job.attained >= 190.0, job.attained
+
+
+def test_a_lapsed_nomination_is_no_departure():
+    c = Cluster([node("n1", gpus=1)], [queue("a", quota=1)], order="gittins", promote_knob=1.0, min_run_s=0.0,
+                reclaim_min_run_s=0.0)
+    c.add(pod("lo", 1, queue="a", created=0.0))
+    c.run(5)
+    c.slow.add("default/lo")  # its kubelet never lets it go
+    c.add(pod("hi", 1, queue="a", priority=50, created=5.0))
+    c.run(90)
+    assert c.driver.stats["lapsed"] >= 1
+    assert c.driver.pool.sizes.n_seen == 0, c.driver.pool.sizes.seen
+
+
+def test_waiting_job_estimate_follows_a_label_change():
+    c = Cluster([node("n1", gpus=1)], order="remaining", promote_knob=1.0)
+    c.add(pod("busy", 1, created=0.0))
+    c.run(2)
+    p = pod("w", 1, created=10.0)
+    p["metadata"]["labels"]["kueue.x-k8s.io/max-exec-time-seconds"] = "36000"
+    c.add(p)
+    c.run(2)
+    assert c.driver.jobs["default/w"].size_estimate == 36000.0
+    c._update("default/w", lambda o: o["metadata"]["labels"].__setitem__("kueue.x-k8s.io/max-exec-time-seconds", "60"))
+    c.run(2)
+    assert c.driver.jobs["default/w"].size_estimate == 60.0
+
+
+def test_a_reset_does_not_count_a_running_job_twice():
+    c = Cluster([node("n1", gpus=2)], order="gittins", promote_knob=1.0, thresholds=(1e9,))
+    c.add(pod("a", 1, created=0.0))
+    c.run(100)
+    c.pods["default/a"]["status"]["startTime"] = "2023-11-14T22:13:20Z"  # 1_700_000_000: when it started
+    c.model.apply("nodes", "ADDED", node("n2", gpus=2))  # state rebuilt: a new PoolScheduler
+    c.run(3)
+    c.finish("default/a")
+    c.run(2)
+    assert next(iter(c.driver.pool.sizes.seen.values()))[0] <= 110.0
+
+
+def test_a_gang_keeps_its_size_estimate_when_a_pod_finishes():
+    c = Cluster([node("n1")], [queue("a", quota=8)], groups=[pod_group("el", 1)], order="remaining",
+                promote_knob=1.0, reclaim_min_run_s=0, min_run_s=0)
+    ps = [pod(f"el-{i}", 2, queue="a", group="el") for i in range(4)]
+    for p in ps:
+        p["spec"]["activeDeadlineSeconds"] = 1000
+    c.add(*ps)
+    c.run(1)
+    assert c.driver.jobs["default/el"].size_estimate == 8000.0  # 1,000 s x 4 pods x 2 GPUs
+    c.run(500)
+    c.finish("default/el-3")
+    c.run(1)
+    j = c.driver.jobs["default/el"]
+    assert j.size_estimate == 8000.0, j.size_estimate  # a finished pod does not shrink what the job has ahead

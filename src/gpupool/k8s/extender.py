@@ -234,6 +234,8 @@ def _candidates(args: Mapping[str, Any]) -> tuple[list[str], list[dict] | None]:
     node_list = field_of(args, "Nodes")
     if node_list:
         items = field_of(node_list, "items") if isinstance(node_list, Mapping) else None
+        if isinstance(node_list, Mapping) and items is None:  # Go's encoding of an empty list: no nodes
+            items = []
         if not isinstance(items, list) or not all(isinstance(n, Mapping) for n in items):
             raise ValueError(f"ExtenderArgs.Nodes: expected a NodeList {{items: [Node, ...]}}, got "
                              f"{str(node_list)[:80]!r}")

@@ -138,6 +138,10 @@ def max_member(group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -
     return None
 
 
+EVICTED_KEEP_S = 3600.0
+"""How long the driver keeps a job's books (attained service, submission, protection) after gpupool evicted it
+and none of its pods is left, waiting for its controller to re-create them under the same job (a gang)."""
+
 LABEL_KUEUE_MAX_EXEC = "kueue.x-k8s.io/max-exec-time-seconds"
 """Kueue's maximum execution time of a job (seconds), a label on the job or its pods."""
 
@@ -194,9 +198,13 @@ class _JobInfo:
     members: set[str] = field(default_factory=set)
     submit: float = math.nan  # when the job was first seen (its oldest pod's creation): job order, never reset
     restarted: bool = False  # it ran before: its wait counts from its pods' re-creation (an eviction)
-    attained: float = 0.0
+    attained: float = 0.0  # GPU-seconds of service before the current run (while it runs: see run_since)
+    run_since: float = math.nan  # when its current run began, kept across a scheduler rebuild (nan: none)
     protected_until: float = -math.inf
     spec: tuple = ()
+    limit_s: float | None = None  # the run-time limit it declared (seconds), and the largest size estimate
+    estimate: float = 0.0  # (GPU-s) it had under that limit: a gang that shrank or lost a finished pod keeps it
+    gone_at: float = math.nan  # evicted by gpupool and no pod left: when (its books wait for its pods' return)
 
 
 class PoolDriver:
@@ -230,6 +238,8 @@ class PoolDriver:
         self._tree_key: tuple | None = None
         self.jobs: dict[str, PoolJob] = {}
         self.info: dict[str, _JobInfo] = {}
+        self._limits: dict[str, float | None] = {}  # run-time limit of the job _job just built (for _keep_estimate)
+        self._gone: dict[str, float] = {}  # evicted jobs with no pod left -> since when (see _JobInfo.gone_at)
         self.job_of: dict[str, str] = {}  # pod key -> job name
         self.held: dict[str, _Held] = {}
         self.evicting: dict[str, _Evicting] = {}
@@ -325,14 +335,16 @@ class PoolDriver:
         pool pod the model holds is adopted; job memory (attained service, wait, protection) is kept."""
         model = self.model
         self.stats["resets"] += 1
+        learned = self.pool.sizes if self.pool is not None else None  # job sizes learned so far stay learned
         self.pool = PoolScheduler(model.state, model.policy_name, self.tree, self.config, seed=model.seed,
-                                  engine=model.engine)
+                                  engine=model.engine, sizes=learned)
         st = model.state
         if (st.gpu_replicas > 1).any():  # a whole-GPU ask takes one replica of a time-sliced GPU
             self.pool.slot_milli = st.slice_milli[:, None]
         for job in self.jobs.values():
-            if job.status == RUNNING:
-                self.info.setdefault(job.name, _JobInfo()).attained = job.attained_at(now)
+            if job.status == RUNNING:  # its service before this run, and when this run began (re-attached so)
+                info = self.info.setdefault(job.name, _JobInfo())
+                info.attained, info.run_since = job.attained, job.run_since
         self.jobs.clear()
         self.job_of.clear()
         for info in self.info.values():
@@ -388,6 +400,7 @@ class PoolDriver:
             self._reset(now)
         pool = self.pool
         assert pool is not None
+        self._forget_gone(now)
         placements: list[Any] = list(out)
         denominated, self._denominated = self._denominated, []
         self._lapse(now, denominated)
@@ -515,8 +528,31 @@ class PoolDriver:
                       mem_per_pod=max((r.memory_mib for r in reqs), default=0),
                       min_pods=nmin, max_pods=nmax, topology=mode, topology_tier=tier,
                       size_estimate=None if limit is None or not g else limit * g * n)
+        self._limits[name] = limit
         job.pods = list(reqs)
         return job
+
+    def _forget_gone(self, now: float) -> None:
+        """Drop the books of evicted jobs whose pods did not come back within :data:`EVICTED_KEEP_S`."""
+        for name, since in list(self._gone.items()):
+            if now - since > EVICTED_KEEP_S:
+                del self._gone[name]
+                info = self.info.get(name)
+                if info is not None and not info.members and math.isfinite(info.gone_at):
+                    del self.info[name]
+
+    def _keep_estimate(self, info: _JobInfo, job: PoolJob) -> None:
+        """A job's size estimate is the largest it had under its current run-time limit: an elastic gang that
+        shrank, or lost a pod that finished, still has the service of its whole run ahead of it; a new limit
+        starts afresh."""
+        limit = self._limits.pop(job.name, None)
+        if limit is None or job.size_estimate is None:
+            info.limit_s, info.estimate = None, 0.0
+            return
+        if info.limit_s != limit:
+            info.limit_s, info.estimate = limit, 0.0
+        info.estimate = max(info.estimate, job.size_estimate)
+        job.size_estimate = info.estimate
 
     def _group_obj(self, gkey: str | None) -> Mapping[str, Any] | None:
         if gkey is None:
@@ -582,7 +618,9 @@ class PoolDriver:
                 run_since = job.run_since
                 # every pod gone and none waiting: the job left (its pods completed, or their owner deleted
                 # them); gpupool's own evictions requeue it elsewhere. Its service is a job size to learn from
-                pool.detach(job, now, requeue=False, finished=not held_keys and not pending)
+                left = not held_keys and not pending and all(  # a lapsed nomination's pods are only forgotten
+                    (r := model.pods.get(k)) is None or r.terminal for k in info.members)
+                pool.detach(job, now, requeue=False, finished=left)
                 info.attained = job.attained
                 self.jobs.pop(name, None)
                 job = None
@@ -600,6 +638,7 @@ class PoolDriver:
         # ---- the waiting part
         if not pending:
             if job is not None and job.status == PENDING:
+                info.attained = job.attained  # the service it had (an evicted job: kept for when it returns)
                 pool.detach(job, now, requeue=False)
             self.jobs.pop(name, None)
             if not held_keys:
@@ -608,8 +647,14 @@ class PoolDriver:
                         del self.job_of[k]
                 info.members.clear()
                 if not self._alive(name):
-                    self.info.pop(name, None)
+                    if info.restarted:  # evicted by gpupool: its controller re-creates its pods (a gang keeps
+                        info.gone_at = self._gone[name] = now  # its name): its books wait, EVICTED_KEEP_S at most
+                    else:
+                        self.info.pop(name, None)
             return
+        if math.isfinite(info.gone_at):  # its pods are back
+            info.gone_at = math.nan
+            self._gone.pop(name, None)
         created = [pi.request.creation_time for pi in pending if pi.request.creation_time]
         if math.isnan(info.submit):
             info.submit = min(created) if created else now
@@ -620,7 +665,8 @@ class PoolDriver:
         nmin = min(max(1, min_member if gkey else 1), n)
         queue = self._leaf(pending[0].queue) or self.default_queue
         reqs = sorted((pi.request for pi in pending), key=lambda r: (-r.priority, r.creation_time or 0.0, r.name))
-        spec = (tuple(r.name for r in reqs), nmin, n, queue, tuple(r.priority for r in reqs), gkey and repr(group))
+        spec = (tuple(r.name for r in reqs), nmin, n, queue, tuple(r.priority for r in reqs), gkey and repr(group),
+                run_time_limit(group, first_pod))
         if job is not None and job.status == PENDING and info.spec == spec:
             return
         if job is not None and job.status == PENDING:
@@ -629,6 +675,7 @@ class PoolDriver:
         job.submit_time = info.submit  # job order: priority, then submission
         job.attained = info.attained
         job.protected_until = info.protected_until
+        self._keep_estimate(info, job)
         info.spec = spec
         pool.submit(job, now, waiting_since if math.isfinite(waiting_since) else None)
         self.jobs[name] = job
@@ -690,6 +737,10 @@ class PoolDriver:
         job.submit_time = info.submit
         job.attained = info.attained
         job.protected_until = info.protected_until
+        self._keep_estimate(info, job)
+        if run_since is None and math.isfinite(info.run_since):  # a rebuilt scheduler: the run it had
+            run_since = info.run_since
+        info.run_since = math.nan
         if run_since is None:  # when its pods started running (status.startTime), else when they were created
             times = [_started_at(model.pods[k].obj) or model.pods[k].info.request.creation_time for k in held_keys]
             run_since = now if any(t is None for t in times) else max(t for t in times if t is not None)

@@ -125,9 +125,13 @@ class JobSimConfig:
     * ``size_estimate_error``: None (default): jobs carry no size estimate. A number ``sigma >= 0``: every job
       carries an estimate of its size (:attr:`PoolJob.size_estimate`, which the ``gittins`` and ``remaining``
       orders use): its trace duration x GPUs x ``exp(sigma * N(0, 1))``, drawn from its own generator seeded
-      with ``seed`` (other draws are unchanged). ``0.0`` gives every job its exact size: a clairvoyant bound
-      for what job-size knowledge can win, not a policy; ``1.0`` is an estimate typically off by a factor
-      up to e, as users' run-time limits are. ValueError for a negative or non-finite sigma.
+      with ``seed`` (other draws are unchanged). ``0.0`` gives every job its trace size (its work): with no
+      restart overhead, no failures and a checkpoint at every eviction (the Tiresias-matched model of
+      ``benchmarks/bench_job_order.py``) that is exactly the service it will attain, a clairvoyant bound for
+      what job-size knowledge can win, not a policy; with the shipped model, service lost to restarts comes on
+      top and an evicted job may overrun it. ``1.0`` is an estimate typically off by a factor up to e, as
+      users' run-time limits are. Estimates are used once any job size is known (see
+      :attr:`PoolJob.size_estimate`). ValueError for a negative or non-finite sigma.
     * ``objective``: ``"jct"``, ``"energy"`` or ``"balanced"``: heterogeneity-aware placement with
       ``gpu_speed="catalog"`` on a cluster whose models differ in speed
       (:func:`gpupool.engine.pool.hetero.hetero_placement`); None or ``"none"``: speed-blind (the
@@ -600,6 +604,7 @@ class JobSimulator:
                 try:
                     # asked before submit, which makes every pod of the job: a row asking 10**9 GPUs is refused
                     # here, not built into 10**8 pod requests first
+                    sched.tree.leaf_index(sj.pj.queue)  # an unknown queue first (KeyError), as submit says it
                     reason = sched.infeasible_reason(sj.pj)
                     if not reason:
                         sched.submit(sj.pj, now)

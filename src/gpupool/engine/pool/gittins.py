@@ -107,7 +107,7 @@ class SizeModel:
         self.tables: dict[Hashable, SizeTable] = {}
 
     def observe(self, group: Hashable, size: float, gpus: int | None = None) -> bool:
-        """A job of ``group`` (a queue) finished after ``size`` GPU-seconds of service; ``gpus``: its GPU
+        """A job of ``group`` (a queue name) finished after ``size`` GPU-seconds of service; ``gpus``: its GPU
         count, if the model also learns per (queue, GPU count). True when the tables were rebuilt."""
         self.seen.setdefault(group, []).append(float(size))
         if gpus is not None:

@@ -55,7 +55,8 @@ class PoolJob:
     ``size_estimate``: the job's expected total service in GPU-seconds (a user's run-time estimate x GPUs,
     like a Slurm time limit); None: unknown. The Gittins and remaining orders rank a job that has one by its
     expected remaining service ``size_estimate - attained`` instead of the learned distribution, until it
-    has attained its estimate (then by the distribution again: the estimate was too low).
+    has attained its estimate (then by the distribution again: the estimate was too low). While no job size
+    is known yet (nothing learned, no prior), estimates are not used: every job scores alike.
 
     Raises ValueError for an impossible spec (no pods, min > n > max, unknown topology mode or tier, a size
     estimate that is negative or not finite).

@@ -270,12 +270,15 @@ class PoolScheduler(EvictionActions):
     """Job scheduler over one cluster and one queue tree (see the module docstring).
 
     ``placement``: a placement policy name or instance (every pod goes through ``Engine(state, policy)``);
-    ``workload``: typical pods for policies that learn from them (FGD / gpupool); ``seed``: tie-breaks.
+    ``workload``: typical pods for policies that learn from them (FGD / gpupool); ``seed``: tie-breaks;
+    ``sizes``: the job sizes a previous scheduler learned (Gittins / remaining orders; keyed by queue name),
+    for a driver that rebuilds the scheduler over a new state.
     """
 
     def __init__(self, state: ClusterState, placement: str | Policy, queues: QueueTree,
                  config: PoolConfig | None = None, seed: int = 0,
-                 workload: Sequence[PodRequest] | None = None, engine: Engine | None = None) -> None:
+                 workload: Sequence[PodRequest] | None = None, engine: Engine | None = None,
+                 sizes: SizeModel | None = None) -> None:
         self.state = state
         self.cfg = config or PoolConfig()
         if engine is not None:  # a driver's engine (its filters, caches and policy state are shared)
@@ -296,8 +299,8 @@ class PoolScheduler(EvictionActions):
         self.tree = queues
         self._leaves: list[int] = queues.leaves.tolist()  # leaf queue indices (the tree is fixed)
         self.sizes: SizeModel | None = None  # job sizes learned online (Gittins / remaining orders)
-        if self.cfg.order in SIZE_ORDERS:
-            self.sizes = SizeModel(self.cfg.size_prior, self.cfg.size_min_samples)
+        if self.cfg.order in SIZE_ORDERS:  # ``sizes``: a driver that rebuilds the scheduler keeps what it learned
+            self.sizes = sizes if sizes is not None else SizeModel(self.cfg.size_prior, self.cfg.size_min_samples)
             self.order = make_order(self.cfg.order, self.cfg.thresholds, self.cfg.promote_knob,
                                     delta=self.cfg.gittins_delta, model=self.sizes)
             self._sizes_keyed = self.sizes.version
@@ -466,17 +469,19 @@ class PoolScheduler(EvictionActions):
     def _score(self, job: PoolJob, attained: float, run_s: float) -> float:
         """Order score of ``job`` after ``attained`` GPU-seconds in ``run_s`` seconds of run: expected service
         (inverse Gittins index or expected remaining; for a job with a ``size_estimate`` above ``attained``, the
-        estimate less ``attained``) plus ``aging`` x (submission + run time), which at any
-        one moment ranks jobs as ``aging`` x the time they waited would (subtracted): waiting jobs age."""
+        estimate less ``attained``, once any size is known: before, every job scores alike, FIFO) plus
+        ``aging`` x (submission + run time), which at any one moment ranks jobs as ``aging`` x the time they
+        waited would (subtracted): waiting jobs age."""
         if self.cfg.scored_levels is not None and job.level >= self.cfg.scored_levels:
             return 0.0
         one = self.cfg.size_dims == 1
-        if job.size_estimate is not None and job.size_estimate > attained:  # its own estimate, not yet overrun
+        gpus = job.num_gpu if self.cfg.size_by_gpus else None
+        if (job.size_estimate is not None and job.size_estimate > attained  # its own estimate, not yet overrun,
+                and self.order.model.table(job.queue, gpus).n):  # once sizes are known: else all score alike
             rest = job.size_estimate - attained
             score = rest / job.num_gpu if one else rest
         else:
-            gpus = job.num_gpu if self.cfg.size_by_gpus else None
-            score = self.order.score(job.q, attained / job.num_gpu if one else attained, gpus)
+            score = self.order.score(job.queue, attained / job.num_gpu if one else attained, gpus)
         if self.cfg.aging:
             score += self.cfg.aging * (job.submit_time + run_s) * (1 if one else job.num_gpu)
         return score
@@ -623,7 +628,7 @@ class PoolScheduler(EvictionActions):
     def _learn_size(self, job: PoolJob) -> None:
         """A job left after ``job.attained`` GPU-seconds of service: a size for the size-ranked orders."""
         if self.sizes is not None:
-            self.sizes.observe(job.q, job.attained / job.num_gpu if self.cfg.size_dims == 1 else job.attained,
+            self.sizes.observe(job.queue, job.attained / job.num_gpu if self.cfg.size_dims == 1 else job.attained,
                                job.num_gpu if self.cfg.size_by_gpus else None)
 
     def remove(self, job: PoolJob, now: float, reason: str) -> None:
