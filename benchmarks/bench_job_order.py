@@ -29,8 +29,9 @@ Orders (``PoolConfig`` of the ``gpupool`` job policy with these overrides):
 * ``remaining-est1``: shortest expected remaining service within the levels, promotion knob 1, every job
   carrying a size estimate as a user's run-time limit would (``JobSimConfig.size_estimate_error`` 1.0: its
   size x exp(N(0, 1)), so typically off by up to a factor e; the learned sizes once a job overran it);
-* ``remaining-exact``: the same with every job's exact size known at submission (error 0.0). This row is
-  **clairvoyant**: no scheduler knows this; it bounds what knowing job sizes can win within the LAS levels,
+* ``remaining-exact``: the same with every job's exact size known at submission (error 0.0; as every
+  estimate, used from the first job that finished on: before, all jobs score alike). This row is
+  **clairvoyant**: no scheduler knows this; it shows what knowing job sizes can win within the LAS levels,
   and is marked so in the tables (its checks say whether even exact sizes reach the targets).
 
 Tiresias' own figures come from the peer benchmark's results (``--peer-results``, default every
@@ -240,8 +241,8 @@ def markdown(doc: dict) -> str:
              "(h). `count`: 1-GPU pods anywhere (the peer's `--scheme=count`); `node`: gpupool's whole-node "
              "gangs. Check marks: mean and p95 <= Tiresias-G, p99 and makespan <= Tiresias-L (sources below "
              "each table). `remaining-est1`: every job carries a size estimate off by exp(N(0, 1)); a row marked "
-             "(clairvoyant) knows every job's exact size at submission: a bound on what size knowledge can win "
-             "within the LAS levels, not a policy.", ""]
+             "(clairvoyant) knows every job's exact size at submission (estimates count from the first finished job "
+             "on): what size knowledge can win within the LAS levels, not a policy.", ""]
     for w in doc["windows"]:
         lines += [f"## jobs {w['offset']:,}-{w['offset'] + w['jobs']:,} on {w['gpus']} GPUs "
                   f"(offered load {w['load']:.2f}, mean duration {w['mean_duration_h']:.2f} h, "
