@@ -138,10 +138,6 @@ def max_member(group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None) -
     return None
 
 
-EVICTED_KEEP_S = 3600.0
-"""How long the driver keeps a job's books (attained service, submission, protection) after gpupool evicted it
-and none of its pods is left, waiting for its controller to re-create them under the same job (a gang)."""
-
 LABEL_KUEUE_MAX_EXEC = "kueue.x-k8s.io/max-exec-time-seconds"
 """Kueue's maximum execution time of a job (seconds), a label on the job or its pods."""
 
@@ -204,7 +200,6 @@ class _JobInfo:
     spec: tuple = ()
     limit_s: float | None = None  # the run-time limit it declared (seconds), and the largest size estimate
     estimate: float = 0.0  # (GPU-s) it had under that limit: a gang that shrank or lost a finished pod keeps it
-    gone_at: float = math.nan  # evicted by gpupool and no pod left: when (its books wait for its pods' return)
 
 
 class PoolDriver:
@@ -239,7 +234,6 @@ class PoolDriver:
         self.jobs: dict[str, PoolJob] = {}
         self.info: dict[str, _JobInfo] = {}
         self._limits: dict[str, float | None] = {}  # run-time limit of the job _job just built (for _keep_estimate)
-        self._gone: dict[str, float] = {}  # evicted jobs with no pod left -> since when (see _JobInfo.gone_at)
         self.job_of: dict[str, str] = {}  # pod key -> job name
         self.held: dict[str, _Held] = {}
         self.evicting: dict[str, _Evicting] = {}
@@ -341,10 +335,12 @@ class PoolDriver:
         st = model.state
         if (st.gpu_replicas > 1).any():  # a whole-GPU ask takes one replica of a time-sliced GPU
             self.pool.slot_milli = st.slice_milli[:, None]
+        ran: dict[str, float] = {}  # running jobs -> their service up to now (for those not re-attached)
         for job in self.jobs.values():
             if job.status == RUNNING:  # its service before this run, and when this run began (re-attached so)
                 info = self.info.setdefault(job.name, _JobInfo())
                 info.attained, info.run_since = job.attained, job.run_since
+                ran[job.name] = job.attained_at(now)
         self.jobs.clear()
         self.job_of.clear()
         for info in self.info.values():
@@ -364,6 +360,10 @@ class PoolDriver:
                     names.add(name)
         for name in sorted(names):  # a fixed order: job numbers (tie-breaks among equal victims) do not vary
             self._reconcile(name, None, now)
+        for name, total in ran.items():  # its pods went before the rebuild: that run ended, nothing re-attached it
+            info = self.info.get(name)
+            if info is not None and math.isfinite(info.run_since):
+                info.attained, info.run_since = total, math.nan
         self._pending_names = set()
 
     def _register(self, key: str, name: str) -> None:
@@ -400,7 +400,6 @@ class PoolDriver:
             self._reset(now)
         pool = self.pool
         assert pool is not None
-        self._forget_gone(now)
         placements: list[Any] = list(out)
         denominated, self._denominated = self._denominated, []
         self._lapse(now, denominated)
@@ -532,15 +531,6 @@ class PoolDriver:
         job.pods = list(reqs)
         return job
 
-    def _forget_gone(self, now: float) -> None:
-        """Drop the books of evicted jobs whose pods did not come back within :data:`EVICTED_KEEP_S`."""
-        for name, since in list(self._gone.items()):
-            if now - since > EVICTED_KEEP_S:
-                del self._gone[name]
-                info = self.info.get(name)
-                if info is not None and not info.members and math.isfinite(info.gone_at):
-                    del self.info[name]
-
     def _keep_estimate(self, info: _JobInfo, job: PoolJob) -> None:
         """A job's size estimate is the largest it had under its current run-time limit: an elastic gang that
         shrank, or lost a pod that finished, still has the service of its whole run ahead of it; a new limit
@@ -638,7 +628,6 @@ class PoolDriver:
         # ---- the waiting part
         if not pending:
             if job is not None and job.status == PENDING:
-                info.attained = job.attained  # the service it had (an evicted job: kept for when it returns)
                 pool.detach(job, now, requeue=False)
             self.jobs.pop(name, None)
             if not held_keys:
@@ -647,14 +636,8 @@ class PoolDriver:
                         del self.job_of[k]
                 info.members.clear()
                 if not self._alive(name):
-                    if info.restarted:  # evicted by gpupool: its controller re-creates its pods (a gang keeps
-                        info.gone_at = self._gone[name] = now  # its name): its books wait, EVICTED_KEEP_S at most
-                    else:
-                        self.info.pop(name, None)
+                    self.info.pop(name, None)
             return
-        if math.isfinite(info.gone_at):  # its pods are back
-            info.gone_at = math.nan
-            self._gone.pop(name, None)
         created = [pi.request.creation_time for pi in pending if pi.request.creation_time]
         if math.isnan(info.submit):
             info.submit = min(created) if created else now
