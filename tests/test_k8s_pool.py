@@ -552,6 +552,17 @@ def test_a_gang_keeps_its_size_estimate_when_a_pod_finishes():
     assert j.size_estimate == 8000.0, j.size_estimate  # a finished pod does not shrink what the job has ahead
 
 
+def _while_running(c, name: str, seconds: int, fn) -> list:
+    """``fn(job)`` after every second of ``seconds`` in which job ``name`` runs in the scheduler."""
+    out = []
+    for _ in range(seconds):
+        c.run(1)
+        j = c.driver.jobs.get(name)
+        if j is not None and j.status == "running":
+            out.append(fn(j))
+    return out
+
+
 # ------------------------------------------------------------------ job books across reruns (second review)
 def test_fifo_a_finished_pod_recreated_under_its_name_does_not_jump_the_queue():
     # default config (fifo): pod a ran and finished; later c waits, then a new pod is created under a's name
@@ -605,19 +616,11 @@ def test_stale_run_since_after_a_reset_is_not_reused_by_a_later_run():
     c.delete("default/g-1")
     c.model.apply("nodes", "ADDED", node("n2", gpus=1))
     c.run(1000)
-    print("info after reset", c.driver.info.get("default/g"))
     c.add(pod("g-0b", 1, queue="a", group="g", created=1101.0), pod("g-1b", 1, queue="a", group="g", created=1101.0))
     c.run(2)
-    print(c.running(), c.driver.jobs["default/g"])
     c.slow.update({"default/g-0b", "default/g-1b"})
     c.add(pod("hi", 2, queue="a", priority=50, created=1103.0))
-    seen = []
-    for _ in range(90):
-        c.run(1)
-        j = c.driver.jobs.get("default/g")
-        if j is not None and j.status == "running":
-            seen.append(j.run_since)
-    print(c.log[-8:], c.driver.stats)
+    seen = _while_running(c, "default/g", 90, lambda j: j.run_since)
     assert c.driver.stats["lapsed"] >= 1
     assert seen and min(seen) > t0 + 500, [s - t0 for s in seen]
 
@@ -631,12 +634,8 @@ def test_a_lapsed_eviction_does_not_count_the_run_twice():
     c.run(60)
     c.slow.add("default/lo")  # its kubelet never lets it go
     c.add(pod("hi", 1, queue="a", priority=50, created=62.0))
-    over = []
-    for _ in range(90):
-        c.run(1)
-        j = c.driver.jobs.get("default/lo")
-        if j is not None and j.status == "running":
-            over.append(j.attained_at(c.now) - (c.now - start))  # service beyond its one uninterrupted run
+    # service beyond its one uninterrupted run
+    over = _while_running(c, "default/lo", 90, lambda j: j.attained_at(c.now) - (c.now - start))
     assert c.driver.stats["lapsed"] >= 1
     assert over and max(over) <= 5.0, over[-3:]
 
