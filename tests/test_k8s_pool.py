@@ -661,3 +661,20 @@ def test_a_new_podgroup_under_an_evicted_gangs_name_starts_afresh():
     c.run(2)
     job = c.driver.jobs["default/g"]
     assert job.attained == 0.0 and job.submit_time >= c.now - 10 - 0 - 100, (job.attained, job.submit_time)
+
+
+def test_a_victim_whose_eviction_lapsed_is_protected_from_an_immediate_second_pick():
+    # lo's kubelet never lets it go: the nomination lapses, lo is counted again and, as its eviction failed,
+    # protected for protect_s (the driver forgot its pods' job at the eviction: the protection must still find it)
+    c = Cluster([node("n1", gpus=1)], [queue("a", quota=1)], min_run_s=0.0, reclaim_min_run_s=0.0)
+    c.add(pod("lo", 1, queue="a", created=0.0))
+    c.run(5)
+    c.slow.add("default/lo")
+    c.add(pod("hi", 1, queue="a", priority=50, created=5.0))
+    for _ in range(120):
+        c.run(1)
+        if c.driver.stats["lapsed"]:
+            break
+    assert c.driver.stats["lapsed"] == 1
+    info = c.driver.info.get("default/lo")
+    assert info is not None and info.protected_until > c.now - 1.0

@@ -185,6 +185,7 @@ class _Evicting:
     node: str
     deadline: float
     pid: int
+    job: str = ""  # the victim's job: job_of forgets its pods at the eviction, a lapse still protects the job
 
 
 @dataclass
@@ -793,7 +794,8 @@ class PoolDriver:
                 grace = _grace_s(rec.obj)
                 pre.grace_s = max(pre.grace_s, grace)
                 pre.victims.append((a.pod, rec.uid))
-                self.evicting[a.pod] = _Evicting(rec.uid, a.node_name, now + grace + self.slack_s, pre.id)
+                self.evicting[a.pod] = _Evicting(rec.uid, a.node_name, now + grace + self.slack_s, pre.id,
+                                                 victim.name)
                 model.release_evicted(a.pod)
                 model.count_log.append(a.pod)
                 self.stats["evictions"] += 1
@@ -892,7 +894,7 @@ class PoolDriver:
                 grace = _grace_s(rec.obj)
                 pre.grace_s = max(pre.grace_s, grace)
                 pre.victims.append((key, rec.uid))
-                self.evicting[key] = _Evicting(rec.uid, a.node_name, now + grace + self.slack_s, pre.id)
+                self.evicting[key] = _Evicting(rec.uid, a.node_name, now + grace + self.slack_s, pre.id, name)
                 if key in model.assumed:
                     model.forget(key)
                 else:
@@ -999,7 +1001,7 @@ class PoolDriver:
                 model.recount(key)
                 model.count_log.append(key)
             if protect:
-                self._protect(self.job_of.get(key), now)
+                self._protect(self.job_of.get(key) or e.job or None, now)
 
     def preemption_refused(self, pid: int, blocked: dict[str, str]) -> None:
         """The dry run of preemption ``pid`` was refused (see :meth:`ClusterModel.preemption_refused`): its
@@ -1008,6 +1010,7 @@ class PoolDriver:
         now = self.clock()
         self.stats["refused"] += 1
         victims = [k for k, e in self.evicting.items() if e.pid == pid]
+        jobs = {k: self.evicting[k].job for k in victims}
         preemptor = self._preemptor_of.pop(pid, "")
         if preemptor:
             listed = "; ".join(f"{k}: {w}" for k, w in sorted(blocked.items())[:3])
@@ -1017,7 +1020,7 @@ class PoolDriver:
                                                               "blocked": sorted(blocked)})
         self._restore(victims, self._denominated, protect=False, now=now)
         for key in blocked:
-            self._protect(self.job_of.get(key), now)
+            self._protect(self.job_of.get(key) or jobs.get(key) or None, now)
 
     def eviction_failed(self, key: str, why: str) -> None:
         """A victim's real eviction failed: it is counted again and the placements waiting for its node lapse."""
