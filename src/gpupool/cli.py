@@ -970,12 +970,10 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
                   f"-p gpupool --job-order {order} (--promote-knob {_knob_text(base[own[0]].promote_knob)} for the "
                   f"{own[0]} policy's starvation knob)")
     orders = {order if order is not None else c.order for c in base.values()}
-    if model.get("size_prior") is not None and base and not orders & set(SIZE_ORDERS):
-        _fail(f"--size-prior {model['size_prior']} applies only to a policy or --job-order that ranks jobs by "
-              f"size ({', '.join(SIZE_ORDERS)}); none is selected")
-    if model.get("size_estimates") is not None and base and not orders & set(SIZE_ORDERS):
-        _fail(f"--size-estimates applies only to a policy or --job-order that ranks jobs by size "
-              f"({', '.join(SIZE_ORDERS)}); none is selected")
+    for flag, key in (("--size-prior", "size_prior"), ("--size-estimates", "size_estimates")):
+        if model.get(key) is not None and base and not orders & set(SIZE_ORDERS):
+            _fail(f"{flag} {model[key]} applies only to a policy or --job-order that ranks jobs by size "
+                  f"({', '.join(SIZE_ORDERS)}); none is selected")
     warning = ""
     if base and not any(c.preempt or c.reclaim for c in base.values()):
         unused = [f for f, k in (("--las-thresholds", "las_thresholds"), ("--min-run", "min_run"),

@@ -318,11 +318,11 @@ class Spec(_Strict):
                     (("nodePools", i, "name"), f"duplicate pool name {pool.name!r} (also nodePools[{seen[pool.name]}])")
                 )
             seen.setdefault(pool.name, i)
-        if not problems and sum(p.count for p in self.node_pools) == 0:
+        total = sum(p.count for p in self.node_pools)
+        if not problems and total == 0:
             problems.append((("nodePools",), "the cluster has no node (every count is 0)"))
-        if not problems and sum(p.count for p in self.node_pools) > MAX_CLUSTER_NODES:
-            problems.append((("nodePools",), f"{sum(p.count for p in self.node_pools):,} nodes in all; at most "
-                                             f"{MAX_CLUSTER_NODES:,}"))
+        if not problems and total > MAX_CLUSTER_NODES:
+            problems.append((("nodePools",), f"{total:,} nodes in all; at most {MAX_CLUSTER_NODES:,}"))
         if problems:
             raise _FieldErrors(problems)
         return self

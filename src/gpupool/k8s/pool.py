@@ -234,7 +234,6 @@ class PoolDriver:
         self._tree_key: tuple | None = None
         self.jobs: dict[str, PoolJob] = {}
         self.info: dict[str, _JobInfo] = {}
-        self._limits: dict[str, float | None] = {}  # run-time limit of the job _job just built (for _keep_estimate)
         self.job_of: dict[str, str] = {}  # pod key -> job name
         self.held: dict[str, _Held] = {}
         self.evicting: dict[str, _Evicting] = {}
@@ -515,35 +514,30 @@ class PoolDriver:
         return out
 
     def _job(self, name: str, reqs: Sequence[PodRequest], queue: str, n: int, nmin: int, nmax: int,
-             group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None,
-             limit_pod: Mapping[str, Any] | None = None) -> PoolJob:
-        """The scheduler's job: topology from ``group`` / ``pod``, the size estimate (GPU-seconds: the declared
-        run-time limit x the job's GPUs, :func:`run_time_limit`) from ``group`` / ``limit_pod`` (default ``pod``)."""
+             group: Mapping[str, Any] | None, pod: Mapping[str, Any] | None, info: _JobInfo,
+             limit: float | None) -> PoolJob:
+        """The scheduler's job: topology from ``group`` / ``pod``; its books (submission, service, protection)
+        from ``info``; its size estimate from the run-time limit it declares (seconds, :func:`run_time_limit`)
+        x its GPUs, the largest it had under that limit: an elastic gang that shrank, or lost a pod that
+        finished, still has the service of its whole run ahead of it; a new limit starts afresh."""
         mode, tier = job_topology(group, pod)
         g = max((r.num_gpu for r in reqs), default=0)
-        limit = run_time_limit(group, pod if limit_pod is None else limit_pod)
-        job = PoolJob(name=name, queue=queue, gpus_per_pod=g, n_pods=n, submit_time=0.0,
+        if limit is None or not g:
+            info.limit_s, info.estimate = None, 0.0
+        else:
+            if info.limit_s != limit:
+                info.limit_s, info.estimate = limit, 0.0
+            info.estimate = max(info.estimate, limit * g * n)
+        job = PoolJob(name=name, queue=queue, gpus_per_pod=g, n_pods=n, submit_time=info.submit,
                       priority=max((r.priority for r in reqs), default=0),
                       cpu_per_pod=max((r.cpu_milli for r in reqs), default=0),
                       mem_per_pod=max((r.memory_mib for r in reqs), default=0),
                       min_pods=nmin, max_pods=nmax, topology=mode, topology_tier=tier,
-                      size_estimate=None if limit is None or not g else limit * g * n)
-        self._limits[name] = limit
+                      size_estimate=info.estimate if info.limit_s is not None else None)
+        job.attained = info.attained
+        job.protected_until = info.protected_until
         job.pods = list(reqs)
         return job
-
-    def _keep_estimate(self, info: _JobInfo, job: PoolJob) -> None:
-        """A job's size estimate is the largest it had under its current run-time limit: an elastic gang that
-        shrank, or lost a pod that finished, still has the service of its whole run ahead of it; a new limit
-        starts afresh."""
-        limit = self._limits.pop(job.name, None)
-        if limit is None or job.size_estimate is None:
-            info.limit_s, info.estimate = None, 0.0
-            return
-        if info.limit_s != limit:
-            info.limit_s, info.estimate = limit, 0.0
-        info.estimate = max(info.estimate, job.size_estimate)
-        job.size_estimate = info.estimate
 
     def _group_obj(self, gkey: str | None) -> Mapping[str, Any] | None:
         if gkey is None:
@@ -649,17 +643,14 @@ class PoolDriver:
         nmin = min(max(1, min_member if gkey else 1), n)
         queue = self._leaf(pending[0].queue) or self.default_queue
         reqs = sorted((pi.request for pi in pending), key=lambda r: (-r.priority, r.creation_time or 0.0, r.name))
+        limit = run_time_limit(group, first_pod)
         spec = (tuple(r.name for r in reqs), nmin, n, queue, tuple(r.priority for r in reqs), gkey and repr(group),
-                run_time_limit(group, first_pod))
+                limit)
         if job is not None and job.status == PENDING and info.spec == spec:
             return
         if job is not None and job.status == PENDING:
             pool.detach(job, now, requeue=False)
-        job = self._job(name, reqs, queue, n, nmin, n, group, first_pod)
-        job.submit_time = info.submit  # job order: priority, then submission
-        job.attained = info.attained
-        job.protected_until = info.protected_until
-        self._keep_estimate(info, job)
+        job = self._job(name, reqs, queue, n, nmin, n, group, first_pod, info, limit)  # order: priority, submission
         info.spec = spec
         pool.submit(job, now, waiting_since if math.isfinite(waiting_since) else None)
         self.jobs[name] = job
@@ -713,15 +704,11 @@ class PoolDriver:
         queue = self._leaf(model.pods[held_keys[0]].info.queue) or self.default_queue
         extra = [pi.request for pi in pending]
         nmax = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
-        job = self._job(name, reqs + extra, queue, h, min(min_member, h), nmax, group, None,
-                        limit_pod=model.pods[held_keys[0]].obj)
         if math.isnan(info.submit):
             created = [t for k in held_keys if (t := model.pods[k].info.request.creation_time) is not None]
             info.submit = min(created) if created else now
-        job.submit_time = info.submit
-        job.attained = info.attained
-        job.protected_until = info.protected_until
-        self._keep_estimate(info, job)
+        job = self._job(name, reqs + extra, queue, h, min(min_member, h), nmax, group, None, info,
+                        run_time_limit(group, model.pods[held_keys[0]].obj))
         if run_since is None and math.isfinite(info.run_since):  # a rebuilt scheduler: the run it had
             run_since = info.run_since
         info.run_since = math.nan

@@ -86,7 +86,7 @@ class Settings:
 
     def pool_config(self) -> Any:
         """The :class:`~gpupool.engine.pool.PoolConfig` these settings give (:func:`gpupool.k8s.pool.live_config`)."""
-        from gpupool.engine.pool.ordering import SIZE_ORDERS
+        from gpupool.engine.pool.ordering import SIZE_ORDERS  # the pool package loads only when it runs
         from gpupool.k8s.pool import live_config
 
         knob = {"promote_knob": 1.0} if self.job_order in SIZE_ORDERS else {}  # as the simulator's gittins policy
@@ -94,9 +94,6 @@ class Settings:
                            reclaim_min_run_s=self.min_runtime_s, consolidate=self.consolidate,
                            preempt=self.preemption, reclaim=self.reclaim, elastic=self.elastic, **knob)
 
-
-LIVE_ORDERS = ("fifo", "tiresias", "gittins", "remaining")
-"""Job orders the live scheduler takes (``pool.jobOrder``, ``--job-order``)."""
 
 CONFIG_KEYS = {"apiVersion", "kind", "leaderElection", "profiles", "metrics", "logging", "telemetry", "pool"}
 POOL_KEYS = {"enabled", "jobOrder", "reserveAfter", "minRuntime", "consolidate", "preemption", "reclaim", "elastic",
@@ -175,9 +172,11 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
                 raise ConfigError(f"{path}: pool.{key}: expected true or false, got {pool[key]!r}")
             setattr(s, attr, pool[key])
     if "jobOrder" in pool:
+        from gpupool.engine.pool.ordering import ORDERS
+
         s.job_order = str(pool["jobOrder"])
-        if s.job_order not in LIVE_ORDERS:
-            raise ConfigError(f"{path}: pool.jobOrder: {s.job_order!r}: expected {' or '.join(LIVE_ORDERS)}")
+        if s.job_order not in ORDERS:
+            raise ConfigError(f"{path}: pool.jobOrder: {s.job_order!r}: expected {' or '.join(ORDERS)}")
     if "reserveAfter" in pool:
         raw = pool["reserveAfter"]
         s.reserve_after_s = None if str(raw).strip().lower() in ("never", "none", "off") else parse_duration(
@@ -504,8 +503,10 @@ def register(app: typer.Typer) -> None:
             settings.min_runtime_s = min_runtime
         if consolidate is not None:
             settings.consolidate = consolidate
-        if settings.job_order not in LIVE_ORDERS:
-            _fail(f"job order {settings.job_order!r}: expected {' or '.join(LIVE_ORDERS)}")
+        from gpupool.engine.pool.ordering import ORDERS
+
+        if settings.job_order not in ORDERS:
+            _fail(f"job order {settings.job_order!r}: expected {' or '.join(ORDERS)}")
         if settings.policy not in REGISTRY:
             _fail(f"unknown policy {settings.policy!r}; known: {', '.join(REGISTRY)}")
         if settings.log_format not in ("json", "kv", "logfmt"):
