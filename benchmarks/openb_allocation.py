@@ -9,8 +9,9 @@ Fig. 9/11/12 as quoted in the project issue): default fgd 95.2%, best-fit 92.9%;
 
 Usage: ``python benchmarks/openb_allocation.py [--policies fgd,best-fit,gpupool] [--seeds 10]
 [--variants default,...] [--jobs 2] [--traces DIR]``; writes ``benchmarks/results/openb_allocation.{json,md}``.
-``gpupool-no-scarcity``, ``gpupool-no-packing`` and ``gpupool-no-memory`` name ablations of the
-``gpupool`` policy. Each (variant, policy, seed) run is independent; ``--jobs`` runs them in parallel processes.
+``gpupool-no-scarcity``, ``gpupool-no-packing``, ``gpupool-no-memory`` and ``gpupool-no-strand`` name
+ablations of the ``gpupool`` policy. Each (variant, policy, seed) run is independent; ``--jobs`` runs them in
+parallel processes.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ ABLATIONS = {
     # options measured for issue 12 (placement gap to the optimum), each on its own, then together
     "gpupool-all-shapes": type("AllShapes", (GpupoolPolicy,), {"typical_threshold": 1.0}),
     "gpupool-gpu-best-fit": type("GpuBestFit", (GpupoolPolicy,), {"gpu_best_fit": True}),
-    "gpupool-strand": type("Strand", (GpupoolPolicy,), {"strand_weight": 25.0}),
-    "gpupool-strand-memory": type("StrandMemory", (GpupoolPolicy,), {"strand_weight": 25.0, "strand_memory": True}),
+    "gpupool-no-strand": type("NoStrand", (GpupoolPolicy,), {"strand_weight": 0.0}),
+    "gpupool-strand-memory": type("StrandMemory", (GpupoolPolicy,), {"strand_memory": True}),
     "gpupool-demand-weighted": type("DemandWeighted", (GpupoolPolicy,), {"demand_weighted": True}),
-    "gpupool-combined": GpupoolCombined,  # the registered policy (same three options on)
+    "gpupool-combined": GpupoolCombined,  # the registered policy (all shapes and GPU best-fit on)
     # FGD variants behind the README's tie-break finding
     "fgd-random-ties": type("FgdRandomTies", (FGD,), {"tie_break": "random"}),
     "fgd-exact-deltas": type("FgdExactDeltas", (FGD,), {"integer_scores": False}),

@@ -343,8 +343,46 @@ def test_whole_gpu_pods_that_fragment_nothing_are_decided_by_the_kernel(name, mo
         got = scorer.score(st, eff, idx)
         assert got.tobytes() == want.tobytes()
         assert (np.abs(got - 50.0) < 1e-3).any()  # nodes with room for everything: unfragmented (gpupool's
-        assert g in (1, 8) or (got < 49.0).any()  # final score adds < 1e-3); CPU-short nodes left GPUs: fragmented
+        # final score adds < 1e-3); CPU-short nodes left GPUs: fragmented (fgd < 49; gpupool's stranding term
+        # adds back more than that, since a pod there strands fewer GPUs than it uses)
+        assert g in (1, 8) or (np.abs(got - 50.0) > 1.0).any()
     assert calls and not any(calls)  # never unsure
+
+
+@needs_numba
+@pytest.mark.parametrize("strand_memory", [False, True])
+def test_compiled_stranding_term_equals_the_policy_and_is_skipped_when_zero(strand_memory, monkeypatch) -> None:
+    """gpupool's CPU (and memory) stranding term from the kernel (``_strand_delta``) is the policy's, bit for bit;
+    where nothing strands before or after the placement, the kernel says so and the scores are left as they are
+    (the job simulator's case: no pod asks more CPU per GPU than its node has)."""
+    rng = random.Random(7)
+    st = _random_state(rng, 80)
+    workload = [random_pod(rng, f"w{i}") for i in range(200)]
+    pol = type("P", (make_policy("gpupool").__class__,), {"strand_memory": strand_memory})()
+    pol.prepare(st, workload)
+    assert pol.cpu_ratio > 0 and (pol.mem_ratio > 0) == strand_memory
+    twin = copy.deepcopy(pol)
+    scorer = compiled.FGDScorer(twin)
+    assert scorer.final is not None
+    seen: list[bool] = []
+    kernel = compiled._strand_delta
+    monkeypatch.setattr(compiled, "_strand_delta", lambda *a: seen.append(kernel(*a)) or seen[-1])
+    for i in range(80):
+        p = random_pod(rng, f"q{i}")
+        eff = EffectiveRequest(p, p.gpu_milli)
+        idx = np.array(sorted(rng.sample(range(st.n_nodes), rng.choice([1, 5, st.n_nodes]))))
+        assert scorer.score(st, eff, idx).tobytes() == pol.score(st, eff, idx).tobytes()
+    assert any(seen) and not all(seen)  # both the nonzero and the all-zero case were met
+    # a roomy cluster with the job simulator's pods (half a node's CPU per GPU): never anything stranded
+    roomy = ClusterState([node(f"r{i}", gpus=8, cpu=64_000) for i in range(6)])
+    pol2 = make_policy("gpupool")
+    pol2.prepare(roomy, [pod(f"w{i}", cpu=4_000 * g, gpus=g) for i, g in enumerate((1, 2, 4, 8))])
+    seen.clear()
+    scorer2 = compiled.FGDScorer(copy.deepcopy(pol2))
+    for g in (1, 2, 4, 8):
+        eff = EffectiveRequest(pod(f"p{g}", cpu=4_000 * g, gpus=g), 1000)
+        assert scorer2.score(roomy, eff, np.arange(6)).tobytes() == pol2.score(roomy, eff, np.arange(6)).tobytes()
+    assert seen and not any(seen)
 
 
 @needs_numba

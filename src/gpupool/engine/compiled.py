@@ -130,6 +130,7 @@ SIGNATURES: dict[str, str] = {
                   "b1[] f8[] b1 b1[,] i8[] i8[] i8[] i8[] b1[] i8[] i8[] b1 b1[] f8[] i8[] i8[,] i8[] i8[]",
     "_before_cells": "i8[] i8[] i8[] i4[,] i8[] i2[] i8[] b1 b1[,] i8[] i8[] i8[] i8[] b1[] i8[] i8[] i8[] i8[,]",
     "_distinct_nodes": "i8[] u8[] i2[] i8[] i8[] i4[,] b1[,] i8[,] i8[,] i8[] i8[] i8[]",
+    "_strand_delta": "i8[] i8[] i8[] i8[] i8[] i8 i8 f8 f8 f8[]",
 }
 """The argument types each kernel that Python calls is called with, one word per argument: ``i8`` int64,
 ``i4`` int32, ``i2`` int16, ``u8`` uint64, ``b1`` bool, ``f8`` float64; ``[]``, ``[,]``, ``[,,]``: a writable
@@ -780,6 +781,33 @@ def distinct_nodes(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, 
     return None if n < 0 else (first[:n], inverse)
 
 
+@_jit
+def _strand_delta(nodes, gpu_free, demand, cpu_free, mem_free, req_cpu, req_mem, cpu_ratio, mem_ratio,
+                  out):  # pragma: no cover - compiled
+    """out[i] = GPUs of free share node ``nodes[i]`` strands after the placement minus before
+    (:func:`gpupool.policies.gpupool_policy.stranded_gpus`, the same float operations in the same order: the
+    feedable share is the smaller of free CPU / ``cpu_ratio`` and free memory / ``mem_ratio``, a ratio of 0
+    leaving its resource out). ``gpu_free``, ``demand``: (k,) milli-GPU free before and taken by the pod.
+    Returns whether any entry is nonzero."""
+    nonzero = False
+    for i in range(len(nodes)):
+        n = nodes[i]
+        fb = np.inf
+        fa = np.inf
+        if cpu_ratio > 0:
+            fb = min(fb, cpu_free[n] / cpu_ratio)
+            fa = min(fa, (cpu_free[n] - req_cpu) / cpu_ratio)
+        if mem_ratio > 0:
+            fb = min(fb, mem_free[n] / mem_ratio)
+            fa = min(fa, (mem_free[n] - req_mem) / mem_ratio)
+        before = max(0.0, gpu_free[i] - fb) / 1000
+        after = max(0.0, (gpu_free[i] - demand[i]) - fa) / 1000
+        out[i] = after - before
+        if out[i] != 0.0:
+            nonzero = True
+    return nonzero
+
+
 def _source_hash(*objs) -> str:
     h = hashlib.sha256()
     for obj in objs:
@@ -867,6 +895,19 @@ class FGDScorer:
             return self._gpupool_final
         return None
 
+    @staticmethod
+    def _strand_change(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray, gpu_free: np.ndarray,
+                       demand: np.ndarray, cpu_ratio: float, mem_ratio: float) -> np.ndarray | None:
+        """(k,) float64 ``stranded_gpus`` after minus before, as ``GpupoolPolicy._final_score`` computes it, from
+        one kernel call (:func:`_strand_delta`); None when it is zero on every node (then the policy's
+        ``scores - w * 0.0`` is ``scores``, bit for bit), as it always is where no pod asks more CPU per GPU than
+        its node has."""
+        out = np.empty(len(nodes), dtype=np.float64)
+        if not _strand_delta(nodes, gpu_free, demand, state.cpu_free, state.mem_free, int(req.cpu_milli),
+                             int(req.memory_mib), float(cpu_ratio), float(mem_ratio), out):
+            return None
+        return out
+
     def _gpupool_final(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray, scores: np.ndarray,
                        share: np.ndarray, gpu_free: np.ndarray) -> np.ndarray:
         """GpupoolPolicy._final_score, line for line, with ``node_share(state, req, nodes)`` = ``share`` and
@@ -875,12 +916,14 @@ class FGDScorer:
         from gpupool.policies.gpupool_policy import POINTS_PER_GPU
 
         pol = self.policy
-        if pol.strand_weight and (pol.cpu_ratio or pol.mem_ratio):
-            return pol._final_score(state, req, nodes, scores)
         demand = req.num_gpu * share
         if pol.pressure.any():
             gpus = demand / MILLI
             scores = scores - pol.kappa * POINTS_PER_GPU * pol.pressure[state.node_model[nodes]] * gpus
+        if pol.strand_weight and (pol.cpu_ratio or pol.mem_ratio):  # stranded_gpus after minus before
+            change = self._strand_change(state, req, nodes, gpu_free, demand, pol.cpu_ratio, pol.mem_ratio)
+            if change is not None:
+                scores = scores - pol.strand_weight * change
         gpu_left = (gpu_free - demand) / MAX_SPEC_GPU
         return scores - pol.pack_epsilon * gpu_left
 

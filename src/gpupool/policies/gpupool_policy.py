@@ -1,7 +1,7 @@
-"""``gpupool``: gpupool's default placement policy: FGD plus GPU-model scarcity and GPU packing.
+"""``gpupool``: gpupool's default placement policy: FGD plus GPU-model scarcity, GPU packing and CPU stranding.
 
 Starts from FGD (Weng et al., ATC'23; :mod:`gpupool.policies.fgd`: integer fragmentation-gradient
-scores, ties by node order) and adds three things, each measured in the README (openb traces,
+scores, ties by node order) and adds four things, each measured in the README (openb traces,
 inflation protocol, 10 seeds):
 
 1. **GPU-model scarcity.** Pods restricted to a few GPU models (``gpu_spec``) can only use those
@@ -21,18 +21,20 @@ inflation protocol, 10 seeds):
 3. **Memory-aware fragmentation.** A typical pod that fits a node's GPUs and CPU but not its free
    host memory cannot use those GPUs either (FGD reads CPU only); each typical shape carries the
    median memory of its pods (:func:`gpupool.frag.typical_pods`).
+4. **CPU stranding** (``strand_weight``): a placement loses ``strand_weight`` points per GPU of free share
+   it *strands*, i.e. that its node's free CPU can no longer feed at the workload's CPU per GPU
+   (:func:`stranded_gpus` after minus before). FGD sees CPU only through the typical pods that no longer
+   fit; this term sees a node's CPU running out *before* it does, and lets CPU-only and CPU-heavy pods
+   use nodes whose GPUs are already stranded. Counting the stranding left after the placement (not the
+   change) lost 0.2 point against FGD on ``gpushare100``; the change won on every variant. 25 points per
+   GPU (:data:`POINTS_PER_GPU`) counts a stranded GPU like a fragmented one; 3 and 10 measured the same
+   within 0.1 point except on ``multigpu50`` (25 best). ``strand_memory`` adds host memory (no change).
+   Where every GPU pod asks at most its node's CPU per GPU (the job simulator's pods ask half the
+   smallest node ratio), nothing is ever stranded and the term is exactly zero.
 
 Options measured for the gap to the offline optimum (issue 12; ``benchmarks/openb_allocation.py``
 ablations, ``benchmarks/optimum.py`` for the optimum), each a class attribute:
 
-* ``strand_weight`` (**CPU stranding**): a placement loses ``strand_weight`` points per GPU of free share it
-  *strands*, i.e. that its node's free CPU can no longer feed at the workload's CPU per GPU
-  (:func:`stranded_gpus` after minus before). FGD sees CPU only through the typical pods that no longer
-  fit; this term sees a node's CPU running out *before* it does, and lets CPU-only and CPU-heavy pods
-  use nodes whose GPUs are already stranded. Counting the stranding left after the placement (not the
-  change) lost 0.2 point against FGD on ``gpushare100``; the change won on every variant. 25 points per
-  GPU (:data:`POINTS_PER_GPU`) counts a stranded GPU like a fragmented one; 3 and 10 measured the same
-  within 0.1 point except on ``multigpu50`` (25 best). ``strand_memory`` adds host memory (no change).
 * ``typical_threshold``: 1.0 scores fragmentation against every shape of the workload (FGD: the shapes
   covering 95% of pods).
 * ``gpu_best_fit`` (device choice): a fractional pod goes, among the GPUs of its node that score the same,
@@ -111,7 +113,8 @@ def stranded_gpus(gpu_free: np.ndarray, cpu_free: np.ndarray, cpu_per_gpu: float
 
 class GpupoolPolicy(FGD):
     name = "gpupool"
-    description = "gpupool default: FGD + GPU-model scarcity (gpu_spec pressure) + GPU packing among ties"
+    description = ("gpupool default: FGD + GPU-model scarcity (gpu_spec pressure) + GPU packing among ties "
+                   "+ CPU stranding")
 
     use_memory = True
     kappa = 1.0
@@ -120,7 +123,7 @@ class GpupoolPolicy(FGD):
     """Weight of the packing tie-break; small enough never to overturn a score point."""
     typical_threshold = 0.95
     """Share of the workload's pods the typical shapes cover (FGD's 95%; 1.0: every shape)."""
-    strand_weight = 0.0
+    strand_weight = POINTS_PER_GPU
     """Score points per GPU the placement *strands* (:func:`stranded_gpus` after minus before: free GPU share
     its node's free CPU can no longer feed at the workload's CPU per GPU); 0: off."""
     strand_memory = False
@@ -161,16 +164,15 @@ class GpupoolPolicy(FGD):
 
 
 class GpupoolCombined(GpupoolPolicy):
-    """``gpupool-combined``: :class:`GpupoolPolicy` plus CPU stranding, every workload shape, GPU best-fit in a node.
+    """``gpupool-combined``: :class:`GpupoolPolicy` plus every workload shape and GPU best-fit in a node.
 
-    The configuration that measured best against the offline bound (``benchmarks/optimum.py``): on openb at 100%
-    arrived, mean of 10 seeds, it leads FGD by +0.75 pt (default), +0.63 (gpushare100), +0.47 (multigpu50) and
-    +7.33 (gpuspec33), and is above FGD on every one of those 40 seed runs (benchmarks/results/openb_allocation.md).
-    Not yet the default: the job simulator's pinned outcomes and the compiled fast path follow ``gpupool``.
+    The configuration that measured best against the offline bound (``benchmarks/optimum.py``; numbers in
+    benchmarks/results/openb_allocation.md). Not the default: it gains on ``gpuspec33`` only (every shape
+    counts the rare ``gpu_spec`` shapes), and it has no compiled scorer (``gpu_best_fit``), so its decisions
+    cost several times the default's.
     """
 
     name = "gpupool-combined"
-    description = "gpupool + CPU stranding, all shapes, GPU best-fit in a node (opt-in)"
+    description = "gpupool + every workload shape + GPU best-fit in a node (opt-in; no compiled scorer)"
     typical_threshold = 1.0
     gpu_best_fit = True
-    strand_weight = 25.0
