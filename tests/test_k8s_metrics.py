@@ -209,3 +209,26 @@ def test_queue_fair_share_series_in_pool_mode():
     m.set_queues({"a": (3.0, 4.0, -1.0, None)})  # fair share no longer known; b gone
     got = series()
     assert ("a", "fair_share") not in got and not any(q == "b" for q, _ in got)
+
+
+def test_logging_setup_writes_to_the_stderr_of_the_moment(monkeypatch) -> None:
+    """A handler installed while stderr was a test runner's buffer must not hold that buffer once it is closed:
+    records go to the stderr of the moment, and no "--- Logging error ---" appears."""
+    import io
+    import logging
+    import sys
+
+    from gpupool.k8s.metrics import logging_setup
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    handler = logging_setup("INFO", "kv")
+    try:
+        logging.getLogger("gpupool.test").info("one")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("gpupool.test").info("two")
+        out = second.getvalue()
+        assert "msg=two" in out and "Logging error" not in out
+    finally:
+        logging.getLogger().removeHandler(handler)

@@ -1026,7 +1026,8 @@ def test_cli_dry_run_on_the_live_cluster_binds_nothing(h, tmp_path):
     result = CliRunner().invoke(app, ["scheduler", "--dry-run", "--kubeconfig", str(write_kubeconfig(h, tmp_path)),
                                       "--json", "-"])
     assert result.exit_code == 0, result.output
-    placements = {p["pod"]: p for p in json.loads(result.output)["placements"]}
+    # stdout only: the JSON; log records of an earlier test's root level go to stderr, which `output` mixes in
+    placements = {p["pod"]: p for p in json.loads(result.stdout)["placements"]}
     assert placements["default/frac"]["node"] == "n1" and placements["default/frac"]["gpu_milli"] == 250
     assert placements["default/big"]["node"] is None
     assert not h.server.binds and bound_node(h, "frac") is None

@@ -364,15 +364,33 @@ class KeyValueFormatter(logging.Formatter):
         return " ".join(f"{k}={self._quote(v)}" for k, v in pairs.items())
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler on whatever ``sys.stderr`` is when a record is written, not when the handler was made:
+    a handler left behind by an earlier caller that had swapped stderr (a CLI test runner, a daemonizing
+    wrapper) then neither writes to that closed stream nor fails with "--- Logging error ---"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> IO[str]:  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: IO[str]) -> None:  # StreamHandler.__init__ / setStream assign it: kept dynamic
+        pass
+
+
 def logging_setup(level: str | int = "INFO", fmt: str = "json", stream: IO[str] | None = None) -> logging.Handler:
-    """Send the root logger's records to ``stream`` (stderr) as JSON (``fmt="json"``) or logfmt (``"kv"``).
+    """Send the root logger's records to ``stream`` (default: the process's stderr at the time of each record) as
+    JSON (``fmt="json"``) or logfmt (``"kv"``).
 
     Replaces the handlers a previous call installed; returns the new handler.
     """
     formatters = {"json": JsonFormatter, "kv": KeyValueFormatter, "logfmt": KeyValueFormatter}
     if fmt not in formatters:
         raise ValueError(f"log format {fmt!r}: expected one of {', '.join(formatters)}")
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(formatters[fmt]())
     handler._gpupool = True  # type: ignore[attr-defined]  # marks the handlers this helper owns
     root = logging.getLogger()
