@@ -678,3 +678,87 @@ def test_a_victim_whose_eviction_lapsed_is_protected_from_an_immediate_second_pi
     assert c.driver.stats["lapsed"] == 1
     info = c.driver.info.get("default/lo")
     assert info is not None and info.protected_until > c.now - 1.0
+
+
+# ------------------------------------------------------------------ an evicted job's books when its pods return
+def _owned(p: dict, uid: str) -> dict:
+    p["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "s", "uid": uid,
+                                         "controller": True}]
+    return p
+
+
+def _evict_gang_then_recreate(uid_after: str) -> tuple[Cluster, float]:
+    g1 = pod_group("g", 2)
+    g1["metadata"]["uid"] = "pg-uid-1"
+    c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[g1], order="tiresias", promote_knob=0,
+                min_run_s=0.0, reclaim_min_run_s=0.0, thresholds=(100.0,))
+    c.add(pod("g-0", 1, queue="a", group="g", created=0.0), pod("g-1", 1, queue="a", group="g", created=0.0))
+    c.run(300)
+    served = c.driver.jobs["default/g"].attained_at(c.now)
+    c.add(pod("hi", 2, queue="a", priority=50, created=300.0))
+    c.run(3)
+    assert c.running() == ["default/hi"] and evicted(c)
+    if uid_after != "pg-uid-1":  # the job was deleted and a new one applied under the same name
+        c.model.apply("podgroups", "DELETED", g1)
+        g2 = pod_group("g", 2)
+        g2["metadata"]["uid"] = uid_after
+        c.add_group(g2)
+    c.add(pod("g-0", 1, queue="a", group="g", created=400.0), pod("g-1", 1, queue="a", group="g", created=400.0))
+    c.now += 97
+    c.run(2)
+    return c, served
+
+
+def test_an_evicted_gang_whose_pods_return_keeps_its_service_and_submission():
+    # gpupool evicted gang g; its controller re-creates the pods under the same PodGroup (same uid): g waits
+    # again with the service it had and its first submission, as a requeued job in the job simulator (its wait
+    # counts from the re-creation)
+    c, served = _evict_gang_then_recreate("pg-uid-1")
+    job = c.driver.jobs["default/g"]
+    assert served > 500.0 and abs(job.attained - served) < 10.0, (job.attained, served)
+    assert job.submit_time == 1_700_000_000.0, job.submit_time  # its pods' first creation (the harness's epoch)
+    assert not c.driver.evicted_books
+
+
+def test_a_new_job_under_an_evicted_gangs_name_does_not_get_its_books():
+    c, _ = _evict_gang_then_recreate("pg-uid-2")
+    job = c.driver.jobs["default/g"]
+    assert job.attained == 0.0 and job.submit_time > c.now - 150, (job.attained, job.submit_time)
+
+
+def test_an_evicted_owned_pod_recreated_under_its_name_keeps_its_books_a_bare_one_does_not():
+    for uid, keeps in (("sts-uid", True), ("", False)):
+        c = Cluster([node("n1", gpus=1)], [queue("a", quota=1)], order="tiresias", promote_knob=0, min_run_s=0.0,
+                    reclaim_min_run_s=0.0, thresholds=(100.0,))
+        p = pod("s-0", 1, queue="a", created=0.0)
+        c.add(_owned(p, uid) if uid else p)
+        c.run(200)
+        c.add(pod("hi", 1, queue="a", priority=50, created=200.0))
+        c.run(3)
+        assert c.running() == ["default/hi"], c.running()
+        again = pod("s-0", 1, queue="a", created=250.0)
+        c.add(_owned(again, uid) if uid else again)
+        c.run(2)
+        job = c.driver.jobs["default/s-0"]
+        assert (job.attained > 150.0) == keeps and (job.submit_time < c.now - 200) == keeps, (uid, job.attained)
+
+
+def test_evicted_books_expire():
+    from gpupool.k8s import pool as pool_mod
+
+    g = pod_group("g", 2)
+    g["metadata"]["uid"] = "pg-uid-1"
+    c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[g], order="tiresias", promote_knob=0,
+                min_run_s=0.0, reclaim_min_run_s=0.0, thresholds=(100.0,))
+    c.add(pod("g-0", 1, queue="a", group="g", created=0.0), pod("g-1", 1, queue="a", group="g", created=0.0))
+    c.run(300)
+    c.add(pod("hi", 2, queue="a", priority=50, created=300.0))
+    c.run(3)
+    assert "default/g" in c.driver.evicted_books
+    c.now += pool_mod.EVICTED_BOOKS_S + 1
+    c.run(1)
+    assert "default/g" not in c.driver.evicted_books
+    c.add(pod("g-0", 1, queue="a", group="g", created=c.now - 1_700_000_000.0),
+          pod("g-1", 1, queue="a", group="g", created=c.now - 1_700_000_000.0))
+    c.run(2)
+    assert c.driver.jobs["default/g"].attained == 0.0  # too late: a new job

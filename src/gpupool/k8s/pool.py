@@ -60,6 +60,8 @@ ANN_KUEUE_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
 ANN_KUEUE_PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
 
 _ACTIONS = {"reclaimed": "reclaim", "preempted": "preempt", "consolidated": "consolidate", "shrunk": "shrink"}
+EVICTED_BOOKS_S = 3600.0
+"""How long (seconds) the books of a job gpupool evicted wait for its controller to re-create its pods."""
 _HOSTNAME = "kubernetes.io/hostname"
 
 
@@ -201,6 +203,25 @@ class _JobInfo:
     spec: tuple = ()
     limit_s: float | None = None  # the run-time limit it declared (seconds), and the largest size estimate
     estimate: float = 0.0  # (GPU-s) it had under that limit: a gang that shrank or lost a finished pod keeps it
+    evicted: str = ""  # gpupool evicted it and it has not run since: its identity (job_identity), else ""
+    evicted_attained: float = 0.0  # its service (GPU-s) when evicted: its books if its pods all go and return
+
+
+def job_identity(group: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> str:
+    """What makes a job the same job when its pods are re-created: its PodGroup object's uid, else the uid of
+    its pods' controller (the Job, JobSet, PyTorchJob or StatefulSet that re-creates them); "" when neither is
+    known (bare pods: a pod re-applied under the same name is a new job)."""
+    meta = group.get("metadata") if isinstance(group, Mapping) else None
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    if isinstance(uid, str) and uid:
+        return "podgroup:" + uid
+    for obj in pods:
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+        for ref in refs if isinstance(refs, list) else ():
+            if isinstance(ref, Mapping) and ref.get("controller") and isinstance(ref.get("uid"), str) and ref["uid"]:
+                return "owner:" + ref["uid"]
+    return ""
 
 
 class PoolDriver:
@@ -244,6 +265,8 @@ class PoolDriver:
         self._preemptor_of: dict[int, str] = {}  # preemption id -> preemptor job, until its outcome is known
         self.refusals: dict[str, tuple[float, str]] = {}  # job -> (until, why its preemption was refused)
         self.stats = {"resets": 0, "preemptions": 0, "evictions": 0, "lapsed": 0, "refused": 0}
+        # books of jobs gpupool evicted, kept until their controller re-creates the pods: job -> (until, books)
+        self.evicted_books: dict[str, tuple[float, _JobInfo]] = {}
         model.pool = self
 
     # ------------------------------------------------------------------ the queue tree
@@ -403,6 +426,7 @@ class PoolDriver:
         placements: list[Any] = list(out)
         denominated, self._denominated = self._denominated, []
         self._lapse(now, denominated)
+        self._expire_evicted_books(now)
         pool.resync_free()
 
         # which units are pool jobs; the rest keep the part-1 path
@@ -554,6 +578,8 @@ class PoolDriver:
         model = self.model
         assert pool is not None
         st = model.state
+        if unit is not None and name not in self.info and name in self.evicted_books:
+            self._restore_books(name, unit, now)
         if unit is not None:
             for _, pi in unit.members:
                 self._register(pi.key, name)
@@ -632,6 +658,9 @@ class PoolDriver:
                 info.members.clear()
                 if not self._alive(name):
                     self.info.pop(name, None)
+                    if info.evicted:  # evicted by gpupool, every pod gone: its books wait for the pods' return
+                        info.attained, info.spec, info.run_since = info.evicted_attained, (), math.nan
+                        self.evicted_books[name] = (now + EVICTED_BOOKS_S, info)
             return
         created = [pi.request.creation_time for pi in pending if pi.request.creation_time]
         if math.isnan(info.submit):
@@ -691,6 +720,27 @@ class PoolDriver:
     def _alive(self, name: str) -> bool:
         return any(h for h in self.held if self.job_of.get(h) == name)
 
+    def _identity(self, name: str, keys: Sequence[str]) -> str:
+        """:func:`job_identity` of job ``name`` from its PodGroup (a gang's name is its PodGroup's key) and pods."""
+        objs = [rec.obj for k in keys if (rec := self.model.pods.get(k)) is not None]
+        return job_identity(self._group_obj(name), objs)
+
+    def _restore_books(self, name: str, unit: Any, now: float) -> None:
+        """Job ``name`` waits again with no books: if gpupool evicted it (within :data:`EVICTED_BOOKS_S`) and its
+        re-created pods are the same job (:func:`job_identity`), it gets its books back: its submission and the
+        service it had, as a requeued job in the job simulator. A new job under the same name starts afresh."""
+        until, info = self.evicted_books.pop(name)
+        if now > until or not info.evicted:
+            return
+        pods = [obj for obj, _ in unit.members]
+        if job_identity(self._group_obj(name), pods) == info.evicted:
+            info.evicted = ""
+            self.info[name] = info
+
+    def _expire_evicted_books(self, now: float) -> None:
+        for name in [n for n, (until, _) in self.evicted_books.items() if now > until]:
+            del self.evicted_books[name]
+
     def _attach(self, name: str, held_keys: Sequence[str], min_member: int, cap: int | None,
                 pending: Sequence[PodInfo], info: _JobInfo, group: Mapping[str, Any] | None, now: float,
                 run_since: float | None) -> PoolJob:
@@ -704,6 +754,7 @@ class PoolDriver:
         queue = self._leaf(model.pods[held_keys[0]].info.queue) or self.default_queue
         extra = [pi.request for pi in pending]
         nmax = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
+        info.evicted = ""  # it runs (again): books kept for a return only from the next eviction on
         if math.isnan(info.submit):
             created = [t for k in held_keys if (t := model.pods[k].info.request.creation_time) is not None]
             info.submit = min(created) if created else now
@@ -764,7 +815,10 @@ class PoolDriver:
         by_preemptor: dict[str, Any] = {}
         for victim, pods, action, preemptor in res.evictions:
             if action != "shrunk":  # it waits again: from when its pods are re-created, as from a requeue
-                self.info.setdefault(victim.name, _JobInfo()).restarted = True
+                vinfo = self.info.setdefault(victim.name, _JobInfo())
+                vinfo.restarted = True
+                vinfo.evicted = self._identity(victim.name, [a.pod for a in pods])
+                vinfo.evicted_attained = victim.attained
             pname = preemptor.name if preemptor is not None else ""
             act = _ACTIONS.get(action, action)
             pre = by_preemptor.get(pname + "|" + act)
@@ -869,7 +923,9 @@ class PoolDriver:
             if job is not None and job.status == RUNNING:
                 self.pool.detach(job, now, requeue=False)  # type: ignore[union-attr]
                 self.jobs.pop(name, None)
-                self.info.setdefault(name, _JobInfo()).restarted = True
+                hinfo = self.info.setdefault(name, _JobInfo())
+                hinfo.restarted = True
+                hinfo.evicted, hinfo.evicted_attained = self._identity(name, keys), job.attained
             self._pid += 1
             pre = snap.Preemption(self._pid, "heal", "", f"gpupool self-healing: {why[0]}; the pod is evicted so "
                                   "that its controller re-creates it on healthy GPUs", [], grace_s=0.0)
