@@ -306,3 +306,33 @@ def test_remaining_order_starts_the_job_with_the_shorter_declared_limit(e2e: E2E
     kubelet.finish("busy-1")
     lc.wait_for(lambda: running(e2e, "long") == ["long"], 60, "the other job starts when a GPU frees again")
     no_overallocation(e2e)
+
+
+def test_an_evicted_gang_whose_pods_return_keeps_its_books(e2e: E2E, kubelet: FakeKubelet,
+                                                           priority_classes: dict[str, int]) -> None:
+    """A gang gpupool preempted gets its submission and attained service back when its pods are re-created under
+    the same PodGroup (the real apiserver's uid), as a requeued job in the job simulator; Tiresias does not put
+    it first again as if it had never run."""
+    lc.make_nodes(e2e.admin, f"{e2e.ns}-n", 1, gpus=2)
+    (qa,) = queues(e2e, a={"quota": 2})
+    sched = pool_scheduler(e2e, order="tiresias")
+    lc.create_pod_group(e2e.admin, e2e.ns, "g", 2)
+    gang = [body(e2e, f"g-{i}", 1, qa, group="g", priority_class="e2e-low") for i in range(2)]
+    lc.create_pods(e2e.admin, gang)
+    lc.wait_for(lambda: running(e2e, "g-") == ["g-0", "g-1"], 60, "the gang runs")
+    name = f"{e2e.ns}/g"
+    submit = sched.pool_driver.jobs[name].submit_time
+    time.sleep(2.0)
+    lc.create_pod(e2e.admin, body(e2e, "hi", 2, qa, priority_class="e2e-high"))
+    lc.wait_for(lambda: running(e2e, "hi") == ["hi"], 60, "hi preempts the gang and binds")
+    lc.wait_for(lambda: name in sched.pool_driver.evicted_books, 20, "the gang's books wait for its pods")
+    served = sched.pool_driver.evicted_books[name][1].attained
+    assert served >= 2 * 2.0 * 0.8, served  # two GPUs for about two seconds
+    lc.create_pods(e2e.admin, [body(e2e, f"g-{i}", 1, qa, group="g", priority_class="e2e-low") for i in range(2)])
+    lc.wait_for(lambda: (j := sched.pool_driver.jobs.get(name)) is not None and j.status == "pending", 20,
+                "the re-created gang waits")
+    job = sched.pool_driver.jobs[name]
+    assert job.submit_time == submit and job.attained == served, (job.submit_time, submit, job.attained, served)
+    kubelet.finish("hi")
+    lc.wait_for(lambda: running(e2e, "g-") == ["g-0", "g-1"], 60, "the gang runs again when hi is done")
+    no_overallocation(e2e)
