@@ -762,3 +762,37 @@ def test_evicted_books_expire():
           pod("g-1", 1, queue="a", group="g", created=c.now - 1_700_000_000.0))
     c.run(2)
     assert c.driver.jobs["default/g"].attained == 0.0  # too late: a new job
+
+
+def test_a_gang_whose_launcher_outlives_its_workers_is_a_departure():
+    # MPIJob: a 0-GPU launcher and two GPU workers; the workers complete while the launcher still runs (it
+    # gathers results): the job's GPU service is done, so its size is learned then
+    c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[pod_group("mpi", 3)], order="gittins",
+                promote_knob=1.0, min_run_s=0.0, reclaim_min_run_s=0.0)
+    c.add(pod("mpi-launcher", 0, queue="a", group="mpi"), pod("mpi-w0", 1, queue="a", group="mpi"),
+          pod("mpi-w1", 1, queue="a", group="mpi"))
+    c.run(100)
+    assert len(c.running()) == 3, c.running()
+    sizes = c.driver.pool.sizes
+    c.finish("default/mpi-w0")
+    c.finish("default/mpi-w1")
+    c.run(3)
+    assert "default/mpi-launcher" in c.running()
+    assert sizes.n_seen == 1 and 190.0 <= next(iter(sizes.seen.values()))[0] <= 210.0, sizes.seen
+    c.finish("default/mpi-launcher")
+    c.run(3)
+    assert sizes.n_seen == 1  # counted once
+
+
+def test_a_cpu_only_pool_job_that_finishes_is_no_job_size():
+    # a 0-GPU pod of this scheduler is a pool job; its service is no GPU job size (it taught gittins a size of 0)
+    c = Cluster([node("n1", gpus=2)], order="gittins", promote_knob=1.0, min_run_s=0.0, reclaim_min_run_s=0.0)
+    c.add(pod("cpu", 0), pod("g", 1))
+    c.run(50)
+    assert c.running() == ["default/cpu", "default/g"]
+    c.finish("default/cpu")
+    c.run(3)
+    assert c.driver.pool.sizes.n_seen == 0, c.driver.pool.sizes.seen
+    c.finish("default/g")
+    c.run(3)
+    assert c.driver.pool.sizes.n_seen == 1

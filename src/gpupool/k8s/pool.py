@@ -627,10 +627,17 @@ class PoolDriver:
             same = set(now_placed) == set(held_keys) and all(st.assignments[k] is now_placed[k] for k in held_keys)
             if not same:
                 run_since = job.run_since
-                # every pod gone and none waiting: the job left (its pods completed, or their owner deleted
-                # them); gpupool's own evictions requeue it elsewhere. Its service is a job size to learn from
-                left = not held_keys and not pending and all(  # a lapsed nomination's pods are only forgotten
-                    (r := model.pods.get(k)) is None or r.terminal for k in info.members)
+                # every GPU pod gone and none waiting: the job left (its pods completed, or their owner deleted
+                # them); gpupool's own evictions requeue it elsewhere. Its service is a job size to learn from.
+                # A 0-GPU launcher that outlives its workers (an MPIJob gathering results) holds no GPU service;
+                # a job of 0-GPU pods has no GPU size at all
+                def gpu_pod(k: str) -> bool:
+                    r = model.pods.get(k)
+                    return r is not None and r.info is not None and r.info.request.num_gpu > 0
+
+                left = bool(job.gpus_per_pod) and not any(map(gpu_pod, held_keys)) and not any(
+                    pi.request.num_gpu for pi in pending) and all(  # a lapsed nomination's pods are only forgotten
+                    (r := model.pods.get(k)) is None or r.terminal or not gpu_pod(k) for k in info.members)
                 pool.detach(job, now, requeue=False, finished=left)
                 info.attained = job.attained
                 self.jobs.pop(name, None)
