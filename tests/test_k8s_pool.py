@@ -681,8 +681,8 @@ def test_a_victim_whose_eviction_lapsed_is_protected_from_an_immediate_second_pi
 
 
 # ------------------------------------------------------------------ an evicted job's books when its pods return
-def _owned(p: dict, uid: str) -> dict:
-    p["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "s", "uid": uid,
+def _owned(p: dict, uid: str, kind: str = "StatefulSet") -> dict:
+    p["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": kind, "name": "s", "uid": uid,
                                          "controller": True}]
     return p
 

@@ -204,7 +204,9 @@ class _JobInfo:
     limit_s: float | None = None  # the run-time limit it declared (seconds), and the largest size estimate
     estimate: float = 0.0  # (GPU-s) it had under that limit: a gang that shrank or lost a finished pod keeps it
     evicted: str = ""  # gpupool evicted it and it has not run since: its identity (job_identity), else ""
-    evicted_attained: float = 0.0  # its service (GPU-s) when evicted: its books if its pods all go and return
+    evicted_attained: float = 0.0  # its service (GPU-s) when evicted: what it waits and runs again with on
+    # re-created pods (attained stays the service before the evicted run, for a lapse)
+    evicted_uids: frozenset = frozenset()  # the uids of the pods evicted: those back (a lapse) ran before
 
 
 def job_identity(group: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> str:
@@ -558,7 +560,7 @@ class PoolDriver:
                       mem_per_pod=max((r.memory_mib for r in reqs), default=0),
                       min_pods=nmin, max_pods=nmax, topology=mode, topology_tier=tier,
                       size_estimate=info.estimate if info.limit_s is not None else None)
-        job.attained = info.attained
+        job.attained = info.evicted_attained if info.evicted else info.attained
         job.protected_until = info.protected_until
         job.pods = list(reqs)
         return job
@@ -666,7 +668,7 @@ class PoolDriver:
                 if not self._alive(name):
                     self.info.pop(name, None)
                     if info.evicted:  # evicted by gpupool, every pod gone: its books wait for the pods' return
-                        info.attained, info.spec, info.run_since = info.evicted_attained, (), math.nan
+                        info.spec, info.run_since = (), math.nan  # attained: before the evicted run (a lapse)
                         self.evicted_books[name] = (now + EVICTED_BOOKS_S, info)
             return
         created = [pi.request.creation_time for pi in pending if pi.request.creation_time]
@@ -741,8 +743,7 @@ class PoolDriver:
             return
         pods = [obj for obj, _ in unit.members]
         if job_identity(self._group_obj(name), pods) == info.evicted:
-            info.evicted = ""
-            self.info[name] = info
+            self.info[name] = info  # marked until it runs: it waits with evicted_attained (see _job, _attach)
 
     def _expire_evicted_books(self, now: float) -> None:
         for name in [n for n, (until, _) in self.evicted_books.items() if now > until]:
@@ -761,7 +762,11 @@ class PoolDriver:
         queue = self._leaf(model.pods[held_keys[0]].info.queue) or self.default_queue
         extra = [pi.request for pi in pending]
         nmax = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
-        info.evicted = ""  # it runs (again): books kept for a return only from the next eviction on
+        if info.evicted:  # it runs (again): re-created pods after the eviction; its evicted pods back (a lapse,
+            # a refused eviction) continue the run the eviction counted, counted again from their start below
+            if not any(model.pods[k].uid in info.evicted_uids for k in held_keys):
+                info.attained = info.evicted_attained
+            info.evicted, info.evicted_uids = "", frozenset()
         if math.isnan(info.submit):
             created = [t for k in held_keys if (t := model.pods[k].info.request.creation_time) is not None]
             info.submit = min(created) if created else now
@@ -826,6 +831,7 @@ class PoolDriver:
                 vinfo.restarted = True
                 vinfo.evicted = self._identity(victim.name, [a.pod for a in pods])
                 vinfo.evicted_attained = victim.attained
+                vinfo.evicted_uids = frozenset(r.uid for a in pods if (r := model.pods.get(a.pod)) is not None)
             pname = preemptor.name if preemptor is not None else ""
             act = _ACTIONS.get(action, action)
             pre = by_preemptor.get(pname + "|" + act)
@@ -876,6 +882,8 @@ class PoolDriver:
             if info is not None:
                 info.restarted = True
                 info.spec = ()
+                if info.evicted:  # the pool started it again (on re-created pods): its books are the pool job's
+                    info.attained, info.evicted, info.evicted_uids = job.attained, "", frozenset()
         # the preemptor of each group: nominated placements of its pods already attached above
         for pre in groups.values():
             self.stats["preemptions"] += 1
@@ -933,6 +941,7 @@ class PoolDriver:
                 hinfo = self.info.setdefault(name, _JobInfo())
                 hinfo.restarted = True
                 hinfo.evicted, hinfo.evicted_attained = self._identity(name, keys), job.attained
+                hinfo.evicted_uids = frozenset(r.uid for k in keys if (r := model.pods.get(k)) is not None)
             self._pid += 1
             pre = snap.Preemption(self._pid, "heal", "", f"gpupool self-healing: {why[0]}; the pod is evicted so "
                                   "that its controller re-creates it on healthy GPUs", [], grace_s=0.0)
@@ -1050,6 +1059,8 @@ class PoolDriver:
             if rec is not None and rec.uid == e.uid:
                 model.recount(key)
                 model.count_log.append(key)
+                if e.job and e.job not in self.info and e.job in self.evicted_books:
+                    self.info[e.job] = self.evicted_books.pop(e.job)[1]  # its books come back with its pods
             if protect:
                 self._protect(self.job_of.get(key) or e.job or None, now)
 
