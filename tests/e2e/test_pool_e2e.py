@@ -326,7 +326,7 @@ def test_an_evicted_gang_whose_pods_return_keeps_its_books(e2e: E2E, kubelet: Fa
     lc.create_pod(e2e.admin, body(e2e, "hi", 2, qa, priority_class="e2e-high"))
     lc.wait_for(lambda: running(e2e, "hi") == ["hi"], 60, "hi preempts the gang and binds")
     lc.wait_for(lambda: name in sched.pool_driver.evicted_books, 20, "the gang's books wait for its pods")
-    served = sched.pool_driver.evicted_books[name][1].attained
+    served = sched.pool_driver.evicted_books[name][1].evicted_attained
     assert served >= 2 * 2.0 * 0.8, served  # two GPUs for about two seconds
     lc.create_pods(e2e.admin, [body(e2e, f"g-{i}", 1, qa, group="g", priority_class="e2e-low") for i in range(2)])
     lc.wait_for(lambda: (j := sched.pool_driver.jobs.get(name)) is not None and j.status == "pending", 20,
