@@ -1,13 +1,20 @@
-"""The books of a job gpupool evicted, when its pods return (live pool, :mod:`gpupool.k8s.pool`): a review's
-cases. Replacement pods seen before the next cycle, a job the pool starts again, a lapsed eviction (before or
-after a restore), self-healing; each failed before its fix."""
+"""The books of a job gpupool evicted, when its pods return (live pool, :mod:`gpupool.k8s.pool`): the same job
+(PodGroup or controller uid) gets its submission and service back, a new job under the same name does not, the
+books expire; and a review's cases: replacement pods seen before the next cycle, a job the pool starts again, a
+lapsed eviction (before or after a restore), self-healing. Each failed before its fix."""
 
 from __future__ import annotations
 
 import pytest
 
 from k8s_pool_harness import Cluster, node, pod, pod_group, queue
-from test_k8s_pool import _owned, evicted
+from test_k8s_pool import evicted
+
+
+def _owned(p: dict, uid: str, kind: str = "StatefulSet") -> dict:
+    p["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": kind, "name": "s", "uid": uid,
+                                         "controller": True}]
+    return p
 
 
 def _gang_cluster() -> tuple[Cluster, dict]:
@@ -31,6 +38,81 @@ def _evict_g(c: Cluster) -> float:
             break
     assert evicted(c), c.log[-5:]
     return served
+
+
+def _until_lapsed(c: Cluster, seconds: int = 150) -> None:
+    for _ in range(seconds):
+        c.run(1)
+        if c.driver.stats["lapsed"]:
+            break
+    assert c.driver.stats["lapsed"] >= 1
+
+
+def _evict_g_then_recreate(uid_after: str) -> tuple[Cluster, float]:
+    """g evicted as in _evict_g; then its pods are re-created (t=400) under a PodGroup of uid ``uid_after`` (the
+    same object, or a new job applied under the same name)."""
+    c, g1 = _gang_cluster()
+    served = _evict_g(c)
+    c.run(3)
+    assert c.running() == ["default/hi"]
+    if uid_after != g1["metadata"]["uid"]:
+        c.model.apply("podgroups", "DELETED", g1)
+        g2 = pod_group("g", 2)
+        g2["metadata"]["uid"] = uid_after
+        c.add_group(g2)
+    c.add(pod("g-0", 1, queue="a", group="g", created=400.0), pod("g-1", 1, queue="a", group="g", created=400.0))
+    c.now += 97
+    c.run(2)
+    return c, served
+
+
+def test_an_evicted_gang_whose_pods_return_keeps_its_service_and_submission():
+    # the controller re-creates the pods under the same PodGroup (same uid): g waits again with the service it had
+    # and its first submission, as a requeued job in the job simulator (its wait counts from the re-creation)
+    c, served = _evict_g_then_recreate("pg-uid-1")
+    job = c.driver.jobs["default/g"]
+    assert served > 500.0 and abs(job.attained - served) < 10.0, (job.attained, served)
+    assert job.submit_time == 1_700_000_000.0, job.submit_time  # its pods' first creation (the harness's epoch)
+    assert not c.driver.evicted_books
+
+
+def test_a_new_job_under_an_evicted_gangs_name_does_not_get_its_books():
+    c, _ = _evict_g_then_recreate("pg-uid-2")
+    job = c.driver.jobs["default/g"]
+    assert job.attained == 0.0 and job.submit_time > c.now - 150, (job.attained, job.submit_time)
+
+
+def test_an_evicted_owned_pod_recreated_under_its_name_keeps_its_books_a_bare_one_does_not():
+    for uid, keeps in (("sts-uid", True), ("", False)):
+        c = Cluster([node("n1", gpus=1)], [queue("a", quota=1)], order="tiresias", promote_knob=0, min_run_s=0.0,
+                    reclaim_min_run_s=0.0, thresholds=(100.0,))
+        p = pod("s-0", 1, queue="a", created=0.0)
+        c.add(_owned(p, uid) if uid else p)
+        c.run(200)
+        c.add(pod("hi", 1, queue="a", priority=50, created=200.0))
+        c.run(3)
+        assert c.running() == ["default/hi"], c.running()
+        again = pod("s-0", 1, queue="a", created=250.0)
+        c.add(_owned(again, uid) if uid else again)
+        c.run(2)
+        job = c.driver.jobs["default/s-0"]
+        assert (job.attained > 150.0) == keeps and (job.submit_time < c.now - 200) == keeps, (uid, job.attained)
+
+
+def test_evicted_books_expire():
+    from gpupool.k8s import pool as pool_mod
+
+    c, _ = _gang_cluster()
+    _evict_g(c)
+    c.run(3)
+    assert "default/g" in c.driver.evicted_books
+    c.now += pool_mod.EVICTED_BOOKS_S + 1
+    c.run(1)
+    assert "default/g" not in c.driver.evicted_books
+    t = c.now - 1_700_000_000.0
+    c.add(pod("g-0", 1, queue="a", group="g", created=t), pod("g-1", 1, queue="a", group="g", created=t))
+    c.run(2)
+    assert c.driver.jobs["default/g"].attained == 0.0  # too late: a new job
 
 
 def test_replacements_seen_in_the_first_cycle_after_the_eviction_keep_the_service():
@@ -86,11 +168,7 @@ def test_a_lapsed_eviction_keeps_no_books():
     c, _ = _gang_cluster()
     c.slow.update({"default/g-0", "default/g-1"})
     _evict_g(c)
-    for _ in range(120):
-        c.run(1)
-        if c.driver.stats["lapsed"]:
-            break
-    assert c.driver.stats["lapsed"] >= 1
+    _until_lapsed(c)
     c.run(2)
     assert "default/g" not in c.driver.evicted_books, c.driver.evicted_books
 
@@ -111,10 +189,7 @@ def test_a_lapse_after_a_restore_keeps_the_restored_service():
     assert c.running() == ["default/g-0", "default/g-1"], c.running()
     c.slow.update({"default/g-0", "default/g-1"})
     c.add(pod("hi2", 2, queue="a", priority=50, created=c.now - 1_700_000_000.0))
-    for _ in range(150):
-        c.run(1)
-        if c.driver.stats["lapsed"]:
-            break
+    _until_lapsed(c)
     c.run(2)
     job = c.driver.jobs["default/g"]
     assert job.status == "running"
@@ -130,11 +205,7 @@ def test_restore_then_lapse_does_not_count_the_run_twice():
     served = _evict_g(c)
     c.run(2)
     c.add(pod("g-0x", 1, queue="a", group="g", created=310.0), pod("g-1x", 1, queue="a", group="g", created=310.0))
-    for _ in range(150):
-        c.run(1)
-        if c.driver.stats["lapsed"]:
-            break
-    assert c.driver.stats["lapsed"] >= 1
+    _until_lapsed(c)
     c.run(2)
     job = c.driver.jobs["default/g"]
     assert job.status == "running", job.status
@@ -150,10 +221,7 @@ def test_after_a_lapse_a_later_return_does_not_get_the_stale_books():
     c, _ = _gang_cluster()
     c.slow.update({"default/g-0", "default/g-1"})
     _evict_g(c)
-    for _ in range(120):
-        c.run(1)
-        if c.driver.stats["lapsed"]:
-            break
+    _until_lapsed(c)
     c.slow.clear()
     c.finish("default/hi") if "default/hi" in c.pods else None
     c.run(200)
