@@ -1,7 +1,9 @@
 """The books of a job gpupool evicted, when its pods return (live pool, :mod:`gpupool.k8s.pool`): the same job
 (PodGroup or controller uid) gets its submission and service back, a new job under the same name does not, the
 books expire; and a review's cases: replacement pods seen before the next cycle, a job the pool starts again, a
-lapsed eviction (before or after a restore), self-healing. Each failed before its fix."""
+lapsed eviction (before or after a restore), self-healing; a second review's: a driver rebuild right after the
+eviction, a partial lapse, a running gang that loses a pod, an MPI gang whose launcher runs on. Each failed before
+its fix."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import pytest
 
 from k8s_pool_harness import Cluster, node, pod, pod_group, queue
 from test_k8s_pool import evicted
+
+T0 = 1_700_000_000.0  # the harness's clock at t=0
 
 
 def _owned(p: dict, uid: str, kind: str = "StatefulSet") -> dict:
@@ -279,3 +283,165 @@ def test_an_evicted_batch_job_pod_recreated_under_a_new_name_keeps_its_books():
     c.run(2)
     job = c.driver.jobs["default/train-fghij"]
     assert job.attained > 150.0, (job.attained, sorted(c.driver.evicted_books))
+
+
+# ------------------------------------------------------------------ a second review (rebuilds, partial lapses, MPI)
+
+
+def _new_podgroup(c: Cluster, old: dict, uid: str) -> None:
+    c.model.apply("podgroups", "DELETED", old)
+    g2 = pod_group("g", 2)
+    g2["metadata"]["uid"] = uid
+    c.add_group(g2)
+
+
+def test_a_rebuild_right_after_the_eviction_keeps_the_books_identity_checked():
+    # g is evicted; before the next cycle a node is added (the driver rebuilds its scheduler): g's pods are gone, so
+    # nothing names g any more and its marked books stay in driver.info, never stashed, identity-checked or expired.
+    # A new job under the same name (a new PodGroup uid) must start afresh
+    c, g1 = _gang_cluster()
+    _evict_g(c)
+    c.model.apply("nodes", "ADDED", node("n9", gpus=0))
+    c.run(2)
+    _new_podgroup(c, g1, "pg-uid-2")
+    t = c.now - T0
+    c.add(pod("g-0", 1, queue="a", group="g", created=t), pod("g-1", 1, queue="a", group="g", created=t))
+    c.run(2)
+    job = c.driver.jobs["default/g"]
+    assert job.attained == 0.0 and job.submit_time > c.now - 10, (job.attained, job.submit_time)
+
+
+def test_a_rebuild_right_after_the_eviction_does_not_keep_the_books_past_the_hour():
+    from gpupool.k8s import pool as pool_mod
+
+    c, _ = _gang_cluster()
+    _evict_g(c)
+    c.model.apply("nodes", "ADDED", node("n9", gpus=0))
+    c.run(2)
+    c.now += pool_mod.EVICTED_BOOKS_S + 10
+    c.run(1)
+    t = c.now - T0
+    c.add(pod("g-0", 1, queue="a", group="g", created=t), pod("g-1", 1, queue="a", group="g", created=t))
+    c.run(2)
+    assert c.driver.jobs["default/g"].attained == 0.0, c.driver.jobs["default/g"].attained
+
+
+def test_a_rebuild_right_after_the_eviction_still_gives_the_same_job_its_books():
+    # the fix must not lose the books of the same job (guard for the two tests above)
+    c, _ = _gang_cluster()
+    served = _evict_g(c)
+    c.model.apply("nodes", "ADDED", node("n9", gpus=0))
+    c.run(2)
+    t = c.now - T0
+    c.add(pod("g-0", 1, queue="a", group="g", created=t), pod("g-1", 1, queue="a", group="g", created=t))
+    c.run(2)
+    assert abs(c.driver.jobs["default/g"].attained - served) < 10.0, (c.driver.jobs["default/g"].attained, served)
+
+
+def test_a_partial_lapse_keeps_the_service_of_the_evicted_run():
+    # only g-0's kubelet is stuck: g-1 goes, g-0's eviction lapses and g-0 runs on alone. g had 600 GPU-s at the
+    # eviction (2 pods x 300 s); the lapse re-attached g-0 on the service *before* that run with the run counted
+    # from g-0's start for one pod: 1 x 364 s, so 300 GPU-s of g-1's run were lost
+    c, _ = _gang_cluster()
+    c.slow.add("default/g-0")
+    served = _evict_g(c)
+    t_evict = c.now
+    _until_lapsed(c)
+    c.run(2)
+    job = c.driver.jobs["default/g"]
+    assert job.status == "running"
+    assert served - 1.0 <= job.attained_at(c.now) <= served + (c.now - t_evict) + 1.0, (job.attained_at(c.now), served)
+
+
+def test_a_partial_lapse_then_the_replacement_joins_counts_each_second_once():
+    # as above, and g-1's replacement (g-1x) joins g-0 (a gang repair): g's service may not exceed the 600 GPU-s
+    # at the eviction plus 2 GPUs since (it was 1,093 GPU-s at 365 s: g-0's run from its start, twice)
+    c, _ = _gang_cluster()
+    c.slow.add("default/g-0")
+    served = _evict_g(c)
+    t_evict = c.now
+    c.run(2)
+    c.add(pod("g-1x", 1, queue="a", group="g", created=c.now - T0))
+    _until_lapsed(c)
+    c.run(3)
+    job = c.driver.jobs["default/g"]
+    assert sorted(c.running("default/g")) == ["default/g-0", "default/g-1x"], c.running()
+    assert served - 1.0 <= job.attained_at(c.now) <= served + 2 * (c.now - t_evict), (job.attained_at(c.now), served)
+
+
+def test_a_running_gang_that_loses_a_pod_counts_its_run_once():
+    # (older than the reviewed commits, 32b9725: it feeds the books these commits keep) an elastic gang of 2 pods
+    # runs 100 s, one pod finishes: the driver detaches the job (service 200, run included) and re-attaches it with
+    # the old run_since, so the 100 s are counted again: 301 GPU-s after 101 s instead of 201
+    c = Cluster([node("n1", gpus=4)], [queue("a", quota=4)], groups=[pod_group("g", 1)], order="tiresias",
+                promote_knob=0, min_run_s=0.0, reclaim_min_run_s=0.0, thresholds=(100000.0,))
+    c.add(pod("g-0", 1, queue="a", group="g"), pod("g-1", 1, queue="a", group="g"))
+    c.run(100)
+    assert c.running() == ["default/g-0", "default/g-1"]
+    c.finish("default/g-1")
+    c.run(1)
+    job = c.driver.jobs["default/g"]
+    assert abs(job.attained_at(c.now) - 201.0) < 3.0, job.attained_at(c.now)
+
+
+def test_an_evicted_mpi_gang_whose_launcher_runs_on_keeps_its_books():
+    # gpupool evicts an MPIJob's GPU workers, not its 0-GPU launcher (a rider): the launcher alone is re-attached as
+    # the job, which cleared the eviction mark. The launcher then fails (its workers are gone) and the MPI operator
+    # re-creates the whole job in the same PodGroup: it started afresh (0 GPU-s, a new submission)
+    g = pod_group("mpi", 3)
+    g["metadata"]["uid"] = "pg-mpi"
+    c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[g], order="tiresias", promote_knob=0,
+                min_run_s=0.0, reclaim_min_run_s=0.0, thresholds=(100000.0,))
+    c.add(pod("mpi-launcher", 0, queue="a", group="mpi"), pod("mpi-w0", 1, queue="a", group="mpi"),
+          pod("mpi-w1", 1, queue="a", group="mpi"))
+    c.run(300)
+    assert len(c.running()) == 3
+    served = c.driver.jobs["default/mpi"].attained_at(c.now)
+    c.add(pod("hi", 2, queue="a", priority=50, created=300.0))
+    c.run(3)
+    assert sorted(evicted(c)) == ["default/mpi-w0", "default/mpi-w1"], evicted(c)
+    c.finish("default/mpi-launcher", "Failed")
+    c.run(1)
+    c.delete("default/mpi-launcher")
+    c.run(1)
+    t = c.now - T0
+    c.add(pod("mpi-launcher", 0, queue="a", group="mpi", created=t),
+          pod("mpi-w0", 1, queue="a", group="mpi", created=t), pod("mpi-w1", 1, queue="a", group="mpi", created=t))
+    c.run(2)
+    job = c.driver.jobs["default/mpi"]
+    assert abs(job.attained - served) < 10.0 and job.submit_time == T0, (job.attained, job.submit_time, served)
+
+
+def test_an_evicted_mpi_gang_whose_workers_lapse_counts_its_run_once():
+    # guard for the launcher fix: the workers' eviction lapses while the launcher runs on; the run they continue is
+    # counted from their start on the service before it, not on top of the service at the eviction
+    g = pod_group("mpi", 3)
+    g["metadata"]["uid"] = "pg-mpi"
+    c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[g], order="tiresias", promote_knob=0,
+                min_run_s=0.0, reclaim_min_run_s=0.0, thresholds=(100000.0,))
+    c.add(pod("mpi-launcher", 0, queue="a", group="mpi"), pod("mpi-w0", 1, queue="a", group="mpi"),
+          pod("mpi-w1", 1, queue="a", group="mpi"))
+    c.run(300)
+    c.slow.update({"default/mpi-w0", "default/mpi-w1"})
+    c.add(pod("hi", 2, queue="a", priority=50, created=300.0))
+    c.run(3)
+    assert evicted(c)
+    _until_lapsed(c)
+    c.run(2)
+    job = c.driver.jobs["default/mpi"]
+    assert job.status == "running" and job.gpus_per_pod == 1, job
+    assert 600.0 <= job.attained_at(c.now) <= 2 * (c.now - T0) + 5.0, (job.attained_at(c.now), c.now - T0)
+
+
+def test_a_cpu_only_pool_job_under_per_gpu_sizes_does_not_crash_the_cycle():
+    # size_dims=1 (per-GPU service) divided by the job's GPUs: a 0-GPU pool job raised ZeroDivisionError
+    c = Cluster([node("n1", gpus=2)], order="gittins", promote_knob=1.0, size_dims=1, min_run_s=0.0,
+                reclaim_min_run_s=0.0)
+    c.add(pod("cpu", 0), pod("g", 1))
+    c.run(20)
+    c.finish("default/g")
+    c.run(3)
+    c.add(pod("cpu2", 0), pod("g2", 1))
+    c.run(3)
+    assert {"default/cpu", "default/cpu2", "default/g2"} <= set(c.running()), c.running()
+    assert c.model.stats.get("pool_errors", 0) == 0  # (a failing pool cycle falls back to plain placement)

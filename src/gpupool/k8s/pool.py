@@ -383,6 +383,9 @@ class PoolDriver:
                 if name is not None:
                     self._register(key, name)
                     names.add(name)
+        # a job gpupool evicted whose pods all left the count (evicting, or gone) has no pod to name it: reconciled
+        # too, so that its books go to evicted_books (identity-checked and expiring) as without the rebuild
+        names |= {n for n, i in self.info.items() if i.evicted}
         for name in sorted(names):  # a fixed order: job numbers (tie-breaks among equal victims) do not vary
             self._reconcile(name, None, now)
         for name, total in ran.items():  # its pods went before the rebuild: that run ended, nothing re-attached it
@@ -628,7 +631,6 @@ class PoolDriver:
             now_placed = {a.pod: a for a in job.placed}
             same = set(now_placed) == set(held_keys) and all(st.assignments[k] is now_placed[k] for k in held_keys)
             if not same:
-                run_since = job.run_since
                 # every GPU pod gone and none waiting: the job left (its pods completed, or their owner deleted
                 # them); gpupool's own evictions requeue it elsewhere. Its service is a job size to learn from.
                 # A 0-GPU launcher that outlives its workers (an MPIJob gathering results) holds no GPU service;
@@ -641,11 +643,14 @@ class PoolDriver:
                     pi.request.num_gpu for pi in pending) and all(  # a lapsed nomination's pods are only forgotten
                     (r := model.pods.get(k)) is None or r.terminal or not gpu_pod(k) for k in info.members)
                 pool.detach(job, now, requeue=False, finished=left)
-                info.attained = job.attained
+                if not info.evicted:  # (marked: only its 0-GPU launcher ran, the books are evicted_attained)
+                    info.attained = job.attained  # its service up to now, this run included
                 self.jobs.pop(name, None)
                 job = None
-                if held_keys:
-                    job = self._attach(name, held_keys, min_member, cap, pending, info, group, now, run_since)
+                if held_keys:  # the run goes on from now on the pods held now (as the scheduler's own resize);
+                    # marked (its launcher ran alone): _attach tells a lapse from re-created pods
+                    job = self._attach(name, held_keys, min_member, cap, pending, info, group, now,
+                                       None if info.evicted else now)
             elif pending:
                 self._set_growth(job, held_keys, pending, cap)
         elif held_keys:
@@ -762,10 +767,15 @@ class PoolDriver:
         queue = self._leaf(model.pods[held_keys[0]].info.queue) or self.default_queue
         extra = [pi.request for pi in pending]
         nmax = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
-        if info.evicted:  # it runs (again): re-created pods after the eviction; its evicted pods back (a lapse,
-            # a refused eviction) continue the run the eviction counted, counted again from their start below
-            if not any(model.pods[k].uid in info.evicted_uids for k in held_keys):
+        if info.evicted and any(model.pods[k].info.request.num_gpu for k in held_keys):
+            # it runs (again): re-created pods after the eviction; all its evicted pods back and nothing else (a
+            # lapse, a refused eviction) continue the run the eviction counted, counted again from their start below.
+            # Some back (a partial lapse) or with new pods: the service at the eviction, the run from now
+            back = {model.pods[k].uid for k in held_keys} & info.evicted_uids
+            if not back or back != info.evicted_uids or len(back) != len(held_keys):
                 info.attained = info.evicted_attained
+                if back and run_since is None:
+                    run_since = now
             info.evicted, info.evicted_uids = "", frozenset()
         if math.isnan(info.submit):
             created = [t for k in held_keys if (t := model.pods[k].info.request.creation_time) is not None]

@@ -475,13 +475,14 @@ class PoolScheduler(EvictionActions):
         if self.cfg.scored_levels is not None and job.level >= self.cfg.scored_levels:
             return 0.0
         one = self.cfg.size_dims == 1
+        per = max(job.num_gpu, 1)  # per-GPU service (size_dims 1); a 0-GPU job's is its whole service
         gpus = job.num_gpu if self.cfg.size_by_gpus else None
         if (job.size_estimate is not None and job.size_estimate > attained  # its own estimate, not yet overrun,
                 and self.order.model.table(job.queue, gpus).n):  # once sizes are known: else all score alike
             rest = job.size_estimate - attained
-            score = rest / job.num_gpu if one else rest
+            score = rest / per if one else rest
         else:
-            score = self.order.score(job.queue, attained / job.num_gpu if one else attained, gpus)
+            score = self.order.score(job.queue, attained / per if one else attained, gpus)
         if self.cfg.aging:
             score += self.cfg.aging * (job.submit_time + run_s) * (1 if one else job.num_gpu)
         return score
@@ -628,7 +629,8 @@ class PoolScheduler(EvictionActions):
     def _learn_size(self, job: PoolJob) -> None:
         """A job left after ``job.attained`` GPU-seconds of service: a size for the size-ranked orders."""
         if self.sizes is not None:
-            self.sizes.observe(job.queue, job.attained / job.num_gpu if self.cfg.size_dims == 1 else job.attained,
+            one = self.cfg.size_dims == 1  # per GPU; a 0-GPU job's size is its whole service
+            self.sizes.observe(job.queue, job.attained / max(job.num_gpu, 1) if one else job.attained,
                                job.num_gpu if self.cfg.size_by_gpus else None)
 
     def remove(self, job: PoolJob, now: float, reason: str) -> None:
