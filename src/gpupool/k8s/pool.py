@@ -207,6 +207,8 @@ class _JobInfo:
     evicted_attained: float = 0.0  # its service (GPU-s) when evicted: what it waits and runs again with on
     # re-created pods (attained stays the service before the evicted run, for a lapse)
     evicted_uids: frozenset = frozenset()  # the uids of the pods evicted: those back (a lapse) ran before
+    evicted_at: float = math.nan  # when it was evicted: a lapse or a refusal continues that run from then
+    run_uids: frozenset = frozenset()  # the uids of the pods its current run is on (new pods: a new job)
 
 
 def job_identity(group: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> str:
@@ -392,6 +394,8 @@ class PoolDriver:
             info = self.info.get(name)
             if info is not None and math.isfinite(info.run_since):
                 info.attained, info.run_since = total, math.nan
+                if not info.members and not info.evicted:  # none of its pods is left: it ended, as a cycle finds
+                    del self.info[name]  # without the rebuild (pods waiting under its name are a new job)
         self._pending_names = set()
 
     def _register(self, key: str, name: str) -> None:
@@ -585,6 +589,10 @@ class PoolDriver:
         st = model.state
         if unit is not None and name not in self.info and name in self.evicted_books:
             self._restore_books(name, unit, now)
+        elif unit is not None and (old := self.info.get(name)) is not None and old.evicted and \
+                not self._held_keys(name) and \
+                job_identity(self._group_obj(name), [obj for obj, _ in unit.members]) != old.evicted:
+            del self.info[name]  # a new job under the name of one gpupool evicted, before its books were put away
         if unit is not None:
             for _, pi in unit.members:
                 self._register(pi.key, name)
@@ -647,6 +655,11 @@ class PoolDriver:
                     info.attained = job.attained  # its service up to now, this run included
                 self.jobs.pop(name, None)
                 job = None
+                if not held_keys and not info.evicted and pending and not (
+                        {model.pods[pi.key].uid for pi in pending if pi.key in model.pods} & info.run_uids):
+                    # every pod it ran on is gone (not evicted by gpupool) and new pods wait under its name: a new
+                    # job, as when they come a cycle later
+                    self.info[name] = info = _JobInfo(members=info.members)
                 if held_keys:  # the run goes on from now on the pods held now (as the scheduler's own resize);
                     # marked (its launcher ran alone): _attach tells a lapse from re-created pods
                     job = self._attach(name, held_keys, min_member, cap, pending, info, group, now,
@@ -768,14 +781,18 @@ class PoolDriver:
         extra = [pi.request for pi in pending]
         nmax = h + len(extra) if cap is None else max(h, min(cap, h + len(extra)))
         if info.evicted and any(model.pods[k].info.request.num_gpu for k in held_keys):
-            # it runs (again): re-created pods after the eviction; all its evicted pods back and nothing else (a
-            # lapse, a refused eviction) continue the run the eviction counted, counted again from their start below.
-            # Some back (a partial lapse) or with new pods: the service at the eviction, the run from now
+            # it runs (again). All its evicted pods back and nothing else (a lapse, a refused eviction): the run
+            # the eviction ended goes on, from the service and the time of the eviction. Some back (a partial lapse)
+            # or with new pods: the service at the eviction, the run from now; re-created pods only: the run from
+            # their start (below)
             back = {model.pods[k].uid for k in held_keys} & info.evicted_uids
             if not back or back != info.evicted_uids or len(back) != len(held_keys):
                 info.attained = info.evicted_attained
                 if back and run_since is None:
                     run_since = now
+            elif run_since is None and math.isfinite(info.evicted_at):  # (not from its pods' start: a resize
+                # before the eviction booked part of that run in attained already)
+                info.attained, run_since = info.evicted_attained, info.evicted_at
             info.evicted, info.evicted_uids = "", frozenset()
         if math.isnan(info.submit):
             created = [t for k in held_keys if (t := model.pods[k].info.request.creation_time) is not None]
@@ -785,6 +802,7 @@ class PoolDriver:
         if run_since is None and math.isfinite(info.run_since):  # a rebuilt scheduler: the run it had
             run_since = info.run_since
         info.run_since = math.nan
+        info.run_uids = frozenset(model.pods[k].uid for k in held_keys)
         if run_since is None:  # when its pods started running (status.startTime), else when they were created
             times = [_started_at(model.pods[k].obj) or model.pods[k].info.request.creation_time for k in held_keys]
             run_since = now if any(t is None for t in times) else max(t for t in times if t is not None)
@@ -840,7 +858,7 @@ class PoolDriver:
                 vinfo = self.info.setdefault(victim.name, _JobInfo())
                 vinfo.restarted = True
                 vinfo.evicted = self._identity(victim.name, [a.pod for a in pods])
-                vinfo.evicted_attained = victim.attained
+                vinfo.evicted_attained, vinfo.evicted_at = victim.attained, now
                 vinfo.evicted_uids = frozenset(r.uid for a in pods if (r := model.pods.get(a.pod)) is not None)
             pname = preemptor.name if preemptor is not None else ""
             act = _ACTIONS.get(action, action)
@@ -892,6 +910,7 @@ class PoolDriver:
             if info is not None:
                 info.restarted = True
                 info.spec = ()
+                info.run_uids = frozenset(r.uid for a in job.placed if (r := model.pods.get(a.pod)) is not None)
                 if info.evicted:  # the pool started it again (on re-created pods): its books are the pool job's
                     info.attained, info.evicted, info.evicted_uids = job.attained, "", frozenset()
         # the preemptor of each group: nominated placements of its pods already attached above
@@ -951,6 +970,7 @@ class PoolDriver:
                 hinfo = self.info.setdefault(name, _JobInfo())
                 hinfo.restarted = True
                 hinfo.evicted, hinfo.evicted_attained = self._identity(name, keys), job.attained
+                hinfo.evicted_at = now
                 hinfo.evicted_uids = frozenset(r.uid for k in keys if (r := model.pods.get(k)) is not None)
             self._pid += 1
             pre = snap.Preemption(self._pid, "heal", "", f"gpupool self-healing: {why[0]}; the pod is evicted so "
