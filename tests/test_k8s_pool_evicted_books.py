@@ -384,10 +384,8 @@ def test_a_running_gang_that_loses_a_pod_counts_its_run_once():
     assert abs(job.attained_at(c.now) - 201.0) < 3.0, job.attained_at(c.now)
 
 
-def test_an_evicted_mpi_gang_whose_launcher_runs_on_keeps_its_books():
-    # gpupool evicts an MPIJob's GPU workers, not its 0-GPU launcher (a rider): the launcher alone is re-attached as
-    # the job, which cleared the eviction mark. The launcher then fails (its workers are gone) and the MPI operator
-    # re-creates the whole job in the same PodGroup: it started afresh (0 GPU-s, a new submission)
+def _mpi_gang_running() -> Cluster:
+    """An MPIJob (PodGroup uid pg-mpi, minMember 3): a 0-GPU launcher and two 1-GPU workers, run 300 s."""
     g = pod_group("mpi", 3)
     g["metadata"]["uid"] = "pg-mpi"
     c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[g], order="tiresias", promote_knob=0,
@@ -395,6 +393,14 @@ def test_an_evicted_mpi_gang_whose_launcher_runs_on_keeps_its_books():
     c.add(pod("mpi-launcher", 0, queue="a", group="mpi"), pod("mpi-w0", 1, queue="a", group="mpi"),
           pod("mpi-w1", 1, queue="a", group="mpi"))
     c.run(300)
+    return c
+
+
+def test_an_evicted_mpi_gang_whose_launcher_runs_on_keeps_its_books():
+    # gpupool evicts an MPIJob's GPU workers, not its 0-GPU launcher (a rider): the launcher alone is re-attached as
+    # the job, which cleared the eviction mark. The launcher then fails (its workers are gone) and the MPI operator
+    # re-creates the whole job in the same PodGroup: it started afresh (0 GPU-s, a new submission)
+    c = _mpi_gang_running()
     assert len(c.running()) == 3
     served = c.driver.jobs["default/mpi"].attained_at(c.now)
     c.add(pod("hi", 2, queue="a", priority=50, created=300.0))
@@ -415,13 +421,7 @@ def test_an_evicted_mpi_gang_whose_launcher_runs_on_keeps_its_books():
 def test_an_evicted_mpi_gang_whose_workers_lapse_counts_its_run_once():
     # guard for the launcher fix: the workers' eviction lapses while the launcher runs on; the run they continue is
     # counted from their start on the service before it, not on top of the service at the eviction
-    g = pod_group("mpi", 3)
-    g["metadata"]["uid"] = "pg-mpi"
-    c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[g], order="tiresias", promote_knob=0,
-                min_run_s=0.0, reclaim_min_run_s=0.0, thresholds=(100000.0,))
-    c.add(pod("mpi-launcher", 0, queue="a", group="mpi"), pod("mpi-w0", 1, queue="a", group="mpi"),
-          pod("mpi-w1", 1, queue="a", group="mpi"))
-    c.run(300)
+    c = _mpi_gang_running()
     c.slow.update({"default/mpi-w0", "default/mpi-w1"})
     c.add(pod("hi", 2, queue="a", priority=50, created=300.0))
     c.run(3)
