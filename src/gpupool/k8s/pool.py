@@ -179,6 +179,7 @@ class _Held:
     node: str
     since: float
     pid: int | None
+    job: str = ""  # its job: a gang binds together, when no member's node has victims left (all or nothing)
 
 
 @dataclass
@@ -885,16 +886,22 @@ class PoolDriver:
         new: list[tuple[PoolJob, list[Assignment]]] = [(j, list(j.placed)) for j in res.started if id(j) not in moved]
         new += [(j, list(j.placed[old:])) for j, old, n in res.resized if n > old]
         for job, pods in new:
+            # a job some of whose pods wait for victims is held whole: members on free nodes are not bound before
+            # the others (a lapse would leave them running below the gang's minimum)
+            busy_nodes = [a.node_name for a in pods if a.node_name in evicting_nodes]
             for a in pods:
                 self.model.assume(a.pod, a.node_name)
                 rec = model.pods[a.pod]
                 self._register(a.pod, job.name)
-                if a.node_name in evicting_nodes:
-                    pid = next((e.pid for e in self.evicting.values() if e.node == a.node_name), None)
-                    self.held[a.pod] = _Held(a.node_name, now, pid)
+                if busy_nodes:
+                    busy = a.node_name if a.node_name in evicting_nodes else busy_nodes[0]
+                    pid = next((e.pid for e in self.evicting.values() if e.node == busy), None)
+                    self.held[a.pod] = _Held(a.node_name, now, pid, job.name)
+                    reason = (self._held_reason(a.node_name) if a.node_name in evicting_nodes else
+                              f"nominated to node {a.node_name}: held with the rest of its job, which waits for "
+                              f"preempted pods to terminate on node {busy}")
                     p = snap.Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
-                                       self._held_reason(a.node_name), a.gpu_memory_mib, (), _gang(rec),
-                                       nominated=True)
+                                       reason, a.gpu_memory_mib, (), _gang(rec), nominated=True)
                     if pid is not None and pid in groups:
                         groups[pid].nominated.append(p)
                     placements.append(p)
@@ -1016,7 +1023,8 @@ class PoolDriver:
 
     # ------------------------------------------------------------------ nominations
     def _held_placements(self, now: float) -> list[Any]:
-        """Held placements whose node has no terminating victim any more: bind now."""
+        """Held placements whose node, and the nodes of every other held pod of their job, have no terminating
+        victim any more: bind now (a gang all together)."""
         from gpupool.k8s import snapshot as snap
 
         model = self.model
@@ -1025,17 +1033,20 @@ class PoolDriver:
         # a node where a pod bound by someone else could not be counted in full (its devices overlap what gpupool
         # holds there): another scheduler took the freed GPUs; the held placements there lapse and are planned again
         clash = {r.node for k in model.skipped_pods if (r := model.pods.get(k)) is not None and r.node}
+        lapsing = {k for k, h in self.held.items() if h.node in clash and h.node not in busy}
+        clashed = {self.held[k].job for k in lapsing if self.held[k].job}  # a member lapses: its job's all do
+        waiting = {h.job for h in self.held.values() if h.job and h.node in busy}  # a member still waits
         out = []
         for key, h in list(self.held.items()):
-            if h.node in busy:
-                continue
-            if h.node in clash:
+            if key in lapsing or (h.job and h.job in clashed):
                 del self.held[key]
                 model.forget(key)
                 model.count_log.append(key)
                 self._denominated.append(key)
                 log.info("nomination lapsed: another pod took the GPUs", extra={"event": "nomination_clash",
                                                                                 "pod": key, "node": h.node})
+                continue
+            if h.node in busy or (h.job and h.job in waiting):
                 continue
             a = st.assignments.get(key) if st is not None else None
             if a is None or key not in model.assumed:
@@ -1075,8 +1086,9 @@ class PoolDriver:
     def _restore(self, victims: Sequence[str], denominated: list[str], protect: bool, now: float) -> None:
         model = self.model
         nodes = {self.evicting[k].node for k in victims if k in self.evicting}
+        jobs = {h.job for h in self.held.values() if h.job and h.node in nodes}  # held whole, they lapse whole
         for key, h in list(self.held.items()):
-            if h.node in nodes:
+            if h.node in nodes or (h.job and h.job in jobs):
                 del self.held[key]
                 model.forget(key)
                 model.count_log.append(key)
