@@ -690,6 +690,14 @@ class PoolDriver:
                         info.spec, info.run_since = (), math.nan  # attained: before the evicted run (a lapse)
                         self.evicted_books[name] = (now + EVICTED_BOOKS_S, info)
             return
+        if gkey and not held_keys and len(pending) < min_member:
+            # a gang whose held members lapsed in this cycle: the cycle grouped its units before the lapse, with
+            # those members assumed, so the unit holds only the others; the job is all its waiting GPU pods (it
+            # must not start below its minimum)
+            have = {pi.key for pi in pending}
+            pending = pending + [r.info for k in sorted(info.members) if k not in have
+                                 and (r := model.pods.get(k)) is not None and r.info is not None and not r.terminal
+                                 and not r.counted and k not in model.assumed and r.info.request.num_gpu]
         created = [pi.request.creation_time for pi in pending if pi.request.creation_time]
         if math.isnan(info.submit):
             info.submit = min(created) if created else now
