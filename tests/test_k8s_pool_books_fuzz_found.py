@@ -5,8 +5,6 @@ job's pods left just before a driver rebuild; and a nominated placement that nev
 
 from __future__ import annotations
 
-import pytest
-
 from k8s_pool_harness import Cluster, node, pod, queue
 from test_k8s_pool_evicted_books import T0, _evict_g, _gang_cluster, _new_podgroup, _owned
 
@@ -68,8 +66,6 @@ def test_a_job_that_ended_just_before_a_rebuild_leaves_no_books():
     assert job.attained_at(c.now) < 10.0 and job.submit_time > c.now - 10, (job.attained_at(c.now), job.submit_time)
 
 
-@pytest.mark.xfail(strict=True, reason="known limit: the pool books a nominated placement (held on the node of a "
-                   "victim still terminating) as running from the nomination, not from the bind")
 def test_a_nominated_job_is_not_charged_while_its_victim_does_not_go():
     # fuzz seed 1: hi preempts lo, whose kubelet is stuck; hi is nominated (held, not bound) until the eviction lapses
     # (grace 2 s + slack 30 s). The driver attaches hi as running from the nomination: it is charged ~32 GPU-s it

@@ -810,6 +810,8 @@ class PoolDriver:
                         run_time_limit(group, model.pods[held_keys[0]].obj))
         if run_since is None and math.isfinite(info.run_since):  # a rebuilt scheduler: the run it had
             run_since = info.run_since
+        if run_since is None and all(k in self.held for k in held_keys):  # held whole: begins when it binds
+            run_since = math.inf
         info.run_since = math.nan
         info.run_uids = frozenset(model.pods[k].uid for k in held_keys)
         if run_since is None:  # when its pods started running (status.startTime), else when they were created
@@ -921,6 +923,8 @@ class PoolDriver:
                        f"; queue {pool.tree.names[job.q]}")
                 placements.append(snap.Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0, why,
                                                  a.gpu_memory_mib, (), _gang(rec)))
+            if busy_nodes and job.status == RUNNING and all(a.pod in self.held for a in job.placed):
+                job.run_since = math.inf  # held whole while victims terminate: its run begins when it binds
             info = self.info.get(job.name)
             if info is not None:
                 info.restarted = True
@@ -1044,6 +1048,7 @@ class PoolDriver:
         lapsing = {k for k, h in self.held.items() if h.node in clash and h.node not in busy}
         clashed = {self.held[k].job for k in lapsing if self.held[k].job}  # a member lapses: its job's all do
         waiting = {h.job for h in self.held.values() if h.job and h.node in busy}  # a member still waits
+        bound: set[str] = set()
         out = []
         for key, h in list(self.held.items()):
             if key in lapsing or (h.job and h.job in clashed):
@@ -1065,6 +1070,12 @@ class PoolDriver:
             out.append(snap.Placement(key, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
                                       f"victims gone from node {a.node_name}: binding", a.gpu_memory_mib, (),
                                       _gang(rec) if rec is not None else None, waited_s=max(0.0, now - h.since)))
+            bound.add(h.job)
+        for name in bound:  # a job held whole (run_since inf) binds: its run begins now
+            job = self.jobs.get(name)
+            if (job is not None and job.status == RUNNING and job.run_since == math.inf
+                    and not any(h.job == name for h in self.held.values())):
+                self.pool.begin_run(job, now)  # type: ignore[union-attr]
         return out
 
     def is_evicting(self, key: str, uid: str) -> bool:

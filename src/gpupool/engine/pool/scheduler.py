@@ -676,6 +676,22 @@ class PoolScheduler(EvictionActions):
         self._book_running(job, now)
         self._fs_dirty = True
 
+    def begin_run(self, job: PoolJob, now: float) -> None:
+        """``job`` (running) really begins its run at ``now``: a driver held its pods while preemption victims
+        terminated (``job.run_since`` inf meanwhile: no service, protected as within its minimum runtime). Its service
+        and minimum runtime count from ``now``; its level and demotion follow. ValueError unless running."""
+        if job.status != RUNNING:
+            raise ValueError(f"job {job.name} is {job.status}, not running")
+        self._lv_add(job, -1)
+        self._qnode_add(job, job.placed, -1)
+        job.run_since = now
+        job.level = self.order.level(job.las_at(now) + 1e-6)
+        self._set_key(job)
+        self._lv_add(job, 1)
+        self._qnode_add(job, job.placed, 1)
+        if self.preemptive_order:
+            self._push_demotion(job, now)
+
     def detach(self, job: PoolJob, now: float, requeue: bool, finished: bool = False) -> None:
         """A running ``job`` whose pods the driver already released from the state (they finished, were
         deleted, or their binding failed): update the books only; back to its queue if ``requeue``, else
