@@ -7,6 +7,8 @@ its fix."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from k8s_pool_harness import Cluster, node, pod, pod_group, queue
@@ -447,16 +449,13 @@ def test_a_cpu_only_pool_job_under_per_gpu_sizes_does_not_crash_the_cycle():
     assert c.model.stats.get("pool_errors", 0) == 0  # (a failing pool cycle falls back to plain placement)
 
 
-# ------------------------------------------------------------------ a preempting gang binds whole
-def test_a_preempting_gang_binds_together_and_a_lapse_leaves_none_of_it_running():
-    # fuzz seed 7 (400 cycles): gang g (minMember 2) preempts lo on n1 and has its other member on the free n2;
-    # the member on n2 was bound at once, and when lo's eviction lapsed (a stuck kubelet) it ran alone, below the
-    # gang's minimum. Now the whole gang is held until every member's node is free, and lapses whole
+# ------------------------------------------------------------------ a preempting job is held whole
+def _held_gang() -> Cluster:
+    """lo (slow) on n1; gang g (minMember 2) preempts it: g held whole (one member on n1, one on free n2)."""
     c = Cluster([node("n1", gpus=1), node("n2", gpus=1)], [queue("a", quota=2)], groups=[pod_group("g", 2)],
                 min_run_s=0.0, reclaim_min_run_s=0.0)
     c.add(pod("lo", 1, queue="a", created=0.0), pod("lo2", 1, queue="a", created=0.0))
     c.run(5)
-    assert c.running() == ["default/lo", "default/lo2"]
     c.finish("default/lo2")
     c.run(1)
     c.slow.add("default/lo")
@@ -464,8 +463,17 @@ def test_a_preempting_gang_binds_together_and_a_lapse_leaves_none_of_it_running(
           pod("g-1", 1, queue="a", group="g", priority=50, created=6.0))
     c.run(3)
     assert evicted(c) == ["default/lo"], evicted(c)
-    assert not [k for k in c.running() if k.startswith("default/g-")], c.running()  # neither bound: both held
     assert {"default/g-0", "default/g-1"} <= set(c.driver.held)
+    assert c.driver.jobs["default/g"].run_since == math.inf
+    return c
+
+
+def test_a_preempting_gang_binds_together_and_a_lapse_leaves_none_of_it_running():
+    # fuzz seed 7 (400 cycles): gang g (minMember 2) preempts lo on n1 and has its other member on the free n2;
+    # the member on n2 was bound at once, and when lo's eviction lapsed (a stuck kubelet) it ran alone, below the
+    # gang's minimum. Now the whole gang is held until every member's node is free, and lapses whole
+    c = _held_gang()
+    assert not [k for k in c.running() if k.startswith("default/g-")], c.running()  # neither bound: both held
     _until_lapsed(c)
     c.run(2)
     assert not [k for k in c.running() if k.startswith("default/g-")], c.running()
@@ -473,3 +481,73 @@ def test_a_preempting_gang_binds_together_and_a_lapse_leaves_none_of_it_running(
     c.delete("default/lo")
     c.run(5)
     assert sorted(k for k in c.running() if k.startswith("default/g-")) == ["default/g-0", "default/g-1"]
+
+
+def test_a_held_job_that_loses_a_held_pod_still_begins_its_run_when_it_binds():
+    # 0b992ab: the running part re-attaches a job whose pods changed with run_since=now, although every pod it
+    # has left is still held (nothing runs): it is charged the wait and begin_run never comes
+    c = _held_gang()
+    c.delete("default/g-1")  # the user (or its controller) deletes a held member
+    c.run(1)
+    job = c.driver.jobs.get("default/g")
+    assert job is not None and job.status == "running", job
+    assert "default/g-0" in c.driver.held and not c.running("default/g-")
+    assert job.run_since == math.inf, (job.run_since, c.now)  # nothing of it runs yet
+
+
+def test_an_elastic_gang_held_whole_does_not_grow_onto_a_free_node_and_bind_there_alone():
+    # f2a3a76 + 0b992ab: g (minMember 2, 3 pods) starts with 2 pods held whole (n1 waits for lo); n3 frees up and
+    # _grow gives g its third pod there: bound at once (its own pods are not "busy"), while the other two wait;
+    # _fold_service sets run_since=now (inf lost). When lo's eviction lapses, the held two are dropped and g runs
+    # on the grown pod alone, below its minMember
+    c = Cluster([node("n1", gpus=1), node("n2", gpus=1), node("n3", gpus=1)], [queue("a", quota=3)],
+                groups=[pod_group("g", 2)], min_run_s=0.0, reclaim_min_run_s=0.0)
+    c.add(pod("lo", 1, queue="a", created=0.0), pod("lo2", 1, queue="a", created=0.0),
+          pod("x", 1, queue="a", priority=100, created=0.0))
+    c.run(5)
+    c.finish("default/lo2")
+    c.run(1)
+    c.slow.add("default/lo")
+    c.add(pod("g-0", 1, queue="a", group="g", priority=50, created=6.0),
+          pod("g-1", 1, queue="a", group="g", priority=50, created=6.0),
+          pod("g-2", 1, queue="a", group="g", priority=50, created=6.0))
+    c.run(3)
+    assert evicted(c) == ["default/lo"], evicted(c)
+    held = {k for k in c.driver.held if k.startswith("default/g-")}
+    assert len(held) == 2, c.driver.held
+    c.finish("default/x")
+    c.run(3)
+    grown_alone = c.running("default/g-")
+    _until_lapsed(c)
+    c.run(3)
+    n = len(c.running("default/g-"))
+    assert n == 0 or n >= 2, c.running()  # never below minMember
+    assert not grown_alone, grown_alone  # nothing of g binds while part of it waits
+
+
+def test_a_gang_waiting_again_after_an_eviction_is_not_built_from_its_terminating_pods():
+    # ffa82fb: a gang whose pods gpupool evicted (still terminating, a slow kubelet) and whose controller re-created
+    # one under a new name: fewer pending than minMember, no held pod, so its info.members are added, and those
+    # include the terminating (bound, evicted) old pods; they are placed and bound again
+    g = pod_group("g", 2)
+    c = Cluster([node("n1", gpus=2)], [queue("a", quota=2)], groups=[g], min_run_s=0.0, reclaim_min_run_s=0.0)
+    c.add(pod("g-0", 1, queue="a", group="g", created=0.0), pod("g-1", 1, queue="a", group="g", created=0.0))
+    c.run(5)
+    assert c.running() == ["default/g-0", "default/g-1"], c.running()
+    c.slow |= {"default/g-0", "default/g-1"}
+    c.add(pod("hi", 2, queue="a", priority=50, created=5.0))
+    for _ in range(5):
+        c.cycle()
+        c.now += 1
+        if "default/g-0" in evicted(c):
+            break
+    assert "default/g-0" in evicted(c), c.log[-6:]
+    c.add(pod("g-new0", 1, queue="a", group="g", created=c.now - 1_700_000_000))
+    c.cycle()
+    c.now += 1
+    job = c.driver.jobs.get("default/g")
+    names = sorted(r.name for r in job.pods) if job is not None else []
+    assert not any(n in ("g-0", "g-1", "default/g-0", "default/g-1") for n in names), names
+    placed_old = [p.pod for plan in c.plans[-1:] for p in plan.placements
+                  if p.pod in ("default/g-0", "default/g-1") and p.node]
+    assert not placed_old, placed_old

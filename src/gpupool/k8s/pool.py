@@ -810,8 +810,8 @@ class PoolDriver:
                         run_time_limit(group, model.pods[held_keys[0]].obj))
         if run_since is None and math.isfinite(info.run_since):  # a rebuilt scheduler: the run it had
             run_since = info.run_since
-        if run_since is None and all(k in self.held for k in held_keys):  # held whole: begins when it binds
-            run_since = math.inf
+        if all(k in self.held for k in held_keys):  # held whole (none of its pods bound): begins when it binds,
+            run_since = math.inf  # also when re-attached after a held member went
         info.run_since = math.nan
         info.run_uids = frozenset(model.pods[k].uid for k in held_keys)
         if run_since is None:  # when its pods started running (status.startTime), else when they were created

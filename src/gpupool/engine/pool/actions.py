@@ -883,6 +883,8 @@ class EvictionActions:
             for job in jobs:
                 if len(job.placed) >= job.max_pods or self.free_gpus < job.gpus_per_pod:
                     continue
+                if job.run_since > now:  # held by a driver while its victims terminate (run_since inf): its run
+                    continue  # has not begun; a worker grown now would be bound before the rest of it
                 if not self._admissible(job, 1):
                     continue
                 req = job.pods[len(job.placed)]
