@@ -483,18 +483,6 @@ def test_a_preempting_gang_binds_together_and_a_lapse_leaves_none_of_it_running(
     assert sorted(k for k in c.running() if k.startswith("default/g-")) == ["default/g-0", "default/g-1"]
 
 
-def test_a_held_job_that_loses_a_held_pod_still_begins_its_run_when_it_binds():
-    # 0b992ab: the running part re-attaches a job whose pods changed with run_since=now, although every pod it
-    # has left is still held (nothing runs): it is charged the wait and begin_run never comes
-    c = _held_gang()
-    c.delete("default/g-1")  # the user (or its controller) deletes a held member
-    c.run(1)
-    job = c.driver.jobs.get("default/g")
-    assert job is not None and job.status == "running", job
-    assert "default/g-0" in c.driver.held and not c.running("default/g-")
-    assert job.run_since == math.inf, (job.run_since, c.now)  # nothing of it runs yet
-
-
 def test_an_elastic_gang_held_whole_does_not_grow_onto_a_free_node_and_bind_there_alone():
     # f2a3a76 + 0b992ab: g (minMember 2, 3 pods) starts with 2 pods held whole (n1 waits for lo); n3 frees up and
     # _grow gives g its third pod there: bound at once (its own pods are not "busy"), while the other two wait;
@@ -551,3 +539,19 @@ def test_a_gang_waiting_again_after_an_eviction_is_not_built_from_its_terminatin
     placed_old = [p.pod for plan in c.plans[-1:] for p in plan.placements
                   if p.pod in ("default/g-0", "default/g-1") and p.node]
     assert not placed_old, placed_old
+
+
+def test_a_held_gang_that_loses_a_member_does_not_bind_the_rest_alone():
+    # g (minMember 2) is held whole while lo terminates; a member is deleted (its controller will re-create it):
+    # the other must not bind alone when lo goes (nor be charged the wait: it was re-attached as begun); the gang
+    # waits whole again and starts when the member is back
+    c = _held_gang()
+    c.delete("default/g-1")
+    c.run(1)
+    c.slow.clear()
+    c.delete("default/lo")
+    c.run(5)
+    assert not c.running("default/g-"), c.running()
+    c.add(pod("g-1", 1, queue="a", group="g", priority=50, created=c.now - T0))
+    c.run(5)
+    assert c.running("default/g-") == ["default/g-0", "default/g-1"], c.running()

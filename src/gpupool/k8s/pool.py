@@ -661,6 +661,15 @@ class PoolDriver:
                     # every pod it ran on is gone (not evicted by gpupool) and new pods wait under its name: a new
                     # job, as when they come a cycle later
                     self.info[name] = info = _JobInfo(members=info.members)
+                if gkey and held_keys and len(held_keys) < min_member and all(k in self.held for k in held_keys):
+                    # a gang held whole (none of it bound) lost a member: the rest must not bind below its minimum;
+                    # its holds go and it waits whole again
+                    for k in held_keys:
+                        del self.held[k]
+                        model.forget(k)
+                        model.count_log.append(k)
+                        self._denominated.append(k)
+                    held_keys = []
                 if held_keys:  # the run goes on from now on the pods held now (as the scheduler's own resize);
                     # marked (its launcher ran alone): _attach tells a lapse from re-created pods
                     job = self._attach(name, held_keys, min_member, cap, pending, info, group, now,
