@@ -369,9 +369,6 @@ class _StderrHandler(logging.StreamHandler):
     a handler left behind by an earlier caller that had swapped stderr (a CLI test runner, a daemonizing
     wrapper) then neither writes to that closed stream nor fails with "--- Logging error ---"."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
     @property
     def stream(self) -> IO[str]:  # type: ignore[override]
         return sys.stderr

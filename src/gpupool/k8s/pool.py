@@ -665,10 +665,7 @@ class PoolDriver:
                     # a gang held whole (none of it bound) lost a member: the rest must not bind below its minimum;
                     # its holds go and it waits whole again
                     for k in held_keys:
-                        del self.held[k]
-                        model.forget(k)
-                        model.count_log.append(k)
-                        self._denominated.append(k)
+                        self._drop_hold(k, self._denominated)
                     held_keys = []
                 if held_keys:  # the run goes on from now on the pods held now (as the scheduler's own resize);
                     # marked (its launcher ran alone): _attach tells a lapse from re-created pods
@@ -769,6 +766,21 @@ class PoolDriver:
         """:func:`job_identity` of job ``name`` from its PodGroup (a gang's name is its PodGroup's key) and pods."""
         objs = [rec.obj for k in keys if (rec := self.model.pods.get(k)) is not None]
         return job_identity(self._group_obj(name), objs)
+
+    def _mark_evicted(self, name: str, keys: Sequence[str], attained: float, now: float) -> None:
+        """gpupool evicts job ``name`` (pods ``keys``, ``attained`` GPU-s of service): it waits again from its pods'
+        re-creation, and its books are marked for their return (:meth:`_restore_books`) or a lapse (:meth:`_attach`)."""
+        info = self.info.setdefault(name, _JobInfo())
+        info.restarted = True
+        info.evicted, info.evicted_attained, info.evicted_at = self._identity(name, keys), attained, now
+        info.evicted_uids = frozenset(r.uid for k in keys if (r := self.model.pods.get(k)) is not None)
+
+    def _drop_hold(self, key: str, denominated: list[str]) -> None:
+        """Held placement ``key`` lapses: the pod is forgotten (pending again) and its nomination withdrawn."""
+        del self.held[key]
+        self.model.forget(key)
+        self.model.count_log.append(key)
+        denominated.append(key)
 
     def _restore_books(self, name: str, unit: Any, now: float) -> None:
         """Job ``name`` waits again with no books: if gpupool evicted it (within :data:`EVICTED_BOOKS_S`) and its
@@ -875,11 +887,7 @@ class PoolDriver:
         by_preemptor: dict[str, Any] = {}
         for victim, pods, action, preemptor in res.evictions:
             if action != "shrunk":  # it waits again: from when its pods are re-created, as from a requeue
-                vinfo = self.info.setdefault(victim.name, _JobInfo())
-                vinfo.restarted = True
-                vinfo.evicted = self._identity(victim.name, [a.pod for a in pods])
-                vinfo.evicted_attained, vinfo.evicted_at = victim.attained, now
-                vinfo.evicted_uids = frozenset(r.uid for a in pods if (r := model.pods.get(a.pod)) is not None)
+                self._mark_evicted(victim.name, [a.pod for a in pods], victim.attained, now)
             pname = preemptor.name if preemptor is not None else ""
             act = _ACTIONS.get(action, action)
             pre = by_preemptor.get(pname + "|" + act)
@@ -995,11 +1003,7 @@ class PoolDriver:
             if job is not None and job.status == RUNNING:
                 self.pool.detach(job, now, requeue=False)  # type: ignore[union-attr]
                 self.jobs.pop(name, None)
-                hinfo = self.info.setdefault(name, _JobInfo())
-                hinfo.restarted = True
-                hinfo.evicted, hinfo.evicted_attained = self._identity(name, keys), job.attained
-                hinfo.evicted_at = now
-                hinfo.evicted_uids = frozenset(r.uid for k in keys if (r := model.pods.get(k)) is not None)
+                self._mark_evicted(name, keys, job.attained, now)
             self._pid += 1
             pre = snap.Preemption(self._pid, "heal", "", f"gpupool self-healing: {why[0]}; the pod is evicted so "
                                   "that its controller re-creates it on healthy GPUs", [], grace_s=0.0)
@@ -1061,10 +1065,7 @@ class PoolDriver:
         out = []
         for key, h in list(self.held.items()):
             if key in lapsing or (h.job and h.job in clashed):
-                del self.held[key]
-                model.forget(key)
-                model.count_log.append(key)
-                self._denominated.append(key)
+                self._drop_hold(key, self._denominated)
                 log.info("nomination lapsed: another pod took the GPUs", extra={"event": "nomination_clash",
                                                                                 "pod": key, "node": h.node})
                 continue
@@ -1117,10 +1118,7 @@ class PoolDriver:
         jobs = {h.job for h in self.held.values() if h.job and h.node in nodes}  # held whole, they lapse whole
         for key, h in list(self.held.items()):
             if h.node in nodes or (h.job and h.job in jobs):
-                del self.held[key]
-                model.forget(key)
-                model.count_log.append(key)
-                denominated.append(key)
+                self._drop_hold(key, denominated)
         for key in victims:
             e = self.evicting.pop(key, None)
             if e is None:

@@ -682,13 +682,7 @@ class PoolScheduler(EvictionActions):
         and minimum runtime count from ``now``; its level and demotion follow. ValueError unless running."""
         if job.status != RUNNING:
             raise ValueError(f"job {job.name} is {job.status}, not running")
-        self._lv_add(job, -1)
-        self._qnode_add(job, job.placed, -1)
-        job.run_since = now
-        job.level = self.order.level(job.las_at(now) + 1e-6)
-        self._set_key(job)
-        self._lv_add(job, 1)
-        self._qnode_add(job, job.placed, 1)
+        self._relevel(job, now, run_since=now)
         if self.preemptive_order:
             self._push_demotion(job, now)
 
@@ -1018,13 +1012,20 @@ class PoolScheduler(EvictionActions):
             if self._stale(entry):
                 continue
             job = entry[3]
-            self._lv_add(job, -1)
-            self._qnode_add(job, job.placed, -1)
-            job.level = self.order.level(job.las_at(now) + 1e-6)
-            self._set_key(job)
-            self._lv_add(job, 1)
-            self._qnode_add(job, job.placed, 1)
+            self._relevel(job, now)
             self._push_demotion(job, now + 1e-6)
+
+    def _relevel(self, job: PoolJob, now: float, run_since: float | None = None) -> None:
+        """A running job's level from its service at ``now`` (its run starting at ``run_since`` if given), with
+        its key and the books keyed by (priority, level) moved along."""
+        self._lv_add(job, -1)
+        self._qnode_add(job, job.placed, -1)
+        if run_since is not None:
+            job.run_since = run_since
+        job.level = self.order.level(job.las_at(now) + 1e-6)
+        self._set_key(job)
+        self._lv_add(job, 1)
+        self._qnode_add(job, job.placed, 1)
 
     def _qnode_add(self, job: PoolJob, pods: Sequence[Assignment], sign: int) -> None:
         if job.preemptible:
