@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupool.cluster import ClusterState
+from gpupool.engine import compiled
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.pool.actions import EvictionActions
 from gpupool.engine.pool.fairshare import fair_shares
@@ -298,6 +299,10 @@ class PoolScheduler(EvictionActions):
         self.slot_milli: int | np.ndarray = MILLI
         self.tree = queues
         self._leaves: list[int] = queues.leaves.tolist()  # leaf queue indices (the tree is fixed)
+        # the fair-share division: its compiled copy (the same floats) where the kernels are on and it copies
+        # the current Python code, else fairshare.fair_shares
+        self._fair_shares = (compiled.fair_shares if compiled.enabled() and compiled.fairshare_mirror_current()
+                             else fair_shares)
         self.sizes: SizeModel | None = None  # job sizes learned online (Gittins / remaining orders)
         if self.cfg.order in SIZE_ORDERS:  # ``sizes``: a driver that rebuilds the scheduler keeps what it learned
             self.sizes = sizes if sizes is not None else SizeModel(self.cfg.size_prior, self.cfg.size_min_samples)
@@ -925,7 +930,7 @@ class PoolScheduler(EvictionActions):
         dem = np.array(demand)
         inputs = (cap.tobytes(), dem.tobytes())
         if self._fs is None or inputs != self._fs_inputs:  # the same inputs, bit for bit: the same shares
-            self._fs = fair_shares(self.tree, cap, dem, self.quota)
+            self._fs = self._fair_shares(self.tree, cap, dem, self.quota)
             self._fs_g = self._fs[:, 0].tolist()
             self._fs_inputs = inputs
             self.stats["fair_share_updates"] += 1

@@ -1,0 +1,63 @@
+"""The compiled fair-share division (``compiled.fair_shares``) gives the very floats of ``fairshare.fair_shares``,
+bit for bit, on random queue trees (nesting, priorities, weights, limits, quotas below and above capacity) and
+demands (zeros, tiny, huge, one resource only), and the scheduler uses it only while it copies the current code."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpupool.engine import compiled
+from gpupool.engine.pool import fairshare
+from gpupool.engine.pool.queues import QueueConfigError, QueueSpec, QueueTree
+
+pytestmark = pytest.mark.skipif(not compiled.enabled(), reason="numba not installed or GPUPOOL_NO_NUMBA set")
+
+
+def random_tree(rng: np.random.Generator) -> QueueTree:
+    n = int(rng.integers(1, 14))
+    specs = []
+    for i in range(n):
+        parent = None
+        if i and rng.random() < 0.6:
+            parent = f"q{int(rng.integers(0, i))}"
+        quota = float(rng.choice([0.0, 0.0, 1.0, 2.5, 8.0, 40.0]))
+        limit = None if rng.random() < 0.7 else quota + float(rng.choice([0.0, 1.0, 3.5, 10.0, 64.0]))
+        specs.append(QueueSpec(name=f"q{i}", parent=parent, quota=quota, limit=limit,
+                               weight=float(rng.choice([0.5, 1.0, 1.0, 2.0, 3.0])),
+                               priority=int(rng.choice([0, 0, 1, -1, 5]))))
+    # a child may not be guaranteed more than its parent: drop quotas that the tree refuses
+    try:
+        return QueueTree(specs)
+    except QueueConfigError:
+        return QueueTree([QueueSpec(name=s.name, parent=s.parent, limit=s.limit, weight=s.weight,
+                                    priority=s.priority) for s in specs])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_fair_shares_are_the_python_floats(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(25):
+        tree = random_tree(rng)
+        n = len(tree)
+        cap = np.array([float(rng.choice([0.0, 1.0, 16.0, 512.0, 1e6])), float(rng.choice([0.0, 8e3, 5e5])),
+                        float(rng.choice([0.0, 6e4, 4e6]))])
+        demand = rng.choice([0.0, 0.0, 1e-12, 0.5, 1.0, 3.0, 17.25, 300.0, 1e7], size=(n, 3)) * rng.random((n, 3))
+        if rng.random() < 0.3:
+            demand[:, 1:] = 0.0  # GPUs only
+        quota = tree.quota_vectors(float(rng.choice([0.0, 4000.0])), float(rng.choice([0.0, 16384.0])))
+        try:
+            want = fairshare.fair_shares(tree, cap, demand, quota)
+        except ZeroDivisionError:  # a resource the cluster lacks and queues ask for: the copy fails alike
+            with pytest.raises(ZeroDivisionError):
+                compiled.fair_shares(tree, cap, demand, quota)
+            continue
+        got = compiled.fair_shares(tree, cap, demand, quota)
+        assert got.shape == want.shape
+        assert got.tobytes() == want.tobytes(), (want, got)
+
+
+def test_the_kernel_copies_the_current_python_code() -> None:
+    """A change to fairshare.py's division must come with the kernel's (and a new FAIRSHARE_FINGERPRINT):
+    until then the scheduler runs the Python code."""
+    assert compiled.fairshare_mirror_current(), compiled.fairshare_fingerprint()
