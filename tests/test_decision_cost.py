@@ -579,6 +579,9 @@ compiled.distinct_nodes(st, np.arange(st.n_nodes))
 eng = Engine(st, make_policy("gpupool"), seed=2)
 from conftest import pod
 compiled.failure_codes_default(st, eng.policy.effective(pod("x", gpus=1, milli=500)), np.arange(st.n_nodes))
+from gpupool.engine.pool.queues import QueueSpec, QueueTree
+tree = QueueTree([QueueSpec(name="a", quota=2.0), QueueSpec(name="b", parent="a", weight=2.0)])
+compiled.fair_shares(tree, np.array([8.0, 64e3, 1e5]), np.ones((2, 3)), tree.quota_vectors(4e3, 8e3))
 sigs = {{k: [str(s) for s in getattr(compiled, k).signatures] for k in compiled.SIGNATURES}}
 print(json.dumps({{"took": sorted(took), "sigs": sigs}}))
 """
