@@ -68,9 +68,10 @@ def waste(variant: str, seed: int, policy: str, traces: Path = TRACES, ratio: fl
             smallest = min(smallest, pod.gpu_milli)
         if decision.assignment is not None:
             held += pod.total_gpu_milli
-            if pod.num_gpu and pod.gpu_milli < MILLI:
-                for g in decision.assignment.gpus:
-                    contents.setdefault((decision.assignment.node, g), []).append(pod.gpu_milli)
+            a = decision.assignment
+            if a.gpus and a.gpu_milli < MILLI:  # what the pod was given on each GPU (a policy may round up)
+                for g in a.gpus:
+                    contents.setdefault((a.node, g), []).append(a.gpu_milli)
         if demand >= capacity * (1.0 - 1e-12):
             break
     parts, by_content = classify_free(state, contents, smallest)

@@ -4,6 +4,8 @@ demands (zeros, tiny, huge, one resource only), and the scheduler uses it only w
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,38 @@ def test_the_kernel_copies_the_current_python_code() -> None:
     """A change to fairshare.py's division must come with the kernel's (and a new FAIRSHARE_FINGERPRINT):
     until then the scheduler runs the Python code."""
     assert compiled.fairshare_mirror_current(), compiled.fairshare_fingerprint()
+
+
+# found by a review (non-finite inputs, wrong shapes, the tolerance constant): the copy falls back to the
+# Python code, so that it raises and rounds as the reference does
+def test_nan_sort_key_same_shares_as_python() -> None:
+    # an infinite memory demand makes a queue's t_q NaN in the second water-filling round; Python's sorted()
+    # leaves it in place, np.argsort(kind="mergesort") puts it last, so `level` differs
+    tree = QueueTree([QueueSpec(name=f"q{i}") for i in range(3)])
+    cap = np.zeros(3)
+    demand = np.array([[0.0, 1.0, 1.0], [math.inf, 2.0, math.inf], [2.0, 2.0, 0.0]])
+    quota = np.zeros((3, 3))
+    want = fairshare.fair_shares(tree, cap, demand, quota)
+    got = compiled.fair_shares(tree, cap, demand, quota)
+    assert got.tobytes() == want.tobytes(), (want, got)
+
+
+def test_nan_sign_same_as_python() -> None:
+    tree = QueueTree([QueueSpec(name="a")])
+    args = (tree, np.array([16.0, 0.0, 16.0]), np.array([[1.0, math.nan, 1.0]]), np.array([[0.0, math.inf, 0.0]]))
+    assert compiled.fair_shares(*args).tobytes() == fairshare.fair_shares(*args).tobytes()
+
+
+def test_short_demand_raises_like_python() -> None:
+    tree = QueueTree([QueueSpec(name="a"), QueueSpec(name="b"), QueueSpec(name="c", parent="a")])
+    args = (tree, np.array([8.0, 8e3, 8e3]), np.ones((2, 3)), np.zeros((3, 3)))  # one row short
+    with pytest.raises(IndexError):
+        fairshare.fair_shares(*args)
+    with pytest.raises(IndexError):  # the kernel (boundscheck=False) reads past the array instead
+        compiled.fair_shares(*args)
+
+
+def test_mirror_check_sees_eps(monkeypatch) -> None:
+    monkeypatch.setattr(fairshare, "_EPS", 1e-6)
+    monkeypatch.setattr(compiled, "_fairshare_ok", None)
+    assert not compiled.fairshare_mirror_current()  # the kernel still uses _FS_EPS = 1e-9

@@ -1276,7 +1276,9 @@ def fairshare_mirror_current() -> bool:
     global _fairshare_ok
     if _fairshare_ok is None:
         try:
-            _fairshare_ok = fairshare_fingerprint() == FAIRSHARE_FINGERPRINT
+            from gpupool.engine.pool import fairshare as fs
+
+            _fairshare_ok = fairshare_fingerprint() == FAIRSHARE_FINGERPRINT and fs._EPS == _FS_EPS
         except (OSError, TypeError):
             _fairshare_ok = False
     return _fairshare_ok
@@ -1296,8 +1298,20 @@ def fair_shares(tree, cap: np.ndarray, leaf_demand: np.ndarray, quota: np.ndarra
                   np.ascontiguousarray(tree.weight, dtype=np.float64),
                   np.ascontiguousarray(tree.priority, dtype=np.int64))
         tree._fs_packed = packed
-    out = np.empty((len(tree), 3))
-    _fair_shares_kernel(*packed, np.ascontiguousarray(quota, dtype=np.float64),
-                        np.ascontiguousarray(cap, dtype=np.float64),
-                        np.ascontiguousarray(leaf_demand, dtype=np.float64), out)
+    n = len(tree)
+    q = np.ascontiguousarray(quota, dtype=np.float64)
+    c = np.ascontiguousarray(cap, dtype=np.float64)
+    d = np.ascontiguousarray(leaf_demand, dtype=np.float64)
+    if q.shape != (n, 3) or c.shape != (3,) or d.shape != (n, 3):  # the kernel does not check bounds
+        return _fairshare_python(tree, cap, leaf_demand, quota)
+    out = np.empty((n, 3))
+    _fair_shares_kernel(*packed, q, c, d, out)
+    if not np.isfinite(out).all():  # a NaN sort key or NaN sign: Python's sorted() and NaN rules, not the copy's
+        return _fairshare_python(tree, cap, leaf_demand, quota)
     return out
+
+
+def _fairshare_python(tree, cap, leaf_demand, quota):
+    from gpupool.engine.pool import fairshare as fs
+
+    return fs.fair_shares(tree, cap, leaf_demand, quota)
