@@ -40,7 +40,7 @@ from _common import machine_info  # noqa: E402
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Engine
 from gpupool.model import MILLI
-from gpupool.policies import make_policy
+from gpupool.policies import REGISTRY, make_policy
 from gpupool.sim.inflation import build_inflation_workload
 from gpupool.traces import load_openb_nodes, load_openb_pods
 
@@ -149,8 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", type=Path, default=TRACES)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
-    runs = [(v, s, p, args.traces) for v in args.variants.split(",") if v for s in range(42, 42 + args.seeds)
-            for p in args.policies.split(",") if p]
+    variants = [v for v in args.variants.split(",") if v]
+    policies = [p for p in args.policies.split(",") if p]
+    if args.seeds < 1:
+        ap.error("--seeds must be at least 1")
+    if not variants or not policies:
+        ap.error("--variants and --policies each need at least one name")
+    unknown = [p for p in policies if p not in REGISTRY]
+    if unknown:
+        ap.error(f"unknown policy {unknown[0]!r}; known: {', '.join(REGISTRY)}")
+    for f in ["openb_node_list_gpu_node.csv", *(f"openb_pod_list_{v}.csv" for v in variants)]:
+        if not (args.traces / f).is_file():
+            ap.error(f"no {f} in {args.traces} (--traces: the openb trace folder; --variants: names of its pod lists)")
+    runs = [(v, s, p, args.traces) for v in variants for s in range(42, 42 + args.seeds) for p in policies]
     t0 = time.time()
     with ProcessPoolExecutor(max(1, args.jobs)) as ex:
         rows = list(ex.map(_one, runs))

@@ -155,18 +155,3 @@ def test_device_best_fit_between_tied_gpus(best_fit: bool, gpu: int) -> None:
     pol = type("P", (GpupoolPolicy,), {"gpu_best_fit": best_fit})(typical=typical((0, 1, 1000, 1.0)))
     assert placed(engine(s, pol).place(pod("x", gpus=1, milli=500))) == ("n0", (gpu,))
 
-
-def test_waste_split_by_what_each_gpu_holds() -> None:
-    # one node, 6 GPUs: an 810 pod (190 left beside a large pod), two 470s (60 left, below the smallest pod of
-    # 100: unfillable), one 320 (680 left: other), one 900 with a 50 (50 left: two pods, so not "beside large";
-    # below 100: unfillable), one idle GPU (whole), one whole-GPU pod (nothing free)
-    waste = bench_module("openb_waste.py")
-    state = cluster(node("n0", cpu=64000, mem=262144, gpus=6))
-    occupy(state, 0, [810, 470, 320, 900, 0, 0])
-    state.allocate(pod("b", gpus=1, milli=470), 0, [1])
-    state.allocate(pod("c", gpus=1, milli=50), 0, [3])
-    state.allocate(pod("w", gpus=1), 0, [5])  # a whole-GPU pod: nothing free there
-    contents = {(0, 0): [810], (0, 1): [470, 470], (0, 2): [320], (0, 3): [900, 50]}
-    parts, by_content = waste.classify_free(state, contents, smallest=100)
-    assert parts == {"whole": 1000, "beside_large": 190, "unfillable": 60 + 50, "other": 680}
-    assert by_content == {"810": 190, "470,470": 60, "320": 680, "50,900": 50, "-": 1000}
