@@ -264,7 +264,11 @@ class _Reservation:
 def _fails_like(memo: dict[int, int] | None, g: int, n: int) -> bool:
     """A shape of ``n`` pods of ``g`` GPUs fails as one already failed: ``memo`` ({GPUs per pod: fewest pods
     that failed}, None or empty: nothing failed) holds a shape no bigger in both."""
-    return bool(memo) and any(g2 <= g and n2 <= n for g2, n2 in memo.items())
+    if memo:
+        for g2, n2 in memo.items():  # a loop, not any() over a generator: called millions of times per trace
+            if g2 <= g and n2 <= n:
+                return True
+    return False
 
 
 class PoolScheduler(EvictionActions):
@@ -1107,8 +1111,14 @@ class PoolScheduler(EvictionActions):
     def _dominated(self, grp: int, failed: dict, known: dict) -> bool:
         """True when every pending shape of ``grp`` is at least as big as one that already failed. ``known``:
         the verdict per shape for these memos, filled as computed (the caller drops it when a memo changes)."""
-        shape_failed = self._shape_failed
-        return all(shape_failed(shape, failed, known) for shape in self.shapes[grp])
+        for shape in self.shapes[grp]:  # _shape_failed inlined (a hot loop: no generator, no call per shape)
+            dom = known.get(shape)
+            if dom is None:
+                memo = failed.get(shape[2])
+                dom = known[shape] = _fails_like(memo, shape[0], shape[1]) if memo else False
+            if not dom:
+                return False
+        return True
 
     @staticmethod
     def _shape_failed(shape: tuple, failed: dict, known: dict) -> bool:
@@ -1302,7 +1312,7 @@ class PoolScheduler(EvictionActions):
         memo = self._reserved_memo  # (reservation, state.changes, answer): the answer reads nothing else
         if memo is not None and memo[0] is r and memo[1] == st.changes:
             return memo[2]
-        free = int(((st.gpu_free[r.mask] >= MILLI) & st.gpu_healthy[r.mask]).sum())
+        free = int(self._free_whole()[r.mask].sum())  # free whole healthy GPUs per node (kept per state change)
         held = r.job.q, min(free, r.job.min_pods * r.job.gpus_per_pod)
         self._reserved_memo = (r, st.changes, held)
         return held
