@@ -111,6 +111,7 @@ class ClusterState:
         self.gpu_marked = np.zeros_like(self.gpu_exists)  # marked unhealthy by the node itself (its agent)
         self.version = np.zeros(n, dtype=np.int64)
         self.changes = 0
+        self.health_changes = 0  # set_gpu_health calls: caches of the healthy capacity key on it
         # change log: the node of every change, in order (_log[i] is change number _log_base + i, for i below
         # _log_len), so that a cache that saw ``changes == c`` finds the nodes changed since without scanning
         # ``version``; an int64 array that compiled code reads as it is (see :meth:`log_tail`)
@@ -313,6 +314,7 @@ class ClusterState:
         self.gpu_healthy[node, gpu] = healthy
         self._usable[node, gpu] = self.gpu_free[node, gpu] if self.gpu_healthy[node, gpu] else 0
         self._bump(node)
+        self.health_changes += 1
         if healthy:
             self.loosened += 1
 

@@ -338,9 +338,17 @@ class EvictionActions:
         alloc_q = self.alloc[q][0]
         if alloc_q >= fs[q] - _EPS and alloc_q >= self.quota_g[q] - _EPS:
             return True
-        least = min(g * n for g, n, _ in self.shapes[q])
-        return alloc_q + least > self.quota_g[q] + _EPS and not all(
-            self.alloc[a][0] + least <= fs[a] + _EPS for a in self.paths[q])
+        least = math.inf  # plain loops: this runs for every queue with waiting jobs, every reclaim call
+        for g, n, _ in self.shapes[q]:
+            if g * n < least:
+                least = g * n
+        if alloc_q + least <= self.quota_g[q] + _EPS:
+            return False
+        alloc = self.alloc
+        for a in self.paths[q]:
+            if not alloc[a][0] + least <= fs[a] + _EPS:
+                return True
+        return False
 
     def _reclaim(self, now: float, res: CycleResult) -> bool:
         """Cross-queue reclaim up to fair share, and in-quota reclaim by priority (scheduler docstring)."""

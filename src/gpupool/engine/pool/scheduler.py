@@ -349,6 +349,7 @@ class PoolScheduler(EvictionActions):
         self.reservation: _Reservation | None = None
         self._reserved_memo: tuple | None = None  # reserved_gpus' last answer
         self._free_memo: tuple[int, np.ndarray] | None = None  # _free_whole's last answer
+        self._fs_cap: tuple[int, np.ndarray] | None = None  # fair_share's healthy capacity, kept
         self._gangs: list[tuple[float, int, PoolJob]] = []  # (pending_since, seq, job): reservation candidates
         self._fs: np.ndarray | None = None
         self._fs_g: list[float] = [0.0] * nq
@@ -930,7 +931,11 @@ class PoolScheduler(EvictionActions):
         demand = [[a + p for a, p in zip(ra, rp, strict=True)] for ra, rp in zip(self.alloc, self.pend, strict=True)]
         active = [d[0] > _EPS for d in demand]
         st = self.state
-        cap = np.array([float(self.healthy_gpus()), float(st.cpu_cap.sum()), float(st.mem_cap.sum())])
+        kept = self._fs_cap  # (health_changes, cap): the healthy capacity moves only with a GPU's health
+        if kept is None or kept[0] != st.health_changes:
+            kept = self._fs_cap = (st.health_changes, np.array([float(self.healthy_gpus()), float(st.cpu_cap.sum()),
+                                                                float(st.mem_cap.sum())]))
+        cap = kept[1]
         dem = np.array(demand)
         inputs = (cap.tobytes(), dem.tobytes())
         if self._fs is None or inputs != self._fs_inputs:  # the same inputs, bit for bit: the same shares
