@@ -83,6 +83,39 @@ def test_select_victims(name, free, g, n, holdings, refuse, expected):
     assert got == expected
 
 
+
+@pytest.mark.parametrize("seed", range(20))
+def test_select_victims_answers_by_the_counts(seed):
+    """Random cases: [] exactly when the free GPUs already hold n pods of g, None exactly when evicting every
+    candidate would not (the upper bound), else victims after whose eviction the pods fit; the list and
+    array forms of ``free_gpus`` give the same answer."""
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        n_nodes = int(rng.integers(1, 12))
+        free = rng.integers(0, 9, n_nodes)
+        g = int(rng.choice([1, 1, 2, 4, 8]))
+        n = int(rng.integers(1, 6))
+        holdings = [[(int(nd), int(rng.integers(1, 5))) for nd in rng.choice(n_nodes, int(rng.integers(1, 3)))]
+                    for _ in range(int(rng.integers(0, 8)))]
+        got = select_victims(free, g, n, holdings)
+        assert got == select_victims(free.tolist(), g, n, holdings)
+        fits = sum(int(x) // g for x in free)
+        every = free.copy()
+        for hold in holdings:
+            for node, gpus in hold:
+                every[node] += gpus
+        if fits >= n:
+            assert got == []
+        elif sum(int(x) // g for x in every) < n:
+            assert got is None
+        else:
+            assert got  # g == 1 or whole nodes: the greedy finds victims whenever all of them would do
+            after = free.copy()
+            for i in got:
+                for node, gpus in holdings[i]:
+                    after[node] += gpus
+            assert sum(int(x) // g for x in after) >= n
+
 def topo_cluster() -> ClusterState:
     # n0, n1 under leaf0; n2, n3 under leaf1; 8 GPUs each
     return ClusterState([NodeSpec(f"n{i}", 64000, 512 * 1024, 8, "V100M32", nvlink_domain=f"n{i}", rack=f"r{i // 2}",

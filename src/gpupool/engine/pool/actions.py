@@ -360,7 +360,11 @@ class EvictionActions:
         # Most cycles no queue can reclaim (each fails _reclaim_blocked): then the loop below would pass over
         # every queue, changing nothing. Only an action inside the loop moves allocations, so that test, made
         # once for every queue before it, is the loop's own answer (a shortcut, no other effect).
-        if all(self._reclaim_blocked(q, fs) for q in leaves if pending[q].jobs):
+        blocked = self._reclaim_blocked
+        for q in leaves:  # a plain loop (no generator): the test is made on most cycles
+            if pending[q].jobs and not blocked(q, fs):
+                break
+        else:
             return False
         nq = len(self.tree)
         over = [self.alloc[b][0] - fs[b] for b in range(nq)]

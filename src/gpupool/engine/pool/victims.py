@@ -40,17 +40,22 @@ def select_victims(free_gpus: np.ndarray, g: int, n: int, holdings: Sequence[Seq
     if g <= 0:
         return []
     if isinstance(free_gpus, np.ndarray) and free_gpus.dtype.kind in "ib":  # the same Python ints, in one call
-        pot = free_gpus.astype(np.int64, copy=False).tolist()
+        arr = free_gpus.astype(np.int64, copy=False)
+        pot = arr.tolist()
+        fits = sum(pot) if g == 1 else int((arr // g).sum())  # integer floor division: the same count
     else:
         pot = [int(x) for x in free_gpus]
-    fits = sum(x // g for x in pot)
+        fits = sum(x // g for x in pot)
     if fits >= n:
         return []
-    bound = list(pot)  # upper bound: everything evicted
+    added: dict[int, int] = {}  # upper bound: everything evicted (only the nodes victims free change)
     for hold in holdings:
         for node, gpus in hold:
-            bound[node] += gpus
-    if sum(x // g for x in bound) < n:
+            added[node] = added.get(node, 0) + gpus
+    bound = fits
+    for node, gpus in added.items():
+        bound += (pot[node] + gpus) // g - pot[node] // g
+    if bound < n:
         return None
     left = list(budget) if budget is not None else []
     if g == 1:  # any GPU will do: take candidates in order
