@@ -31,5 +31,15 @@ def test_waste_split_by_what_each_gpu_holds() -> None:
     (["--policies", ","], "at least one name"),
 ])
 def test_bad_arguments_are_refused_before_any_run(capsys, tmp_path, argv, message) -> None:
-    assert message in argparse_error(waste.main, capsys, [*argv, "--out", str(tmp_path)])
-    assert not list(tmp_path.iterdir())  # nothing written
+    traces = tmp_path / "openb"  # a trace folder with the node list and the default pod list only
+    traces.mkdir()
+    (traces / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
+    (traces / "openb_pod_list_default.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    out = tmp_path / "out"
+    assert message in argparse_error(waste.main, capsys, ["--variants", "default", *argv, "--traces", str(traces),
+                                                           "--out", str(out)])
+    assert not out.exists()  # nothing written
+
+
+def test_a_missing_node_list_is_named(capsys, tmp_path) -> None:
+    assert "no openb_node_list_gpu_node.csv" in argparse_error(waste.main, capsys, ["--traces", str(tmp_path)])
