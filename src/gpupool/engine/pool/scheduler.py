@@ -405,8 +405,8 @@ class PoolScheduler(EvictionActions):
         """(n_nodes,) int: pods of ``job`` each node could take now (healthy whole GPUs, CPU, memory)."""
         st = self.state
         g = job.gpus_per_pod
-        if g:
-            f = self._free_slots().sum(axis=1) // g
+        if g:  # free whole-GPU slots per node: the kept count, unless GPUs are time-sliced
+            f = (self._free_slots().sum(axis=1) if isinstance(self.slot_milli, np.ndarray) else self._free_whole()) // g
         else:
             f = np.full(st.n_nodes, 1 << 30, dtype=np.int64)
         if job.cpu_per_pod:
