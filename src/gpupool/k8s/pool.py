@@ -592,7 +592,7 @@ class PoolDriver:
             self._restore_books(name, unit, now)
         elif unit is not None and (old := self.info.get(name)) is not None and old.evicted and \
                 not self._held_keys(name) and \
-                job_identity(self._group_obj(name), [obj for obj, _ in unit.members]) != old.evicted:
+                self._identity(name, [obj for obj, _ in unit.members]) != old.evicted:
             del self.info[name]  # a new job under the name of one gpupool evicted, before its books were put away
         if unit is not None:
             for _, pi in unit.members:
@@ -762,9 +762,9 @@ class PoolDriver:
     def _alive(self, name: str) -> bool:
         return any(h for h in self.held if self.job_of.get(h) == name)
 
-    def _identity(self, name: str, keys: Sequence[str]) -> str:
-        """:func:`job_identity` of job ``name`` from its PodGroup (a gang's name is its PodGroup's key) and pods."""
-        objs = [rec.obj for k in keys if (rec := self.model.pods.get(k)) is not None]
+    def _identity(self, name: str, objs: Sequence[Mapping[str, Any]]) -> str:
+        """:func:`job_identity` of job ``name`` from its PodGroup (a gang's name is its PodGroup's key) and pod
+        objects ``objs``."""
         return job_identity(self._group_obj(name), objs)
 
     def _mark_evicted(self, name: str, keys: Sequence[str], attained: float, now: float) -> None:
@@ -772,7 +772,8 @@ class PoolDriver:
         re-creation, and its books are marked for their return (:meth:`_restore_books`) or a lapse (:meth:`_attach`)."""
         info = self.info.setdefault(name, _JobInfo())
         info.restarted = True
-        info.evicted, info.evicted_attained, info.evicted_at = self._identity(name, keys), attained, now
+        objs = [rec.obj for k in keys if (rec := self.model.pods.get(k)) is not None]
+        info.evicted, info.evicted_attained, info.evicted_at = self._identity(name, objs), attained, now
         info.evicted_uids = frozenset(r.uid for k in keys if (r := self.model.pods.get(k)) is not None)
 
     def _drop_hold(self, key: str, denominated: list[str]) -> None:
@@ -789,8 +790,7 @@ class PoolDriver:
         until, info = self.evicted_books.pop(name)
         if now > until or not info.evicted:
             return
-        pods = [obj for obj, _ in unit.members]
-        if job_identity(self._group_obj(name), pods) == info.evicted:
+        if self._identity(name, [obj for obj, _ in unit.members]) == info.evicted:
             self.info[name] = info  # marked until it runs: it waits with evicted_attained (see _job, _attach)
 
     def _expire_evicted_books(self, now: float) -> None:
