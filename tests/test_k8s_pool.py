@@ -332,6 +332,19 @@ def _inventory(uuids, unhealthy=()):
     return {ANN_GPU_INVENTORY: json.dumps({"version": 1, "gpus": gpus})}
 
 
+def _agent_marks_pod_gpu(c: Cluster, n: dict, uuids, pod_key: str) -> int:
+    """Node ``n``'s agent reports the GPU that pod ``pod_key`` runs on unhealthy (XID 79): a new node version with
+    that inventory, applied to the model. Returns the GPU index."""
+    import copy
+
+    gpu = int(c.pods[pod_key]["metadata"]["annotations"]["gpupool.io/gpu-index"])
+    n2 = copy.deepcopy(n)
+    n2["metadata"]["resourceVersion"] = "n1-v2"
+    n2["metadata"]["annotations"] = _inventory(uuids, unhealthy={uuids[gpu]})
+    c.model.apply("nodes", "MODIFIED", n2)
+    return gpu
+
+
 def test_gpu_marked_unhealthy_by_the_agent_is_never_chosen_and_its_pods_are_rescheduled():
     import copy
 
@@ -342,12 +355,7 @@ def test_gpu_marked_unhealthy_by_the_agent_is_never_chosen_and_its_pods_are_resc
     c.driver.heal_after_s = 5
     c.add(pod("p0", 1, queue="a"))
     c.run(1)
-    gpu = int(c.pods["default/p0"]["metadata"]["annotations"]["gpupool.io/gpu-index"])
-    # the agent marks the pod's GPU unhealthy (XID 79)
-    n2 = copy.deepcopy(n)
-    n2["metadata"]["resourceVersion"] = "n1-v2"
-    n2["metadata"]["annotations"] = _inventory(uuids, unhealthy={uuids[gpu]})
-    c.model.apply("nodes", "MODIFIED", n2)
+    gpu = _agent_marks_pod_gpu(c, n, uuids, "default/p0")  # the agent marks the pod's GPU unhealthy (XID 79)
     c.add(pod("p1", 1, queue="a", created=3))
     c.run(2)
     assert int(c.pods["default/p1"]["metadata"]["annotations"]["gpupool.io/gpu-index"]) == 1 - gpu

@@ -132,28 +132,29 @@ def test_replacements_seen_in_the_first_cycle_after_the_eviction_keep_the_servic
     assert served > 500.0 and abs(job.attained - served) < 10.0, (job.attained, served)
 
 
-def test_a_job_started_again_by_the_pool_loses_its_eviction_mark():
-    # same start; hi leaves, the pool starts g again on its new pods: it runs, so it is no longer "evicted"
+def _g_runs_again(run_s: int):
+    """g evicted, its PodGroup's pods re-created; hi leaves and the pool starts g again on the new pods, which run
+    for ``run_s`` cycles."""
     c, _ = _gang_cluster()
     _evict_g(c)
     c.add(pod("g-0x", 1, queue="a", group="g", created=305.0), pod("g-1x", 1, queue="a", group="g", created=305.0))
     c.run(3)
     c.finish("default/hi")
-    c.run(3)
+    c.run(run_s)
     assert c.running() == ["default/g-0x", "default/g-1x"], c.running()
+    return c
+
+
+def test_a_job_started_again_by_the_pool_loses_its_eviction_mark():
+    # same start; hi leaves, the pool starts g again on its new pods: it runs, so it is no longer "evicted"
+    c = _g_runs_again(3)
     assert c.driver.info["default/g"].evicted == "", c.driver.info["default/g"]
 
 
 def test_a_gang_that_finished_on_its_own_after_running_again_does_not_keep_books():
     # g is evicted, its replacements run to completion on their own; later the same PodGroup gets new pods (a
     # resubmission into the kept PodGroup): they start afresh, as the second review's finished jobs do
-    c, _ = _gang_cluster()
-    _evict_g(c)
-    c.add(pod("g-0x", 1, queue="a", group="g", created=305.0), pod("g-1x", 1, queue="a", group="g", created=305.0))
-    c.run(3)
-    c.finish("default/hi")
-    c.run(100)
-    assert c.running() == ["default/g-0x", "default/g-1x"], c.running()
+    c = _g_runs_again(100)
     c.finish("default/g-0x")
     c.finish("default/g-1x")
     c.run(2)
@@ -244,9 +245,7 @@ def test_after_a_lapse_a_later_return_does_not_get_the_stale_books():
 def test_heal_then_return_keeps_the_books():
     # self-healing evicts a StatefulSet pod from a failed GPU; the StatefulSet re-creates it (same name, owner):
     # it keeps its service (checks the heal path's marking)
-    import copy
-
-    from test_k8s_pool import _inventory
+    from test_k8s_pool import _agent_marks_pod_gpu, _inventory
 
     uuids = [f"GPU-{i}" for i in range(2)]
     n = node("n1", 2)
@@ -255,11 +254,7 @@ def test_heal_then_return_keeps_the_books():
     c.driver.heal_after_s = 5
     c.add(_owned(pod("s-0", 1, queue="a"), "sts-1"))
     c.run(200)
-    gpu = int(c.pods["default/s-0"]["metadata"]["annotations"]["gpupool.io/gpu-index"])
-    n2 = copy.deepcopy(n)
-    n2["metadata"]["resourceVersion"] = "n1-v2"
-    n2["metadata"]["annotations"] = _inventory(uuids, unhealthy={uuids[gpu]})
-    c.model.apply("nodes", "MODIFIED", n2)
+    _agent_marks_pod_gpu(c, n, uuids, "default/s-0")
     c.run(8)
     assert evicted(c, "heal") == ["default/s-0"]
     c.add(_owned(pod("s-0", 1, queue="a", created=210.0), "sts-1"))
