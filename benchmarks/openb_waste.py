@@ -14,9 +14,9 @@ capacity, and splits the free GPU share of the cluster at that moment (in GPUs) 
 * ``other``: the rest (free share some arrived pod could have used, on a GPU shared by other pods).
 
 It also reports the offline bound's waste (``100 - bound``, from ``results/openb_optimum.json``, same variant
-and seed) and the waste that ``fgd + 1.0`` points (issue 12's target) allows. The bound relaxes CPU and
-memory, so everything it wastes is GPU slivers: the comparison says how much of a policy's waste is the
-pairing of sharing pods (which the bound counts) and how much is the rest.
+and seed) and the waste that ``fgd + 1.0`` points (issue 12's target) allows, and the GPU demand of the pods
+left out by class (``"<GPUs>x<milli>"``): the policy's failed pods beside the pods the optimum's packing leaves
+out (``dropped_gpus_by_class`` in ``results/openb_optimum.json``, from ``optimum.py --node-level``).
 
 Usage: ``python benchmarks/openb_waste.py [--variants default,...] [--seeds 10] [--policies gpupool,fgd]``;
 writes ``benchmarks/results/openb_waste.{json,md}``.
@@ -43,6 +43,7 @@ from gpupool.model import MILLI
 from gpupool.policies import REGISTRY, make_policy
 from gpupool.sim.inflation import build_inflation_workload
 from gpupool.traces import load_openb_nodes, load_openb_pods
+from optimum import pod_class  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = Path(os.environ.get("GPUPOOL_TRACES", ROOT.parent / "shared" / "traces")) / "openb"
@@ -61,11 +62,14 @@ def waste(variant: str, seed: int, policy: str, traces: Path = TRACES, ratio: fl
     demand = held = 0
     smallest = MILLI
     contents: dict[tuple[int, int], list[int]] = {}  # (node, GPU) -> milli of the sharing pods on it
+    failed: Counter = Counter()  # GPUs of the GPU pods that fit nowhere, by class
     for pod in build_inflation_workload(pods, capacity, ratio, seed):
         decision = engine.place(pod)
         demand += pod.total_gpu_milli
         if pod.num_gpu:
             smallest = min(smallest, pod.gpu_milli)
+        if decision.assignment is None and pod.num_gpu:
+            failed[pod_class(pod.num_gpu, pod.gpu_milli)] += pod.total_gpu_milli / MILLI
         if decision.assignment is not None:
             held += pod.total_gpu_milli
             a = decision.assignment
@@ -79,7 +83,8 @@ def waste(variant: str, seed: int, policy: str, traces: Path = TRACES, ratio: fl
     return {"variant": variant, "seed": seed, "policy": policy, "allocation_at_100": 100.0 * held / capacity,
             "free_gpus": sum(parts.values()) / MILLI, "capacity_gpus": total_gpus, "smallest_pod_milli": smallest,
             **{p: parts[p] / MILLI for p in PARTS},
-            "top_contents": [(k, v / MILLI) for k, v in by_content.most_common(6)]}
+            "top_contents": [(k, v / MILLI) for k, v in by_content.most_common(6)],
+            "failed_gpus_by_class": dict(failed.most_common())}
 
 
 def classify_free(state: ClusterState, contents: dict[tuple[int, int], list[int]],
@@ -112,7 +117,33 @@ def _one(args: tuple) -> dict:
     return waste(*args)
 
 
-def markdown(rows: list[dict], bounds: dict, machine: dict) -> str:
+def dropped_table(rows: list[dict], dropped: dict) -> list[str]:
+    """Markdown: per variant, the GPUs of the pods left out by class, mean over the seeds, for the optimum's
+    packing (``dropped``: (variant, seed) -> {class: GPUs}, seeds it has) and each policy; the classes that
+    lose at least one GPU in some column."""
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    out = ["| variant | pod class | optimum's packing | " + " | ".join(policies) + " |",
+           "|---|---|---:|" + "---:|" * len(policies)]
+    for v in dict.fromkeys(r["variant"] for r in rows):
+        seeds = sorted({r["seed"] for r in rows if r["variant"] == v})
+        opt = [dropped[(v, s)] for s in seeds if (v, s) in dropped]
+        cols = {p: [r["failed_gpus_by_class"] for r in rows if r["variant"] == v and r["policy"] == p]
+                for p in policies}
+        classes: Counter = Counter()
+        for d in opt + [d for ds in cols.values() for d in ds]:
+            classes.update(d)
+
+        def mean(ds: list[dict], c: str) -> str:
+            return f"{np.mean([d.get(c, 0.0) for d in ds]):.1f}" if ds else "-"
+
+        for c, _ in classes.most_common():
+            cells = [mean(opt, c)] + [mean(cols[p], c) for p in policies]
+            if max(float(x) for x in cells if x != "-") >= 1.0:
+                out.append(f"| {v} | {c} | " + " | ".join(cells) + " |")
+    return out
+
+
+def markdown(rows: list[dict], bounds: dict, machine: dict, dropped: dict | None = None) -> str:
     out = ["| variant | policy | seeds | alloc @100% | free GPUs | whole | beside large pods | unfillable | other |"
            " bound's waste (GPUs) | waste fgd+1.0 allows (GPUs) |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -130,8 +161,14 @@ def markdown(rows: list[dict], bounds: dict, machine: dict) -> str:
                        + " | ".join(f"{mean[k]:.1f}" for k in PARTS) + f" | {bound_cell} | {allow_cell} |")
     out += ["", f"Means over the seeds; GPUs of free share at the pod where the arrived demand reaches 100% "
             f"(`benchmarks/openb_waste.py`). Large pods: sharing pods of >= {LARGE_MILLI} milli-GPU. Bound: "
-            "`results/openb_optimum.json` (GPU by GPU, CPU and memory relaxed). Machine: "
-            f"{machine}", "", "Largest free share by what the GPU holds (first seed of each row; milli of its sharing "
+            "`results/openb_optimum.json`. Machine: "
+            f"{machine}", ""]
+    if any(r.get("failed_gpus_by_class") is not None for r in rows):
+        out += ["GPUs of the pods left out at 100% arrived, by class (`<GPUs>x<milli per GPU>`), mean over the seeds: "
+                "the offline optimum's packing (`optimum.py --node-level`) beside each policy's failed pods:", ""]
+        out += dropped_table(rows, dropped or {})
+        out += [""]
+    out += ["Largest free share by what the GPU holds (first seed of each row; milli of its sharing "
             "pods, `-`: nothing):", ""]
     for r in rows:
         if r["seed"] == min(x["seed"] for x in rows if x["variant"] == r["variant"]):
@@ -166,13 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max(1, args.jobs)) as ex:
         rows = list(ex.map(_one, runs))
     opt_file = args.out / "openb_optimum.json"
-    bounds = {}
+    bounds, dropped = {}, {}
     if opt_file.exists():
-        bounds = {(r["variant"], r["seed"]): r["bound"] for r in json.loads(opt_file.read_text())["runs"]}
+        opt_runs = json.loads(opt_file.read_text())["runs"]
+        bounds = {(r["variant"], r["seed"]): r["bound"] for r in opt_runs}
+        dropped = {(r["variant"], r["seed"]): r["dropped_gpus_by_class"] for r in opt_runs
+                   if r.get("dropped_gpus_by_class")}
     machine = {**machine_info(), "wall_s": round(time.time() - t0, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "openb_waste.json").write_text(json.dumps({"machine": machine, "runs": rows}, indent=1))
-    md = markdown(rows, bounds, machine)
+    md = markdown(rows, bounds, machine, dropped)
     (args.out / "openb_waste.md").write_text(md)
     print(md)
     return 0

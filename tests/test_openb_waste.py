@@ -43,3 +43,19 @@ def test_bad_arguments_are_refused_before_any_run(capsys, tmp_path, argv, messag
 
 def test_a_missing_node_list_is_named(capsys, tmp_path) -> None:
     assert "no openb_node_list_gpu_node.csv" in argparse_error(waste.main, capsys, ["--traces", str(tmp_path)])
+
+
+def test_dropped_table_sets_the_optimum_beside_each_policy() -> None:
+    # two seeds; the optimum leaves out 810s only, gpupool whole GPUs and (one seed) an 8-GPU pod; a class
+    # under one GPU in every column is not listed
+    rows = [{"variant": "v", "seed": s, "policy": "gpupool", "failed_gpus_by_class": f}
+            for s, f in ((42, {"1x1000": 3.0, "8x1000": 8.0}), (43, {"1x1000": 5.0, "1x50": 0.1}))]
+    dropped = {("v", 42): {"1x810": 1.62}, ("v", 43): {"1x810": 0.81}}
+    lines = waste.dropped_table(rows, dropped)
+    assert lines[0] == "| variant | pod class | optimum's packing | gpupool |"
+    assert "| v | 1x1000 | 0.0 | 4.0 |" in lines
+    assert "| v | 8x1000 | 0.0 | 4.0 |" in lines
+    assert "| v | 1x810 | 1.2 | 0.0 |" in lines
+    assert not any("1x50" in line for line in lines)
+    # without the optimum's packing: a dash
+    assert "| v | 1x1000 | - | 4.0 |" in waste.dropped_table(rows, {})

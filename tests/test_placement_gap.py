@@ -34,15 +34,66 @@ def test_bound_counts_cpu_per_node_not_per_class() -> None:
     assert res.packed == pytest.approx(0.5)
 
 
-def test_bound_relaxes_small_pod_packing_and_the_packing_does_not() -> None:
-    # five 400-milli pods on one 2-GPU node: their shares sum to 2000 (the bound's relaxation lets all in),
-    # but a GPU holds two of them (800), so a real packing places four: 1.6 / 2 = 0.8.
+def test_node_pattern_packs_gpu_by_gpu() -> None:
+    # five 400-milli pods on one 2-GPU node: their shares sum to 2000, but a GPU holds two of them (800), so
+    # the best node places four: 1.6 / 2 = 0.8 (bound and packing alike)
     nodes = [node("n0", cpu=8000, mem=16384, gpus=2)]
     pods = [pod(f"p{i}", cpu=1000, gpus=1, milli=400) for i in range(5)]
     res = optimum.allocation_bound(nodes, pods)
-    assert res.bound == pytest.approx(1.0)
+    assert res.bound == pytest.approx(0.8)
     assert res.packed == pytest.approx(0.8)
-    assert optimum.pack_gpus([optimum.shape_key(pods[0])], {0: 5}, 2) == {0: 4}
+    # 810 + 190 on one GPU and a whole pod on the other: full; the second 810 does not fit beside them
+    pods = [pod("a", gpus=1, milli=810), pod("b", gpus=1, milli=190), pod("c", gpus=1, milli=810),
+            pod("w", gpus=1)]
+    res = optimum.allocation_bound(nodes, pods)
+    assert res.bound == pytest.approx(1.0) and res.packed == pytest.approx(1.0)
+    # memory binds: each 300-milli pod asks 6 GiB of the node's 16: two pods, 0.6 of 2 GPUs
+    pods = [pod(f"m{i}", cpu=100, mem=6144, gpus=1, milli=300) for i in range(6)]
+    res = optimum.allocation_bound(nodes, pods)
+    assert res.bound == pytest.approx(0.3) and res.packed == pytest.approx(0.3)
+
+
+def test_dropped_by_class_counts_what_the_packing_leaves_out() -> None:
+    # five 400s and a 2-GPU pod on one 4-GPU node: the 2-GPU pod and four 400s (two GPUs of two each); one 400
+    # is left out (0.4 GPU of class 1x400)
+    nodes = [node("n0", cpu=64000, mem=65536, gpus=4)]
+    pods = [pod(f"p{i}", cpu=1000, gpus=1, milli=400) for i in range(5)] + [pod("big", cpu=1000, gpus=2)]
+    res = optimum.allocation_bound(nodes, pods)
+    assert res.packed == pytest.approx(3.6 / 4)
+    assert optimum.dropped_by_class(res) == pytest.approx({"1x400": 0.4})
+    assert optimum.pod_class(8, 1000) == "8x1000" and optimum.pod_class(0, 0) == "0x0"
+
+
+def test_best_pattern_by_hand() -> None:
+    # a 4-GPU node: one 2-GPU pod, then 3 x 600 cannot share, so 2 GPUs hold one 600 each, with a 400 beside
+    # each of them: 2 + 2 * (0.6 + 0.4) = 4 GPUs; limits and values read per shape
+    nd = ("V100M16", 4, 64000, 262144)
+    shapes = [(1000, 1024, 2, 1000, ()), (1000, 1024, 1, 600, ()), (1000, 1024, 1, 400, ())]
+    values = np.array([2.0, 0.6, 0.4])
+    found, upper, pat = optimum.best_pattern(shapes, values, [1, 3, 2], nd)
+    assert found == pytest.approx(4.0) and upper == pytest.approx(4.0) and pat == {0: 1, 1: 2, 2: 2}
+    # without the 400s: the two free GPUs take one 600 each
+    found, _, pat = optimum.best_pattern(shapes, values, [1, 3, 0], nd)
+    assert found == pytest.approx(3.2) and pat == {0: 1, 1: 2}
+    # CPU binds: 2.5 cores for pods of one core each -> two pods (the 2-GPU pod and a 600)
+    found, _, pat = optimum.best_pattern(shapes, values, [1, 3, 2], ("V100M16", 4, 2500, 262144))
+    assert found == pytest.approx(2.6) and pat == {0: 1, 1: 1}
+    with pytest.raises(ValueError, match="more than one GPU"):
+        optimum.best_pattern([(1000, 1024, 2, 500, ())], np.array([1.0]), [1], nd)
+
+
+def test_warm_packing_starts_the_master() -> None:
+    # the master from a real packing (fgd's, which places every pod here): the same bound, and the integer
+    # master keeps that packing (from the patterns priced alone it finds 3.31 GPUs of the 3.5)
+    nodes = [node(f"n{i}", cpu=8000, mem=16384, gpus=2) for i in range(3)]
+    pods = [pod(f"p{i}", cpu=1000, gpus=1, milli=m) for i, m in enumerate([810, 190, 600, 400, 700, 300, 500])]
+    warm = optimum.node_packing(nodes, pods, "fgd")
+    assert sum(len(ps) for _, ps in warm) >= 5
+    cold = optimum.allocation_bound(nodes, pods)
+    hot = optimum.allocation_bound(nodes, pods, warm=warm)
+    assert hot.bound == pytest.approx(cold.bound) == pytest.approx(3.5 / 6)
+    assert hot.packed == pytest.approx(3.5 / 6)
+    assert 0 < cold.packed <= cold.bound
 
 
 def test_bound_respects_gpu_models_and_leaves_cpu_pods_out() -> None:
