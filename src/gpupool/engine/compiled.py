@@ -881,6 +881,8 @@ class FGDScorer:
         self.policy = policy
         self.model = None
         self._load()
+        self._pressure: np.ndarray | None = None  # _gpupool_final: the policy's pressure array last seen ...
+        self._pressure_any = False  # ... and whether any of it is nonzero
         self.final = self._final_for(policy)
 
     def _final_for(self, policy):
@@ -893,6 +895,11 @@ class FGDScorer:
         if final is FGD._final_score:
             return _fgd_final
         if final is GpupoolPolicy._final_score and gpupool_final_current():
+            from gpupool.policies.best_fit import MAX_SPEC_GPU
+            from gpupool.policies.gpupool_policy import POINTS_PER_GPU
+
+            # module constants, imported once here rather than at every call (a hot path)
+            self._max_spec_gpu, self._points_per_gpu = MAX_SPEC_GPU, POINTS_PER_GPU
             return self._gpupool_final
         return None
 
@@ -913,19 +920,19 @@ class FGDScorer:
                        share: np.ndarray, gpu_free: np.ndarray) -> np.ndarray:
         """GpupoolPolicy._final_score, line for line, with ``node_share(state, req, nodes)`` = ``share`` and
         ``state.usable_gpu_free(nodes).sum(axis=1)`` = ``gpu_free`` ((k,) int64 each, from the kernel)."""
-        from gpupool.policies.best_fit import MAX_SPEC_GPU
-        from gpupool.policies.gpupool_policy import POINTS_PER_GPU
-
         pol = self.policy
         demand = req.num_gpu * share
-        if pol.pressure.any():
+        pressure = pol.pressure
+        if pressure is not self._pressure:  # prepare() assigns a new array, never changes one in place: its
+            self._pressure, self._pressure_any = pressure, bool(pressure.any())  # any() once, not per call
+        if self._pressure_any:
             gpus = demand / MILLI
-            scores = scores - pol.kappa * POINTS_PER_GPU * pol.pressure[state.node_model[nodes]] * gpus
+            scores = scores - pol.kappa * self._points_per_gpu * pressure[state.node_model[nodes]] * gpus
         if pol.strand_weight and (pol.cpu_ratio or pol.mem_ratio):  # stranded_gpus after minus before
             change = self._strand_change(state, req, nodes, gpu_free, demand, pol.cpu_ratio, pol.mem_ratio)
             if change is not None:
                 scores = scores - pol.strand_weight * change
-        gpu_left = (gpu_free - demand) / MAX_SPEC_GPU
+        gpu_left = (gpu_free - demand) / self._max_spec_gpu
         return scores - pol.pack_epsilon * gpu_left
 
     def _load(self) -> None:
