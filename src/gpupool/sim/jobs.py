@@ -38,6 +38,7 @@ cluster, or the run stopped while it waited).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
@@ -491,6 +492,19 @@ class JobSimulator:
 
     # ------------------------------------------------------------------ run
     def run(self, progress: Callable[[int, int], None] | None = None) -> JobSimResult:
+        """Simulate the trace (see :func:`run_jobs`). Python's cyclic garbage collector is paused meanwhile (and
+        resumed after, if it was on): a run makes next to no cyclic garbage (a few hundred objects on 30,000
+        Philly jobs) while the collector's full passes over its millions of live objects took about a tenth of
+        the event loop."""
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(progress)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _run(self, progress: Callable[[int, int], None] | None) -> JobSimResult:
         cfg = self.cfg
         sched = self.sched
         self.heap: list[tuple] = []
