@@ -200,58 +200,138 @@ class CycleResult:
 class _Pending:
     """Jobs of one queue kept sorted by ``job.key``, and the keys of each job shape ((GPUs per pod, minimum pods,
     required topology tier), :meth:`PoolScheduler._shape`) sorted the same way: where the next waiting job of a
-    shape that has not failed is, without passing over every job of the shapes that have."""
+    shape that has not failed is, without passing over every job of the shapes that have.
 
-    __slots__ = ("jobs", "keys", "by_shape")
+    ``jobs``, ``keys`` and ``by_shape`` read the live lists. For speed, a job removed from the front of a list (the
+    usual case: the first waiting job starts) is only counted off (``_head``, ``_shape_lo``) and the lists are cut
+    now and then, or when read: deleting the first of thousands of waiting jobs moved every other one each time.
+    The scheduler's own loop reads the underlying lists at offset ``_head`` (:meth:`_next_live`)."""
+
+    __slots__ = ("_jobs", "_keys", "_head", "_by_shape", "_shape_lo")
 
     def __init__(self) -> None:
-        self.keys: list[tuple] = []
-        self.jobs: list[PoolJob] = []
-        self.by_shape: dict[tuple, list[tuple]] = {}
+        self._keys: list[tuple] = []
+        self._jobs: list[PoolJob] = []
+        self._head = 0  # entries before it in _jobs / _keys left the queue
+        self._by_shape: dict[tuple, list[tuple]] = {}
+        self._shape_lo: dict[tuple, int] = {}  # the same per shape list (only shapes with such entries)
+
+    def _compact(self) -> None:
+        """Cut the entries of jobs that left from the front of every list."""
+        head = self._head
+        if head:
+            del self._jobs[:head]
+            del self._keys[:head]
+            self._head = 0
+        if self._shape_lo:
+            for shape, lo in self._shape_lo.items():
+                del self._by_shape[shape][:lo]
+            self._shape_lo.clear()
+
+    @property
+    def jobs(self) -> list[PoolJob]:
+        """The waiting jobs in key order."""
+        self._compact()
+        return self._jobs
+
+    @property
+    def keys(self) -> list[tuple]:
+        """Their keys, as inserted (the same order)."""
+        self._compact()
+        return self._keys
+
+    @property
+    def by_shape(self) -> dict[tuple, list[tuple]]:
+        """The keys of each shape's waiting jobs, in key order (shapes without any are absent)."""
+        self._compact()
+        return self._by_shape
 
     def insert(self, job: PoolJob, shape: tuple) -> None:
-        i = bisect.bisect_right(self.keys, job.key)
-        self.keys.insert(i, job.key)
-        self.jobs.insert(i, job)
-        keys = self.by_shape.get(shape)
+        key = job.key
+        all_keys = self._keys
+        if len(all_keys) == self._head or not key < all_keys[-1]:  # bisect_right's answer (a new job: the last)
+            all_keys.append(key)
+            self._jobs.append(job)
+        else:
+            i = bisect.bisect_right(all_keys, key, self._head)
+            all_keys.insert(i, key)
+            self._jobs.insert(i, job)
+        keys = self._by_shape.get(shape)
         if keys is None:
-            keys = self.by_shape[shape] = []
-        bisect.insort_right(keys, job.key)
+            self._by_shape[shape] = [key]
+        elif not key < keys[-1]:  # (never empty)
+            keys.append(key)
+        else:
+            bisect.insort_right(keys, key, self._shape_lo.get(shape, 0))
 
     def remove(self, job: PoolJob, shape: tuple) -> None:
-        i = bisect.bisect_left(self.keys, job.key)
-        if i >= len(self.jobs) or self.jobs[i] is not job:
-            i = self.jobs.index(job)
-        key = self.keys[i]  # the key it was inserted with
-        del self.keys[i]
-        del self.jobs[i]
-        keys = self.by_shape[shape]
-        del keys[bisect.bisect_left(keys, key)]
-        if not keys:
-            del self.by_shape[shape]
+        jobs, head = self._jobs, self._head
+        if head < len(jobs) and jobs[head] is job:  # the first one (the usual case): bisect_left's answer
+            i = head
+        else:
+            i = bisect.bisect_left(self._keys, job.key, head)
+            if i >= len(jobs) or jobs[i] is not job:
+                i = jobs.index(job, head)
+        key = self._keys[i]  # the key it was inserted with
+        if i == head:  # the first one: counted off, cut later
+            head += 1
+            if head == len(jobs):
+                jobs.clear()
+                self._keys.clear()
+                head = 0
+            elif head >= 32 and 4 * head >= len(jobs):
+                del jobs[:head]
+                del self._keys[:head]
+                head = 0
+            self._head = head
+        else:
+            del self._keys[i]
+            del jobs[i]
+        keys = self._by_shape[shape]
+        lo = self._shape_lo.get(shape, 0)
+        j = lo if keys[lo] == key else bisect.bisect_left(keys, key, lo)  # lo: bisect_left's answer then
+        if j == lo:
+            lo += 1
+            if lo == len(keys):
+                del self._by_shape[shape]
+                self._shape_lo.pop(shape, None)
+            elif lo >= 32 and 4 * lo >= len(keys):
+                del keys[:lo]
+                self._shape_lo.pop(shape, None)
+            else:
+                self._shape_lo[shape] = lo
+        else:
+            del keys[j]
 
     def resort(self, shape_of) -> None:
         """Sort again after the jobs' keys changed (``shape_of(job)``: its shape)."""
-        self.jobs.sort(key=lambda j: j.key)
-        self.keys[:] = [j.key for j in self.jobs]
-        self.by_shape = {}
-        for job in self.jobs:  # in key order: every shape's list comes out sorted
-            self.by_shape.setdefault(shape_of(job), []).append(job.key)
+        self._compact()
+        self._jobs.sort(key=lambda j: j.key)
+        self._keys[:] = [j.key for j in self._jobs]
+        self._by_shape = {}
+        for job in self._jobs:  # in key order: every shape's list comes out sorted
+            self._by_shape.setdefault(shape_of(job), []).append(job.key)
 
     def next_live(self, i: int, dead) -> int:
         """Index of the first job after ``i`` whose shape is not ``dead(shape)`` (``len(jobs)`` if none)."""
-        after = self.keys[i]
+        head = self._head
+        return self._next_live(i + head, dead) - head
+
+    def _next_live(self, i: int, dead) -> int:
+        """:meth:`next_live` for an index ``i`` into the underlying list (offset ``_head``), the same way."""
+        after = self._keys[i]
         best = None
-        for shape, keys in self.by_shape.items():
+        shape_lo = self._shape_lo
+        for shape, keys in self._by_shape.items():
             if dead(shape):
                 continue
-            j = bisect.bisect_right(keys, after)
+            j = bisect.bisect_right(keys, after, shape_lo.get(shape, 0))
             if j < len(keys) and (best is None or keys[j] < best):
                 best = keys[j]
-        return len(self.jobs) if best is None else bisect.bisect_left(self.keys, best)
+        return len(self._jobs) if best is None else bisect.bisect_left(self._keys, best, self._head)
 
     def __len__(self) -> int:
-        return len(self.jobs)
+        return len(self._jobs) - self._head
 
 
 @dataclass
@@ -1152,7 +1232,7 @@ class PoolScheduler(EvictionActions):
         lender = r is not None and not self._in_quota(r.job)
         failed: dict = {}  # shapes that failed with the reservation's nodes off limits
         failed_any: dict = {}  # ... and with every node (in-quota jobs while the holder borrows)
-        heap = [(self._qkey(g), g) for g in range(self.n_groups) if self.pending[g].jobs]
+        heap = [(self._qkey(g), g) for g in range(self.n_groups) if len(self.pending[g])]
         heapq.heapify(heap)
         cursor = [0] * self.n_groups
         topo = self.cfg.topology_aware
@@ -1168,10 +1248,13 @@ class PoolScheduler(EvictionActions):
                     not exempt or self._dominated(grp, failed_any, known_any)):
                 continue
             plist = self.pending[grp]
-            i = cursor[grp]
+            # the list under plist.jobs, read from offset base (_Pending counts jobs that left its front off
+            # without moving the others): no job leaves it before the loop ends
+            base = plist._head
+            jobs = plist._jobs
+            i = cursor[grp] + base
             placed = False
             checked = self._fail_ver  # _dominated is False for these memos (or the loop would have ended)
-            jobs = plist.jobs
             if exempt and fair:  # _in_quota of this group's jobs (job.q == grp != r.job.q): alloc moves only
                 held, quota = self.alloc[grp][0], self.quota_g[grp] + _EPS  # when a job starts, ending the loop
             while i < len(jobs):
@@ -1204,14 +1287,14 @@ class PoolScheduler(EvictionActions):
                     if known_ver != self._fail_ver:  # same jobs this loop would skip one by one, changing nothing)
                         known_ver, known, known_any = self._fail_ver, {}, {}
                     if not exempt:
-                        i = plist.next_live(i, lambda shape, k=known: self._shape_failed(shape, failed, k))
+                        i = plist._next_live(i, lambda shape, k=known: self._shape_failed(shape, failed, k))
                     else:  # the memo a job reads depends on its shape only (its GPUs against the quota left)
-                        i = plist.next_live(i, lambda shape, k=known, ka=known_any, h=held, top=quota: (
+                        i = plist._next_live(i, lambda shape, k=known, ka=known_any, h=held, top=quota: (
                             self._shape_failed(shape, failed_any, ka) if h + shape[1] * shape[0] <= top
                             else self._shape_failed(shape, failed, k)))
                     continue
                 i += 1
-            cursor[grp] = i
+            cursor[grp] = i - base  # an index into plist.jobs: a job that started here left it (the next one's)
             if placed:
                 heapq.heappush(heap, (self._qkey(grp), grp))
         return placed_any
