@@ -362,7 +362,7 @@ class EvictionActions:
         # once for every queue before it, is the loop's own answer (a shortcut, no other effect).
         blocked = self._reclaim_blocked
         for q in leaves:  # a plain loop (no generator): the test is made on most cycles
-            if pending[q].jobs and not blocked(q, fs):
+            if pending[q].n_jobs and not blocked(q, fs):
                 break
         else:
             return False
@@ -370,7 +370,7 @@ class EvictionActions:
         over = [self.alloc[b][0] - fs[b] for b in range(nq)]
         any_over = any(x > _EPS for x in over)
         acted = False
-        order = sorted((self._qkey(q), q) for q in leaves if pending[q].jobs)
+        order = sorted((self._qkey(q), q) for q in leaves if pending[q].n_jobs)
         extras_all = self._extras(now) if self.elastic_running else []
         due = now + 1e-9
         running = self.running
@@ -477,7 +477,7 @@ class EvictionActions:
         extras_all = self._extras(now)
         for grp in range(self.n_groups):
             plist = self.pending[grp]
-            if not plist.jobs:
+            if not plist.n_jobs:
                 continue
             extras = [c for c in extras_all if c[0].status == RUNNING and c[1][0] in c[0].placed] if extras_all else []
             extra_gpus = sum(len(p) * j.gpus_per_pod for j, p, _ in extras) if extras else 0
@@ -559,7 +559,7 @@ class EvictionActions:
             return False
         acted = False
         attempts = 0
-        order = sorted((self._qkey(grp), grp) for grp in range(self.n_groups) if self.pending[grp].jobs)
+        order = sorted((self._qkey(grp), grp) for grp in range(self.n_groups) if self.pending[grp].n_jobs)
         for _, grp in order:
             # a queue whose every waiting job needs more GPUs than are free (or none) is only passed over
             if all(g < 1 or g * n > self.free_gpus for g, n, _ in self.shapes[grp]):

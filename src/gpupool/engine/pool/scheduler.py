@@ -207,7 +207,7 @@ class _Pending:
     now and then, or when read: deleting the first of thousands of waiting jobs moved every other one each time.
     The scheduler's own loop reads the underlying lists at offset ``_head`` (:meth:`_next_live`)."""
 
-    __slots__ = ("_jobs", "_keys", "_head", "_by_shape", "_shape_lo")
+    __slots__ = ("_jobs", "_keys", "_head", "_by_shape", "_shape_lo", "n_jobs")
 
     def __init__(self) -> None:
         self._keys: list[tuple] = []
@@ -215,6 +215,7 @@ class _Pending:
         self._head = 0  # entries before it in _jobs / _keys left the queue
         self._by_shape: dict[tuple, list[tuple]] = {}
         self._shape_lo: dict[tuple, int] = {}  # the same per shape list (only shapes with such entries)
+        self.n_jobs = 0  # len(jobs), kept: read where only whether jobs wait matters (no call)
 
     def _compact(self) -> None:
         """Cut the entries of jobs that left from the front of every list."""
@@ -231,23 +232,27 @@ class _Pending:
     @property
     def jobs(self) -> list[PoolJob]:
         """The waiting jobs in key order."""
-        self._compact()
+        if self._head or self._shape_lo:
+            self._compact()
         return self._jobs
 
     @property
     def keys(self) -> list[tuple]:
         """Their keys, as inserted (the same order)."""
-        self._compact()
+        if self._head or self._shape_lo:
+            self._compact()
         return self._keys
 
     @property
     def by_shape(self) -> dict[tuple, list[tuple]]:
         """The keys of each shape's waiting jobs, in key order (shapes without any are absent)."""
-        self._compact()
+        if self._head or self._shape_lo:
+            self._compact()
         return self._by_shape
 
     def insert(self, job: PoolJob, shape: tuple) -> None:
         key = job.key
+        self.n_jobs += 1
         all_keys = self._keys
         if len(all_keys) == self._head or not key < all_keys[-1]:  # bisect_right's answer (a new job: the last)
             all_keys.append(key)
@@ -273,6 +278,7 @@ class _Pending:
             if i >= len(jobs) or jobs[i] is not job:
                 i = jobs.index(job, head)
         key = self._keys[i]  # the key it was inserted with
+        self.n_jobs -= 1
         if i == head:  # the first one: counted off, cut later
             head += 1
             if head == len(jobs):
@@ -331,7 +337,7 @@ class _Pending:
         return len(self._jobs) if best is None else bisect.bisect_left(self._keys, best, self._head)
 
     def __len__(self) -> int:
-        return len(self._jobs) - self._head
+        return self.n_jobs
 
 
 @dataclass
@@ -1232,7 +1238,7 @@ class PoolScheduler(EvictionActions):
         lender = r is not None and not self._in_quota(r.job)
         failed: dict = {}  # shapes that failed with the reservation's nodes off limits
         failed_any: dict = {}  # ... and with every node (in-quota jobs while the holder borrows)
-        heap = [(self._qkey(g), g) for g in range(self.n_groups) if len(self.pending[g])]
+        heap = [(self._qkey(g), g) for g in range(self.n_groups) if self.pending[g].n_jobs]
         heapq.heapify(heap)
         cursor = [0] * self.n_groups
         topo = self.cfg.topology_aware
