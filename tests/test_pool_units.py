@@ -219,3 +219,55 @@ def test_pending_shape_index_follows_the_queue():
             scan = next((k for k in range(i + 1, len(plist.jobs)) if shape_of[plist.jobs[k].seq] not in dead),
                         len(plist.jobs))
             assert plist.next_live(i, dead.__contains__) == scan
+
+
+def test_pending_front_removals_counted_off_read_the_same():
+    """_Pending counts jobs that leave the front of its lists off and cuts the lists later: between reads of
+    ``jobs`` / ``keys`` / ``by_shape`` (which cut them), ``next_live``, ``len`` and further inserts and removals
+    (front, middle, new last, re-sort) answer as a plain sorted list does. Long runs of front removals pass the
+    cut thresholds (32 entries, a quarter of the list) of the whole list and of each shape's list."""
+    import bisect
+    import random
+
+    from gpupool.engine.pool.scheduler import _Pending
+
+    for seed in range(6):
+        rng = random.Random(seed)
+        plist = _Pending()
+        shapes = [(1, 1, None), (2, 1, None), (8, 2, None)]
+        shape_of: dict[int, tuple] = {}
+        ref: list[PoolJob] = []  # in key order, later inserts after equal keys (bisect_right)
+        for step in range(3000):
+            r = rng.random() * (0.6 if step % 1000 < 600 else 1.5)  # a queue that grows, then drains
+            if ref and r < 0.45:  # the first job starts (the usual case)
+                job = ref.pop(0)
+                plist.remove(job, shape_of[job.seq])
+            elif ref and r < 0.5:  # one from the middle leaves
+                job = ref.pop(rng.randrange(len(ref)))
+                plist.remove(job, shape_of[job.seq])
+            else:
+                job = PoolJob(f"j{step}", "q", 1, 1, float(step))
+                job.seq = step
+                # mostly a new last key (arrivals in time order), now and then one that sorts earlier
+                job.key = (0, 0 if rng.random() < 0.9 else -1, float(rng.randrange(step + 1)), step)
+                shape_of[step] = rng.choice(shapes)
+                plist.insert(job, shape_of[step])
+                ref.insert(bisect.bisect_right([j.key for j in ref], job.key), job)
+            if step % 701 == 700:  # keys change: re-sort (cuts the lists first)
+                for job in ref:
+                    job.key = (0, rng.randrange(2), job.submit_time, job.seq)
+                ref.sort(key=lambda j: j.key)
+                plist.resort(lambda j, of=shape_of: of[j.seq])
+            assert len(plist) == plist.n_jobs == len(ref)
+            if ref:
+                dead = set(rng.sample(shapes, rng.randrange(len(shapes))))
+                i = rng.randrange(len(ref))
+                scan = next((k for k in range(i + 1, len(ref)) if shape_of[ref[k].seq] not in dead), len(ref))
+                assert plist.next_live(i, dead.__contains__) == scan
+            if step % 401 == 0 or step == 2999:  # a read cuts the lists: they are the plain ones
+                assert plist.jobs == ref
+                assert plist.keys == [j.key for j in ref]
+                expected: dict[tuple, list] = {}
+                for job in ref:
+                    expected.setdefault(shape_of[job.seq], []).append(job.key)
+                assert plist.by_shape == expected
