@@ -174,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * row['gpu_allocation_ratio_at_100']:.2f}%", flush=True)
     pairs = [(v, p) for v in variants for p in args.policies.split(",") if p]
     old = args.out / "openb_allocation.json"
+    old_machine = None
     if args.merge and old.exists():
-        kept = [r for r in json.loads(old.read_text())["runs"] if (r["variant"], r["policy"]) not in pairs]
+        old_data = json.loads(old.read_text())
+        old_machine = old_data.get("machine")
+        kept = [r for r in old_data["runs"] if (r["variant"], r["policy"]) not in pairs]
         rows = kept + rows
         pairs = sorted({(r["variant"], r["policy"]) for r in rows},
                        key=lambda vp: (vp[0], ORDER.index(vp[1]) if vp[1] in ORDER else 99, vp[1]))
@@ -190,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                         "mean_unallocated_gpus_end": round(float(unalloc.mean()), 1),
                         "published_pct": PUBLISHED.get((v, p))})
     machine = {**machine_info(), "wall_s": round(time.time() - start, 1)}  # CPU model, cores, versions, load
+    if args.report_only and old_machine:  # nothing ran: the runs' machine stays, with when the report was rewritten
+        machine = {**old_machine, "report_rewritten": machine["date"]}
     args.out.mkdir(parents=True, exist_ok=True)
     lines = ["| variant | policy | seeds | GPU alloc @100% arrived (mean) | std | min..max | published |",
              "|---|---|---:|---:|---:|---|---:|"]
