@@ -454,10 +454,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", type=Path, default=TRACES)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    if args.seeds < 1:
+        ap.error("--seeds must be at least 1")
+    if not variants:
+        ap.error("--variants needs at least one name")
+    if args.max_iterations < 1 or not args.time_limit > 0 or not args.ratio > 0:
+        ap.error("--max-iterations must be at least 1, --time-limit and --ratio above 0")
+    if args.no_packing and not args.node_level:
+        ap.error("--no-packing goes with --node-level (only the node-level LP solves its master in integers)")
+    for f in ["openb_node_list_gpu_node.csv", *(f"openb_pod_list_{v}.csv" for v in variants)]:
+        if not (args.traces / f).is_file():
+            ap.error(f"no {f} in {args.traces} (--traces: the openb trace folder; --variants: names of its pod lists)")
     nodes = load_openb_nodes(args.traces / "openb_node_list_gpu_node.csv")
     rows = []
     start = time.time()
-    for v in [v for v in args.variants.split(",") if v]:
+    for v in variants:
         pods = load_openb_pods(args.traces / f"openb_pod_list_{v}.csv")
         for seed in range(42, 42 + args.seeds):
             prefix = arrived_prefix(nodes, pods, seed, args.ratio)

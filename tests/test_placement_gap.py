@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import bench_module, cluster, engine, node, occupy, placed, pod, typical
+from conftest import argparse_error, bench_module, cluster, engine, node, occupy, placed, pod, typical
 from gpupool.policies.gpupool_policy import GpupoolPolicy, per_gpu_milli, stranded_gpus
 
 pytest.importorskip("highspy", reason="the optimum needs the bench extra (highspy)")
@@ -206,3 +206,22 @@ def test_device_best_fit_between_tied_gpus(best_fit: bool, gpu: int) -> None:
     pol = type("P", (GpupoolPolicy,), {"gpu_best_fit": best_fit})(typical=typical((0, 1, 1000, 1.0)))
     assert placed(engine(s, pol).place(pod("x", gpus=1, milli=500))) == ("n0", (gpu,))
 
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--variants", "nope"], "no openb_pod_list_nope.csv"),
+    (["--seeds", "0"], "--seeds must be at least 1"),
+    (["--variants", ","], "at least one name"),
+    (["--time-limit", "0"], "--time-limit and --ratio above 0"),
+    (["--max-iterations", "0"], "--max-iterations must be at least 1"),
+    (["--no-packing"], "--no-packing goes with --node-level"),
+])
+def test_optimum_refuses_bad_arguments_before_writing(capsys, tmp_path, argv, message) -> None:
+    traces = tmp_path / "openb"  # the node list and the default pod list only
+    traces.mkdir()
+    (traces / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
+    (traces / "openb_pod_list_default.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    out = tmp_path / "out"
+    assert message in argparse_error(optimum.main, capsys, ["--variants", "default", *argv, "--traces", str(traces),
+                                                             "--out", str(out)])
+    assert not out.exists()  # nothing written (an empty run would have replaced the results)
