@@ -442,7 +442,8 @@ def gpu_packing_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], max
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", default="default,gpushare100,multigpu50,gpuspec33")
-    ap.add_argument("--seeds", type=int, default=10, help="number of seeds, starting at 42")
+    ap.add_argument("--seeds", type=int, default=10, help="number of seeds, starting at --first-seed")
+    ap.add_argument("--first-seed", type=int, default=42, help="first seed (as openb_allocation.py's)")
     ap.add_argument("--ratio", type=float, default=1.3, help="inflation ratio (as run_inflation)")
     ap.add_argument("--max-iterations", type=int, default=400, help="column-generation rounds")
     ap.add_argument("--time-limit", type=float, default=30.0, help="seconds per MIP")
@@ -471,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     for v in variants:
         pods = load_openb_pods(args.traces / f"openb_pod_list_{v}.csv")
-        for seed in range(42, 42 + args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             prefix = arrived_prefix(nodes, pods, seed, args.ratio)
             t0 = time.perf_counter()
             gpu_bound = gpu_packing_bound(nodes, prefix)

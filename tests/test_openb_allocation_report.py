@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import bench_module
+from conftest import argparse_error, bench_module
 
 alloc = bench_module("openb_allocation.py")
 
@@ -30,3 +30,10 @@ def test_report_only_keeps_the_runs_machine_and_reads_the_optimum(tmp_path) -> N
     assert round(gap["gpupool"]["gap_to_bound"], 6) == 1.1
     assert round(gap["gpupool"]["gap_to_best_packing"], 6) == 1.0
     assert "the runs' CPU" in (tmp_path / "openb_allocation.md").read_text()
+
+
+def test_no_seeds_is_refused_before_anything_is_written(capsys, tmp_path) -> None:
+    out = tmp_path / "out"
+    assert "--seeds must be at least 1" in argparse_error(
+        alloc.main, capsys, ["--seeds", "0", "--first-seed", "100", "--out", str(out), "--traces", str(tmp_path)])
+    assert not out.exists()
