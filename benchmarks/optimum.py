@@ -19,8 +19,9 @@ through ``highspy``; each is an **upper bound** on the optimum, and the smaller 
   integer programme per node class). The master starts from the nodes of two real packings (``gpupool`` and
   ``fgd`` placing the same pods in order, :func:`node_packing`), converges in a few rounds, and is then solved
   in integers over the patterns generated: a real packing, i.e. a lower bound. On openb the two meet within
-  0.01 point (default, gpushare100, multigpu50, seed 42): the optimum itself, not only a bound. About 20 s
-  per seed.
+  0.003 point on default, gpushare100 and multigpu50 (seeds 42..51, 10-160 s per seed): the optimum itself,
+  not only a bound; on gpuspec33 the master MIP stops at its time limit 0.1-0.3 point short (3-6 minutes
+  per seed).
 
 The LP relaxes integrality (fractional pattern counts), so the bound alone is not proven tight; with
 ``--node-level`` the packing brackets the optimum from below (``openb_allocation.py`` reports both gaps).
@@ -449,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=30.0, help="seconds per MIP")
     ap.add_argument("--node-level", action="store_true",
                     help="also the node-by-node configuration LP (CPU, memory, GPU by GPU) and a real packing "
-                         "from it (the optimum's lower bound); about 20 s per seed")
+                         "from it (the optimum's lower bound); 10 s to 6 minutes per seed")
     ap.add_argument("--no-packing", action="store_true",
                     help="with --node-level: skip the integer master (no packing, no lower bound)")
     ap.add_argument("--traces", type=Path, default=TRACES)
