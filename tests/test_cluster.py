@@ -290,3 +290,31 @@ def test_check_invariants_catches_tampering() -> None:
             s.check_invariants()
         arr[idx] = old
         s.check_invariants()
+
+
+def test_time_sliced_and_plain_nodes_side_by_side() -> None:
+    # allocate asks share_on only on time-sliced nodes (a per-node flag): a whole-GPU ask takes one replica's
+    # share there and a whole GPU elsewhere, in either order; release gives back exactly what was taken, GPU
+    # memory and an unhealthy GPU's usable share (0) included
+    s = ClusterState([
+        NodeSpec("plain", cpu_milli=32000, memory_mib=65536, gpu_count=4, gpu_model="V100M16"),
+        NodeSpec("sliced", cpu_milli=32000, memory_mib=65536, gpu_count=4, gpu_model="V100M16", gpu_replicas=4),
+    ])
+    whole = PodRequest("w", cpu_milli=1000, memory_mib=1000, num_gpu=2, gpu_milli=1000)
+    a = s.allocate(whole, 1, [0, 2])
+    assert (a.gpu_milli, a.requested_gpu_milli, a.gpu_memory_mib) == (250, 250, V100_MIB // 4)
+    assert s.gpu_free[1].tolist() == [750, 1000, 750, 1000]
+    b = s.allocate(PodRequest("w2", num_gpu=2, gpu_milli=1000), 0, (1, 3))
+    assert (b.gpu_milli, b.gpu_memory_mib) == (1000, V100_MIB)
+    assert s.gpu_free[0].tolist() == [1000, 0, 1000, 0]
+    assert s.usable_gpu_free().tolist() == [[1000, 0, 1000, 0], [750, 1000, 750, 1000]]
+    assert s.gpu_mem_free[0].tolist() == [V100_MIB, 0, V100_MIB, 0]
+    s.set_gpu_health(1, 2, False)
+    s.release("w")
+    assert s.gpu_free[1].tolist() == [1000] * 4
+    assert s.usable_gpu_free()[1].tolist() == [1000, 1000, 0, 1000]
+    assert s.gpu_mem_free[1].tolist() == [V100_MIB] * 4
+    s.release("w2")
+    assert s.usable_gpu_free()[0].tolist() == [1000] * 4
+    assert s.gpu_mem_free[0].tolist() == [V100_MIB] * 4
+    s.check_invariants()

@@ -122,6 +122,7 @@ class ClusterState:
         # free milli-GPU on healthy GPUs (0 on unhealthy or absent ones), kept in step with gpu_free and
         # gpu_healthy by allocate / release / set_gpu_health; read through usable_gpu_free()
         self._usable = self.gpu_free.copy()
+        self._sliced = tuple((self.gpu_replicas > 1).tolist())  # per node, as Python bools: gpu_replicas never changes
         self.assignments: dict[str, Assignment] = {}
 
         self.total_gpus = int(self.gpu_count.sum())
@@ -213,10 +214,11 @@ class ClusterState:
             raise AllocationError(f"pod {req.name} is already placed on {self.assignments[req.name].node_name}")
         if not 0 <= node < self.n_nodes:
             raise AllocationError(f"node index {node} out of range 0..{self.n_nodes - 1}")
-        gpu_list = tuple(int(x) for x in gpus)
+        gpu_list = tuple(map(int, gpus))
         milli = req.gpu_milli if gpu_milli is None else int(gpu_milli)
         requested = req.gpu_milli
-        if req.num_gpu and (shared := self.share_on(req, node, milli)) != milli:
+        # share_on gives ``milli`` back unless the node is time-sliced (replicas > 1): ask it only there
+        if req.num_gpu and self._sliced[node] and (shared := self.share_on(req, node, milli)) != milli:
             milli = requested = shared  # a whole-GPU ask on a time-sliced node: replicas
         name = self.node_names[node]
         if len(gpu_list) != req.num_gpu:
@@ -255,12 +257,14 @@ class ClusterState:
                 gpu_mem.append(mem_each if mem_cap[gpu] else 0)
         self.cpu_free[node] -= req.cpu_milli
         self.mem_free[node] -= req.memory_mib
-        for gpu, mem in zip(gpu_list, gpu_mem, strict=True):
-            left = free[gpu] - milli
-            self.gpu_free[node, gpu] = left
-            self._usable[node, gpu] = left  # the GPU is healthy (checked above)
-            if mem:
-                self.gpu_mem_free[node, gpu] = mem_free[gpu] - mem
+        if gpu_list:
+            gpu_free_row, usable_row, mem_free_row = self.gpu_free[node], self._usable[node], self.gpu_mem_free[node]
+            for gpu, mem in zip(gpu_list, gpu_mem, strict=True):
+                left = free[gpu] - milli
+                gpu_free_row[gpu] = left
+                usable_row[gpu] = left  # the GPU is healthy (checked above)
+                if mem:
+                    mem_free_row[gpu] = mem_free[gpu] - mem
         self._bump(node)
         assignment = Assignment(
             pod=req.name,
@@ -284,12 +288,17 @@ class ClusterState:
         node = assignment.node
         self.cpu_free[node] += assignment.cpu_milli
         self.mem_free[node] += assignment.memory_mib
-        for gpu in assignment.gpus:
-            self.gpu_free[node, gpu] += assignment.gpu_milli
-            if self.gpu_healthy[node, gpu]:
-                self._usable[node, gpu] = self.gpu_free[node, gpu]
-            if self.gpu_mem_cap[node, gpu]:
-                self.gpu_mem_free[node, gpu] += assignment.gpu_memory_mib
+        if assignment.gpus:
+            # the node's rows (views): one 2-D index per row instead of one per GPU and access
+            gpu_free, usable, mem_free = self.gpu_free[node], self._usable[node], self.gpu_mem_free[node]
+            healthy, mem_cap = self.gpu_healthy[node].tolist(), self.gpu_mem_cap[node].tolist()
+            milli, mem = assignment.gpu_milli, assignment.gpu_memory_mib
+            for gpu in assignment.gpus:
+                gpu_free[gpu] += milli
+                if healthy[gpu]:
+                    usable[gpu] = gpu_free[gpu]
+                if mem_cap[gpu]:
+                    mem_free[gpu] += mem
         self._bump(node)
         self.loosened += 1
         return assignment
