@@ -117,6 +117,19 @@ def _one(args: tuple) -> dict:
     return waste(*args)
 
 
+def read_optimum(path: Path) -> tuple[dict, dict]:
+    """From ``optimum.py``'s results file (absent: nothing): (variant, seed) -> upper bound (fraction), and
+    (variant, seed) -> {pod class: GPUs its packing left out} for the runs that have a packing (``{}``: it left
+    nothing out; ``None`` or no key: no packing, not counted)."""
+    if not path.exists():
+        return {}, {}
+    runs = json.loads(path.read_text())["runs"]
+    bounds = {(r["variant"], r["seed"]): r["bound"] for r in runs}
+    dropped = {(r["variant"], r["seed"]): r["dropped_gpus_by_class"] for r in runs
+               if r.get("dropped_gpus_by_class") is not None}
+    return bounds, dropped
+
+
 def dropped_table(rows: list[dict], dropped: dict) -> list[str]:
     """Markdown: per variant, the GPUs of the pods left out by class, mean over the seeds, for the optimum's
     packing (``dropped``: (variant, seed) -> {class: GPUs}, seeds it has) and each policy; the classes that
@@ -202,13 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     with ProcessPoolExecutor(max(1, args.jobs)) as ex:
         rows = list(ex.map(_one, runs))
-    opt_file = args.out / "openb_optimum.json"
-    bounds, dropped = {}, {}
-    if opt_file.exists():
-        opt_runs = json.loads(opt_file.read_text())["runs"]
-        bounds = {(r["variant"], r["seed"]): r["bound"] for r in opt_runs}
-        dropped = {(r["variant"], r["seed"]): r["dropped_gpus_by_class"] for r in opt_runs
-                   if r.get("dropped_gpus_by_class")}
+    bounds, dropped = read_optimum(args.out / "openb_optimum.json")
     machine = {**machine_info(), "wall_s": round(time.time() - t0, 1)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "openb_waste.json").write_text(json.dumps({"machine": machine, "runs": rows}, indent=1))

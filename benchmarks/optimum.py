@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                                        time_limit=args.time_limit, packing=not args.no_packing, warm=warm)
                 row.update(node_bound=res.bound, bound=min(gpu_bound, res.bound), packed=res.packed,
                            node_status=res.status, node_iterations=res.iterations,
-                           dropped_gpus_by_class=dropped_by_class(res) if res.packed else {},
+                           dropped_gpus_by_class=dropped_by_class(res) if res.packed else None,
                            seconds=round(time.perf_counter() - t0, 2))
             rows.append(row)
             print(f"{v:12s} seed {seed}: optimum <= {100 * row['bound']:.2f}% (GPU by GPU {100 * gpu_bound:.2f}%"

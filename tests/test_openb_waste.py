@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import argparse_error, bench_module, cluster, node, occupy, pod
@@ -59,3 +61,18 @@ def test_dropped_table_sets_the_optimum_beside_each_policy() -> None:
     assert not any("1x50" in line for line in lines)
     # without the optimum's packing: a dash
     assert "| v | 1x1000 | - | 4.0 |" in waste.dropped_table(rows, {})
+    # a seed whose packing left nothing out counts as 0 in the mean
+    assert "| v | 1x810 | 1.2 | 0.0 |" in waste.dropped_table(rows, {("v", 42): {"1x810": 2.43}, ("v", 43): {}})
+
+
+def test_read_optimum_keeps_packings_that_left_nothing_out(tmp_path) -> None:
+    path = tmp_path / "openb_optimum.json"
+    assert waste.read_optimum(path) == ({}, {})
+    path.write_text(json.dumps({"runs": [
+        {"variant": "v", "seed": 42, "bound": 0.97, "dropped_gpus_by_class": {"1x810": 2.43}},
+        {"variant": "v", "seed": 43, "bound": 0.96, "dropped_gpus_by_class": {}},  # a packing, nothing left out
+        {"variant": "v", "seed": 44, "bound": 0.95, "dropped_gpus_by_class": None},  # no packing
+        {"variant": "v", "seed": 45, "bound": 0.94}]}))  # GPU-by-GPU bound only
+    bounds, dropped = waste.read_optimum(path)
+    assert bounds == {("v", 42): 0.97, ("v", 43): 0.96, ("v", 44): 0.95, ("v", 45): 0.94}
+    assert dropped == {("v", 42): {"1x810": 2.43}, ("v", 43): {}}
