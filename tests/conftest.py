@@ -12,6 +12,7 @@ defaults that keep table-driven test cases to one readable line each.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,6 +57,16 @@ def argparse_error(main, capsys, argv: list[str]) -> str:
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return err.strip().splitlines()[-1]
+
+
+def openb_header_folder(tmp_path: Path) -> Path:
+    """An openb trace folder with the node list and the default pod list, headers only: what a benchmark
+    script's argument checks need before any run."""
+    traces = tmp_path / "openb"
+    traces.mkdir()
+    (traces / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
+    (traces / "openb_pod_list_default.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    return traces
 
 
 def node(name: str, cpu: int = 32000, mem: int = 65536, gpus: int = 0, model: str | None = None,

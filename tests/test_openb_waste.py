@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import argparse_error, bench_module, cluster, node, occupy, pod
+from conftest import argparse_error, bench_module, cluster, node, occupy, openb_header_folder, pod
 
 waste = bench_module("openb_waste.py")
 
@@ -33,10 +33,7 @@ def test_waste_split_by_what_each_gpu_holds() -> None:
     (["--policies", ","], "at least one name"),
 ])
 def test_bad_arguments_are_refused_before_any_run(capsys, tmp_path, argv, message) -> None:
-    traces = tmp_path / "openb"  # a trace folder with the node list and the default pod list only
-    traces.mkdir()
-    (traces / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
-    (traces / "openb_pod_list_default.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    traces = openb_header_folder(tmp_path)
     out = tmp_path / "out"
     assert message in argparse_error(waste.main, capsys, ["--variants", "default", *argv, "--traces", str(traces),
                                                            "--out", str(out)])

@@ -6,7 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import argparse_error, bench_module, cluster, engine, node, occupy, placed, pod, typical
+from conftest import (
+    argparse_error,
+    bench_module,
+    cluster,
+    engine,
+    node,
+    occupy,
+    openb_header_folder,
+    placed,
+    pod,
+    typical,
+)
 from gpupool.policies.gpupool_policy import GpupoolPolicy, per_gpu_milli, stranded_gpus
 
 pytest.importorskip("highspy", reason="the optimum needs the bench extra (highspy)")
@@ -217,10 +228,7 @@ def test_device_best_fit_between_tied_gpus(best_fit: bool, gpu: int) -> None:
     (["--no-packing"], "--no-packing goes with --node-level"),
 ])
 def test_optimum_refuses_bad_arguments_before_writing(capsys, tmp_path, argv, message) -> None:
-    traces = tmp_path / "openb"  # the node list and the default pod list only
-    traces.mkdir()
-    (traces / "openb_node_list_gpu_node.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n")
-    (traces / "openb_pod_list_default.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    traces = openb_header_folder(tmp_path)
     out = tmp_path / "out"
     assert message in argparse_error(optimum.main, capsys, ["--variants", "default", *argv, "--traces", str(traces),
                                                              "--out", str(out)])
