@@ -8,11 +8,12 @@ policy's ``allocation_at_100`` for that arrival sequence; this script computes i
 Two relaxations, each a configuration LP (Gilmore-Gomory) solved by column generation with HiGHS
 through ``highspy``; each is an **upper bound** on the optimum, and the smaller one is reported:
 
-* **GPU by GPU** (:func:`gpu_packing_bound`, the default and the one that binds on openb): every GPU of
-  model ``m`` gets a *GPU pattern*, fractional pods whose shares sum to at most 1000 milli (exact: two
-  600-milli pods never share a GPU; a GPU holding 810 milli takes only pods of <= 190), or one GPU of a
-  whole-GPU pod; CPU and memory are left out, and a multi-GPU pod's GPUs need not share a node. Pricing:
-  an exact one-GPU knapsack over the milli (:func:`best_gpu_pattern`). About a second per seed.
+* **GPU by GPU** (:func:`gpu_packing_bound`, the default; on openb's default and gpushare100 as tight as the
+  node-level one): every GPU of model ``m`` gets a *GPU pattern*, fractional pods whose shares sum to at
+  most 1000 milli (exact: two 600-milli pods never share a GPU; a GPU holding 810 milli takes only pods of
+  <= 190), or one GPU of a whole-GPU pod; CPU and memory are left out, and a multi-GPU pod's GPUs need not
+  share a node. Pricing: an exact one-GPU knapsack over the milli (:func:`best_gpu_pattern`). About a second
+  per seed.
 * **Node by node** (:func:`allocation_bound`, ``--node-level``): pods grouped into shape classes
   (CPU, memory, GPU count, per-GPU milli, allowed models), nodes into classes (model, GPUs, CPU, memory);
   a *pattern* is what one node can hold, exactly: CPU, memory, and GPU by GPU (:func:`best_pattern`, a small
@@ -377,8 +378,9 @@ def gpu_packing_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], max
     one GPU of a whole-GPU pod (a pod of ``k`` GPUs is ``k`` units, which need not share a node: a
     relaxation). The configuration LP (one row per model: its GPU count; one per shape: its pods or units),
     solved by column generation with an exact one-GPU knapsack (:func:`best_gpu_pattern`), bounds the GPU
-    share any placement holds; unlike :func:`allocation_bound` it counts how sharing pods combine on single
-    GPUs exactly (two pods of 600 milli never share; a GPU holding 810 milli takes only pods of <= 190).
+    share any placement holds, counting how sharing pods combine on single GPUs exactly (two pods of 600 milli
+    never share; a GPU holding 810 milli takes only pods of <= 190); :func:`allocation_bound` keeps that and
+    adds each node's CPU and memory and whole nodes for multi-GPU pods, at minutes instead of a second.
     Stopped before convergence it returns the trivial bound (arrived demand, at most 100%). Raises
     ValueError without GPUs.
     """
