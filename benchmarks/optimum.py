@@ -228,7 +228,8 @@ def node_packing(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest],
 
 def allocation_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], max_iterations: int = 400,
                      tolerance: float = 1e-5, time_limit: float = 30.0, packing: bool = True,
-                     warm: Sequence[tuple[NodeSpec, Sequence[PodRequest]]] = ()) -> BoundResult:
+                     warm: Sequence[tuple[NodeSpec, Sequence[PodRequest]]] = (),
+                     at_least: dict[ShapeKey, int] | None = None) -> BoundResult:
     """Bracket the largest GPU share (fraction of capacity) a placement of a subset of ``pods`` holds.
 
     Configuration LP (Gilmore-Gomory) by column generation: a column is a *pattern*, the pods one node of a
@@ -240,7 +241,9 @@ def allocation_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], max_
     where a pricing MIP stopped at ``time_limit``) is one too (Lagrangian / Farley bound), so stopping early
     still gives a valid ``bound``. The master solved in integers over the patterns generated is a real packing
     (``packed``, a lower bound; 0.0 with ``packing=False``, which skips that MIP). CPU-only pods add no GPU
-    share and are left out. Raises ValueError without GPUs.
+    share and are left out. ``at_least``: pods of each shape every packing must hold (a constrained optimum,
+    as ``clairvoyant.py`` asks it; ``warm`` should then hold a packing that meets it, or the master may
+    have none; the bound is then the constrained optimum's). Raises ValueError without GPUs.
     """
     import highspy
 
@@ -263,7 +266,8 @@ def allocation_bound(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], max_
     for c in range(n_cls):
         master.addRow(-inf, float(ncount[classes[c]]), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
     for s in range(len(shapes)):
-        master.addRow(-inf, float(counts[s]), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
+        low = float((at_least or {}).get(shapes[s], 0)) or -inf
+        master.addRow(low, float(counts[s]), 0, np.zeros(0, dtype=np.int32), np.zeros(0))
     patterns: list[tuple[int, dict[int, int]]] = []
     known: set[tuple[int, tuple]] = set()
 
