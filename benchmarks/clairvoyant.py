@@ -342,23 +342,36 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only and not (args.traces / f).is_file():
             ap.error(f"no {f} in {args.traces}")
     path = args.out / "openb_clairvoyant.json"
+
+    def saved_runs() -> tuple[list[dict], list[dict]]:
+        try:
+            saved = json.loads(path.read_text())
+            return list(saved["runs"]), list(saved["machine"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ap.error(f"{path}: not a results file of this script ({type(exc).__name__}: {exc})")
+
+    try:
+        policies = policy_results(args.allocation)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        ap.error(f"--allocation {args.allocation}: not openb_allocation.py's results ({type(exc).__name__}: {exc})")
     if args.report_only:
         if not path.is_file():
             ap.error(f"--report-only: no {path}")
-        saved = json.loads(path.read_text())
-        rows, machines = saved["runs"], saved["machine"]
+        rows, machines = saved_runs()
     else:
+        if args.merge and path.is_file():
+            saved_runs()  # refused before hours of runs, not after
         rows, machines = run_all(variants, args)
         if args.merge and path.is_file():  # the other (variant, seed) runs of the file stay, with their machines
-            saved = json.loads(path.read_text())
+            old_rows, old_machines = saved_runs()
             mine = {(r["variant"], r["seed"]) for r in rows}
-            rows = [r for r in saved["runs"] if (r["variant"], r["seed"]) not in mine] + rows
-            machines = saved["machine"] + machines
+            rows = [r for r in old_rows if (r["variant"], r["seed"]) not in mine] + rows
+            machines = old_machines + machines
         rows.sort(key=lambda r: (ORDER.index(r["variant"]) if r["variant"] in ORDER else len(ORDER),
                                  r["variant"], r["seed"]))
         args.out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"machine": machines, "runs": rows}, indent=1))
-    lines = report(rows, policy_results(args.allocation))
+    lines = report(rows, policies)
     lines.append(f"\nGPU allocation at 100% arrived (% of capacity), openb, inflation protocol. `optimum`: the best "
                  "packing of the arrived pods (`optimum.py --node-level`), which may leave out pods that fit. "
                  "`clairvoyant must-place`: that packing known in advance, every pod placed if it fits when it "

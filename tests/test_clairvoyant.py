@@ -130,3 +130,16 @@ def test_merge_keeps_other_runs_and_report_only_rewrites(tmp_path, capsys, monke
     assert clairvoyant.main(["--report-only", "--out", str(out), "--allocation", str(tmp_path / "none.json")]) == 0
     assert "| multigpu50 | 1 | 99.00 | 98.10 |" in (out / "openb_clairvoyant.md").read_text()
     assert "--report-only" in argparse_error(clairvoyant.main, capsys, ["--report-only", "--out", str(tmp_path)])
+
+
+def test_unreadable_results_files_are_refused_without_a_traceback(tmp_path, capsys) -> None:
+    out = tmp_path / "res"
+    out.mkdir()
+    (out / "openb_clairvoyant.json").write_text("not json")
+    none = str(tmp_path / "none.json")
+    err = argparse_error(clairvoyant.main, capsys, ["--report-only", "--out", str(out), "--allocation", none])
+    assert "not a results file" in err
+    bad = tmp_path / "alloc.json"
+    bad.write_text("[1]")
+    err = argparse_error(clairvoyant.main, capsys, ["--report-only", "--out", str(out), "--allocation", str(bad)])
+    assert "--allocation" in err
