@@ -92,8 +92,8 @@ def fits(node: _Node, shape: ShapeKey) -> bool:
 
 def packs(node: _Node, shapes: Sequence[ShapeKey]) -> bool:
     """All of ``shapes`` (one pod each) fit together on ``node`` as it is now: CPU and memory sums, whole GPUs
-    for whole-GPU pods, and the sharing pods bin-packed exactly (depth-first, equal bins tried once) into the
-    GPUs left. Every sharing shape asks one GPU (openb)."""
+    for whole-GPU pods, and the sharing pods bin-packed exactly into the GPUs left (depth-first, largest pod
+    first, equal bins tried once, dead states remembered). Every sharing shape asks one GPU (openb)."""
     if sum(s[0] for s in shapes) > node.cpu or sum(s[1] for s in shapes) > node.mem:
         return False
     if not all(_allowed(node, s) for s in shapes):
@@ -107,9 +107,16 @@ def packs(node: _Node, shapes: Sequence[ShapeKey]) -> bool:
     if sum(share) > sum(bins):
         return False
 
+    smallest = share[-1] if share else 0
+    left = [sum(share[i:]) for i in range(len(share) + 1)]
+    dead: set[tuple] = set()  # (next pod, bins sorted) that cannot be completed
+
     def place(i: int) -> bool:
         if i == len(share):
             return True
+        key = (i, tuple(sorted(bins)))
+        if key in dead or left[i] > sum(f for f in bins if f >= smallest):  # share below every pod is lost
+            return False
         tried = set()
         for b, free in enumerate(bins):
             if free >= share[i] and free not in tried:
@@ -118,6 +125,7 @@ def packs(node: _Node, shapes: Sequence[ShapeKey]) -> bool:
                 if place(i + 1):
                     return True
                 bins[b] += share[i]
+        dead.add(key)
         return False
 
     return place(0)
