@@ -143,3 +143,17 @@ def test_unreadable_results_files_are_refused_without_a_traceback(tmp_path, caps
     bad.write_text("[1]")
     err = argparse_error(clairvoyant.main, capsys, ["--report-only", "--out", str(out), "--allocation", str(bad)])
     assert "--allocation" in err
+
+
+def test_packs_agrees_with_brute_force_on_random_small_nodes() -> None:
+    import itertools
+    import random
+
+    rng = random.Random(7)
+    for _ in range(400):
+        gpus = [rng.choice([1000, 1000, 600, 300, 810]) for _ in range(rng.randint(1, 3))]
+        shapes = [_shape(milli=rng.choice([100, 190, 250, 300, 470, 500, 600, 810])) for _ in range(rng.randint(0, 5))]
+        brute = any(all(sum(s[3] for s, b in zip(shapes, a, strict=True) if b == g) <= free
+                        for g, free in enumerate(gpus))
+                    for a in itertools.product(range(len(gpus)), repeat=len(shapes)))
+        assert clairvoyant.packs(_node(gpus, cpu=10**6, mem=10**6), shapes) == brute, (gpus, shapes)
