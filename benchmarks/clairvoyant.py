@@ -8,9 +8,13 @@ whenever one fits somewhere. This script measures what that rule costs even with
 * the *plan*: the optimum's packing (the integer master of :func:`optimum.allocation_bound`, warm-started
   from gpupool's and FGD's placements), its node patterns given to concrete nodes of each class;
 * the *replay*, in arrival order, with the plan known in advance: a pod of a shape the plan still has a slot
-  for takes that slot (on a node where the rest of that node's plan still packs, GPU by GPU); any other pod
-  that fits somewhere must be placed, and goes where it breaks the least planned GPU demand (the value of
-  the planned pods that no longer pack on that node, the smallest first); a pod that fits nowhere is dropped.
+  for takes that slot (on a node where the rest of that node's plan still packs, GPU by GPU, if one does,
+  else on the first such node it fits); any other pod that fits somewhere must be placed, and goes where it
+  breaks the least planned GPU demand (the value of the planned pods that no longer pack on that node, the
+  smallest first); a pod that fits nowhere is dropped;
+* *re-planning* (``--replans``, default 3): the optimum solved again holding at least the pods of each shape
+  the last replay placed (``allocation_bound(at_least=...)``), and replayed, while the replay improves; the
+  best replay is kept.
 
 Feasibility is the optimum's model: CPU, memory, allowed GPU models, whole GPUs for whole-GPU pods, shares
 summing to at most 1000 milli on each GPU. CPU-only pods are placed too (the optimum leaves them out: they
@@ -255,13 +259,13 @@ def run_one(variant: str, seed: int, traces: Path = TRACES, ratio: float = 1.3,
     optimum = res.packed
     rounds = []
     best: dict = {}
-    for _ in range(1 + max(0, replans)):
+    for k in range(1 + max(0, replans)):
         out = replay(nodes, prefix, plan_nodes(nodes, res))
         placed = out.pop("placed")
         rounds.append({"plan": res.packed, **out})
         if not best or out["held"] > best["held"]:
             best = out
-        if len(rounds) > 1 and out["held"] <= rounds[-2]["held"] + 1e-9:
+        if k == max(0, replans) or (len(rounds) > 1 and out["held"] <= rounds[-2]["held"] + 1e-9):
             break
         # the next plan holds at least the pods of each shape this replay had to place
         at_least = Counter(shape_key(p) for ps in placed for p in ps if p.num_gpu)
