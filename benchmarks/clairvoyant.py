@@ -183,8 +183,26 @@ def plan_nodes(nodes: Sequence[NodeSpec], res: BoundResult) -> list[Counter]:
     return plan
 
 
-def replay(nodes: Sequence[NodeSpec], prefix: Sequence[PodRequest], plan: list[Counter]) -> dict:
-    """Place ``prefix`` in order with ``plan`` known in advance under the must-place rule (module docstring).
+def _leftover(node: _Node, shape: ShapeKey) -> tuple[int, int]:
+    """How tightly one pod of ``shape`` fits ``node`` (it fits): free share left on the tightest GPU it fits
+    (free whole GPUs left, for a whole-GPU pod), then free milli-CPU left; smaller is tighter."""
+    cpu, _mem, num, milli, _ = shape
+    if not num:
+        return 0, node.cpu - cpu
+    if milli >= MILLI:
+        return sum(1 for f in node.gpus if f >= MILLI) - num, node.cpu - cpu
+    return min(f - milli for f in node.gpus if f >= milli), node.cpu - cpu
+
+
+FORCED = ("first", "best-fit")
+"""Where a forced pod goes among the nodes that break as little of the plan: the first in node order, or
+the one it fits most tightly (:func:`_leftover`)."""
+
+
+def replay(nodes: Sequence[NodeSpec], prefix: Sequence[PodRequest], plan: list[Counter],
+           forced: str = "first") -> dict:
+    """Place ``prefix`` in order with ``plan`` known in advance under the must-place rule (module docstring);
+    ``forced``: one of :data:`FORCED`.
     Returns the GPU share held (fraction of capacity), the GPU demand (GPUs) of the pods placed beyond the
     plan (``forced``), of planned pods broken off their node, and of the pods dropped, by :func:`pod_class`."""
     state = [_Node(n.gpu_model, n.cpu_milli, n.memory_mib, [MILLI] * n.gpu_count) for n in nodes]
@@ -193,7 +211,7 @@ def replay(nodes: Sequence[NodeSpec], prefix: Sequence[PodRequest], plan: list[C
     for i, p in enumerate(plan):
         for s in p:
             slots.setdefault(s, []).append(i)
-    held = forced = broken = 0
+    held = forced_milli = broken = 0
     dropped: Counter = Counter()
     placed: list[list[PodRequest]] = [[] for _ in nodes]
     for pod in prefix:
@@ -214,10 +232,11 @@ def replay(nodes: Sequence[NodeSpec], prefix: Sequence[PodRequest], plan: list[C
             placed[chosen].append(pod)
             continue
         best, best_loss, best_drop = -1, 1 << 62, []
-        for i, node in enumerate(state):
-            if not fits(node, s):
-                continue
-            loss, drop = _break(node, plan[i], s)
+        candidates = [i for i, node in enumerate(state) if fits(node, s)]
+        if forced == "best-fit":
+            candidates.sort(key=lambda i: _leftover(state[i], s))
+        for i in candidates:
+            loss, drop = _break(state[i], plan[i], s)
             if loss < best_loss:
                 best, best_loss, best_drop = i, loss, drop
                 if loss == 0:
@@ -230,10 +249,10 @@ def replay(nodes: Sequence[NodeSpec], prefix: Sequence[PodRequest], plan: list[C
         broken += sum(_value(x) for x in best_drop)
         _take(state[best], s, list(plan[best].elements()))
         held += _value(s)
-        forced += _value(s)
+        forced_milli += _value(s)
         placed[best].append(pod)
     capacity = sum(n.gpu_count for n in nodes) * MILLI
-    return {"held": held / capacity, "forced_gpus": forced / MILLI, "broken_gpus": broken / MILLI,
+    return {"held": held / capacity, "forced_gpus": forced_milli / MILLI, "broken_gpus": broken / MILLI,
             "dropped_gpus_by_class": {k: round(v, 2) for k, v in sorted(dropped.items(), key=lambda kv: -kv[1])},
             "placed": placed}
 
@@ -246,7 +265,7 @@ def _after(node: _Node, shape: ShapeKey, rest: Sequence[ShapeKey]) -> _Node:
 
 
 def run_one(variant: str, seed: int, traces: Path = TRACES, ratio: float = 1.3,
-            time_limit: float = 30.0, replans: int = 3) -> dict:
+            time_limit: float = 30.0, replans: int = 3, forced: str = "first") -> dict:
     """Plan (the optimum's packing) and replay for one (variant, seed); then up to ``replans`` times plan
     again with at least as many pods of each shape as the last replay had to place (the optimum under the
     must-place rule's own choices), while the replay improves. Keeps the best replay."""
@@ -260,7 +279,7 @@ def run_one(variant: str, seed: int, traces: Path = TRACES, ratio: float = 1.3,
     rounds = []
     best: dict = {}
     for k in range(1 + max(0, replans)):
-        out = replay(nodes, prefix, plan_nodes(nodes, res))
+        out = replay(nodes, prefix, plan_nodes(nodes, res), forced)
         placed = out.pop("placed")
         rounds.append({"plan": res.packed, **out})
         if not best or out["held"] > best["held"]:
@@ -271,8 +290,8 @@ def run_one(variant: str, seed: int, traces: Path = TRACES, ratio: float = 1.3,
         at_least = Counter(shape_key(p) for ps in placed for p in ps if p.num_gpu)
         mine = [(nodes[i], ps) for i, ps in enumerate(placed) if any(p.num_gpu for p in ps)]
         res = allocation_bound(nodes, prefix, time_limit=time_limit, warm=warm + mine, at_least=dict(at_least))
-    return {"variant": variant, "seed": seed, "optimum_packed": optimum, **best, "rounds": rounds,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {"variant": variant, "seed": seed, "forced_order": forced, "optimum_packed": optimum, **best,
+            "rounds": rounds, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def policy_results(path: Path) -> dict[tuple[str, str, int], float]:
@@ -322,7 +341,8 @@ def run_all(variants: list[str], args: argparse.Namespace) -> tuple[list[dict], 
     work = [(v, s) for v in variants for s in range(args.first_seed, args.first_seed + args.seeds)]
     rows = []
     with ProcessPoolExecutor(args.jobs) as ex:
-        for fut in as_completed([ex.submit(run_one, v, s, args.traces, replans=args.replans) for v, s in work]):
+        futures = [ex.submit(run_one, v, s, args.traces, replans=args.replans, forced=args.forced) for v, s in work]
+        for fut in as_completed(futures):
             r = fut.result()
             rows.append(r)
             print(f"{r['variant']:12s} seed {r['seed']}: optimum {100 * r['optimum_packed']:.2f}%, "
@@ -338,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=42)
     ap.add_argument("--replans", type=int, default=3,
                     help="plans after the first, each holding at least what the last replay placed")
+    ap.add_argument("--forced", choices=FORCED, default="first",
+                    help="where a pod beyond the plan goes among the nodes that break as little of it")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     ap.add_argument("--traces", type=Path, default=TRACES)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")

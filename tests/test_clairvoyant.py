@@ -157,3 +157,16 @@ def test_packs_agrees_with_brute_force_on_random_small_nodes() -> None:
                         for g, free in enumerate(gpus))
                     for a in itertools.product(range(len(gpus)), repeat=len(shapes)))
         assert clairvoyant.packs(_node(gpus, cpu=10**6, mem=10**6), shapes) == brute, (gpus, shapes)
+
+
+def test_forced_order_best_fit_takes_the_tightest_node() -> None:
+    # n1 holds a planned 600 (400 left); a 300 beyond the plan breaks nothing on either node: "first" puts it
+    # on the empty n0, "best-fit" beside the 600 (100 left), which keeps n0's GPU whole
+    nodes = [node("n0", cpu=8000, mem=16384, gpus=1), node("n1", cpu=8000, mem=16384, gpus=1)]
+    plan = [Counter(), Counter({_shape(milli=600): 1})]
+    prefix = [pod("a", gpus=1, milli=600), pod("x", gpus=1, milli=300)]
+    first = clairvoyant.replay(nodes, prefix, plan)
+    assert [p.name for p in first["placed"][0]] == ["x"]
+    tight = clairvoyant.replay(nodes, prefix, plan, forced="best-fit")
+    assert [p.name for p in tight["placed"][1]] == ["a", "x"] and tight["placed"][0] == []
+    assert first["held"] == tight["held"] == pytest.approx(0.45)
