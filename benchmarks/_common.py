@@ -9,6 +9,10 @@ import os
 import platform
 from pathlib import Path
 
+OPENB_TRACES = Path(os.environ.get("GPUPOOL_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces"),
+                    "openb")
+"""The openb trace folder: ``$GPUPOOL_TRACES/openb``, else ``../shared/traces/openb`` beside the repository."""
+
 
 def json_safe(obj):
     """Non-finite floats -> None (recursively), so that a report is strict JSON."""

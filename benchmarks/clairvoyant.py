@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info  # noqa: E402
+from _common import OPENB_TRACES, machine_info  # noqa: E402
 from gpupool.model import MILLI, NodeSpec, PodRequest
 from gpupool.traces import load_openb_nodes, load_openb_pods
 from optimum import (  # noqa: E402
@@ -60,7 +60,7 @@ from optimum import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = Path(os.environ.get("GPUPOOL_TRACES", ROOT.parent / "shared" / "traces")) / "openb"
+TRACES = OPENB_TRACES
 
 
 @dataclass
@@ -278,13 +278,13 @@ def run_one(variant: str, seed: int, traces: Path = TRACES, ratio: float = 1.3,
     optimum = res.packed
     rounds = []
     best: dict = {}
-    for k in range(1 + max(0, replans)):
+    for k in range(1 + replans):
         out = replay(nodes, prefix, plan_nodes(nodes, res), forced)
         placed = out.pop("placed")
         rounds.append({"plan": res.packed, **out})
         if not best or out["held"] > best["held"]:
             best = out
-        if k == max(0, replans) or (len(rounds) > 1 and out["held"] <= rounds[-2]["held"] + 1e-9):
+        if k == replans or (len(rounds) > 1 and out["held"] <= rounds[-2]["held"] + 1e-9):
             break
         # the next plan holds at least the pods of each shape this replay had to place
         at_least = Counter(shape_key(p) for ps in placed for p in ps if p.num_gpu)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info  # noqa: E402
+from _common import OPENB_TRACES, machine_info  # noqa: E402
 from gpupool.policies.fgd import FGD
 from gpupool.policies.gpupool_policy import GpupoolCombined, GpupoolPolicy
 from gpupool.sim.inflation import run_inflation
@@ -52,7 +51,7 @@ ABLATIONS = {
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["fgd", "best-fit", "gpupool", *ABLATIONS]
-TRACES = Path(os.environ.get("GPUPOOL_TRACES", ROOT.parent / "shared" / "traces")) / "openb"
+TRACES = OPENB_TRACES
 PUBLISHED = {
     ("default", "fgd"): 95.2, ("default", "best-fit"): 92.9,
     ("gpushare100", "fgd"): 86.6, ("gpushare100", "best-fit"): 84.6,

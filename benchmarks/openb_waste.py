@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info  # noqa: E402
+from _common import OPENB_TRACES, machine_info  # noqa: E402
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Engine
 from gpupool.model import MILLI
@@ -46,7 +46,7 @@ from gpupool.traces import load_openb_nodes, load_openb_pods
 from optimum import pod_class  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = Path(os.environ.get("GPUPOOL_TRACES", ROOT.parent / "shared" / "traces")) / "openb"
+TRACES = OPENB_TRACES
 LARGE_MILLI = 800
 """A sharing pod of at least this many milli-GPU is *large*: the share it leaves is below 200 milli."""
 PARTS = ("whole", "beside_large", "unfillable", "other")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -47,13 +46,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info  # noqa: E402
+from _common import OPENB_TRACES, machine_info  # noqa: E402
 from gpupool.model import MILLI, NodeSpec, PodRequest
 from gpupool.sim.inflation import build_inflation_workload
 from gpupool.traces import load_openb_nodes, load_openb_pods
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = Path(os.environ.get("GPUPOOL_TRACES", ROOT.parent / "shared" / "traces")) / "openb"
+TRACES = OPENB_TRACES
 
 ShapeKey = tuple[int, int, int, int, tuple[str, ...]]
 """(cpu milli, memory MiB, GPU count, per-GPU milli, allowed models) of a pod shape class."""
