@@ -1,6 +1,6 @@
 """Kubernetes objects read for pool jobs: topology (gpupool, KAI, Volcano, Kueue spellings), max-member,
 run-time limit, whole-GPU test, job identity, ``startTime``, grace period. No state, no I/O; imports
-k8s conventions, k8s.requests, cluster and model only."""
+k8s conventions, k8s.requests and cluster only."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The pool scheduler's decisions carried out as placements and preemptions, and self-healing (a mixin of
-:class:`~gpupool.k8s.cycle.pool.driver.PoolDriver`). Imports engine.pool, k8s.objects, k8s.snapshot and the
-driver's records."""
+:class:`~gpupool.k8s.cycle.pool.driver.PoolDriver`). Imports engine.pool, model, k8s.objects, k8s.snapshot
+and the driver's records."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Nominated (held) placements, lapsed and refused evictions, mark/abort (a mixin of
-:class:`~gpupool.k8s.cycle.pool.driver.PoolDriver`). Imports k8s.objects, k8s.snapshot and the driver's records."""
+:class:`~gpupool.k8s.cycle.pool.driver.PoolDriver`). Imports engine.pool, k8s.objects, k8s.snapshot
+and the driver's records."""
 
 from __future__ import annotations
 

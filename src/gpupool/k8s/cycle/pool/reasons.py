@@ -1,5 +1,6 @@
 """Why a pool job's pods wait: the reason each pending pod shows (a mixin of
-:class:`~gpupool.k8s.cycle.pool.driver.PoolDriver`). Imports engine.pool, k8s conventions and k8s.snapshot."""
+:class:`~gpupool.k8s.cycle.pool.driver.PoolDriver`). Imports engine.pool, model, k8s conventions
+and k8s.snapshot."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The pool driver's books reconciled with the cluster cache each cycle (a mixin of
 :class:`~gpupool.k8s.cycle.pool.driver.PoolDriver`): jobs attached and submitted, riders, evicted books.
-Imports engine.pool, k8s.objects, k8s.snapshot and the driver's records."""
+Imports engine.pool, model, k8s.requests, k8s.objects, k8s.snapshot and the driver's records."""
 
 from __future__ import annotations
 
