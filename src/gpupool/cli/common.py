@@ -271,8 +271,8 @@ class RunProgress:
 
 
 def run_all(items: Sequence[tuple[str, int]], run_one: Callable[[str, int, Callable[[int, int], None]], Any],
-             *, quiet: bool, errors: tuple[type[BaseException], ...], workers: int | None = 1,
-             executor: str = "local") -> tuple[list[Any], bool]:
+            *, quiet: bool, errors: tuple[type[BaseException], ...], workers: int | None = 1,
+            executor: str = "local") -> tuple[list[Any], bool]:
     """``run_one(policy, seed, tick)`` for every item, with progress. Returns the finished results and
     whether Ctrl-C stopped the loop (the results then hold only the runs that finished). ``workers`` >1
     (None: all cores) or ``executor="ray"``: in parallel (:mod:`gpupool.sweep`), same results."""

@@ -92,7 +92,7 @@ def execute_jobs(
         missing = sorted({r.queue or "default" for r in records} - leaves)
         if missing:
             fail(f"{queues}: no leaf queue for trace queue(s) {', '.join(missing[:5])}"
-                  + (" ..." if len(missing) > 5 else ""))
+                 + (" ..." if len(missing) > 5 else ""))
     config = JobSimConfig(checkpoint_interval_s=checkpoint if checkpoint > 0 else math.inf,
                           node_mtbf_h=node_mtbf, gpu_mtbf_h=gpu_mtbf, repair_h=repair, elastic_fraction=elastic,
                           gpu_speed=gpu_speed)
@@ -125,7 +125,7 @@ def execute_jobs(
 
     items = [(name, s) for name in names for s in seeds]
     runs, interrupted = run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError, KeyError),
-                                 workers=workers, executor=executor)
+                                workers=workers, executor=executor)
     one_runs = {(r.policy, r.record["seed"]): r.record["fairness_cost"] for r in runs} if fair_cost else {}
     if interrupted and not runs:
         exit_interrupted(0, len(items), False)
@@ -236,7 +236,7 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
             fail(f"--restart-overhead must be >= 0, got {model['restart_overhead']}")
         if model["restart_overhead"] > _MAX_RESTART_S:  # a stall of 1e300 s hangs the clock (t + dt == t)
             fail(f"--restart-overhead must be at most {_MAX_RESTART_S:.0f} s (a year), "
-                  f"got {model['restart_overhead']}")
+                 f"got {model['restart_overhead']}")
         sim["restart_overhead_s"] = float(model["restart_overhead"])
     if model.get("topology_slowdown") is False:
         sim["topology"] = TopologyConfig(factors={t: 1.0 for t in TIERS})
@@ -288,13 +288,13 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
         own = [n for n, c in base.items() if c.order in SIZE_ORDERS and c.order != order]
         if own:
             fail(f"--job-order {order} would replace the {own[0]} policy's own order ({base[own[0]].order}); use "
-                  f"-p gpupool --job-order {order} (--promote-knob {_knob_text(base[own[0]].promote_knob)} for the "
-                  f"{own[0]} policy's starvation knob)")
+                 f"-p gpupool --job-order {order} (--promote-knob {_knob_text(base[own[0]].promote_knob)} for the "
+                 f"{own[0]} policy's starvation knob)")
     orders = {order if order is not None else c.order for c in base.values()}
     for flag, key in (("--size-prior", "size_prior"), ("--size-estimates", "size_estimates")):
         if model.get(key) is not None and base and not orders & set(SIZE_ORDERS):
             fail(f"{flag} {model[key]} applies only to a policy or --job-order that ranks jobs by size "
-                  f"({', '.join(SIZE_ORDERS)}); none is selected")
+                 f"({', '.join(SIZE_ORDERS)}); none is selected")
     warning = ""
     if base and not any(c.preempt or c.reclaim for c in base.values()):
         unused = [f for f, k in (("--las-thresholds", "las_thresholds"), ("--min-run", "min_run"),

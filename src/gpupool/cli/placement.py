@@ -106,7 +106,7 @@ def _execute(
 
     items = [(name, s) for name in policy_names for s in seeds]
     runs, interrupted = run_all(items, run_one, quiet=quiet, errors=(GpupoolError, ValueError), workers=workers,
-                                 executor=executor)
+                                executor=executor)
     if interrupted and not runs:
         exit_interrupted(0, len(items), False)
     if interrupted:  # the title names the seeds of the finished runs only
@@ -132,7 +132,7 @@ def _execute(
             + (" (mean ± std)" if len(seeds) > 1 else "")
         )
         print_table(console, report.results_table(summary, proto, title,
-                                                   **table_kwargs(report.results_table, wide)), wide)
+                                                  **table_kwargs(report.results_table, wide)), wide)
         if len(summary) > 1:
             best = report.best_line(summary, proto)
             if best:
@@ -251,13 +251,13 @@ def simulate_cmd(
     if jobs is not None:
         pod_only_flags(nodes, pods, protocol, ratio)
         execute_jobs(policies=[policy], jobs=jobs, fmt=fmt, cluster=cluster, queues=queues, seed=seed, out=out,
-                      json_file=json_file, quiet=quiet, checkpoint=checkpoint, node_mtbf=node_mtbf,
-                      gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed, max_jobs=max_jobs,
-                      wide=wide, model=model_args(locals()))
+                     json_file=json_file, quiet=quiet, checkpoint=checkpoint, node_mtbf=node_mtbf,
+                     gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed, max_jobs=max_jobs,
+                     wide=wide, model=model_args(locals()))
         return
     job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
-                             "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
-                             "--max-jobs": max_jobs, "--elastic-fraction": elastic, **model_flags(locals())})
+                            "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
+                            "--max-jobs": max_jobs, "--elastic-fraction": elastic, **model_flags(locals())})
     _execute(policies=[policy], nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
              out=out, json_file=json_file, quiet=quiet, wide=wide)
 
@@ -319,14 +319,14 @@ def compare_cmd(
 
         pod_only_flags(nodes, pods, protocol, ratio)
         execute_jobs(policies=split(policies) or list(DEFAULT_JOB_POLICIES), jobs=jobs, fmt=fmt, cluster=cluster,
-                      queues=queues, seed=seed, out=out, json_file=json_file, quiet=quiet, checkpoint=checkpoint,
-                      node_mtbf=node_mtbf, gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed,
-                      max_jobs=max_jobs, wide=wide, model=model_args(locals()), workers=jobs_parallel,
-                      executor=executor)
+                     queues=queues, seed=seed, out=out, json_file=json_file, quiet=quiet, checkpoint=checkpoint,
+                     node_mtbf=node_mtbf, gpu_mtbf=gpu_mtbf, repair=repair, elastic=elastic, gpu_speed=gpu_speed,
+                     max_jobs=max_jobs, wide=wide, model=model_args(locals()), workers=jobs_parallel,
+                     executor=executor)
         return
     job_only_flags(jobs, **{"--format": fmt, "--cluster": cluster, "--queues": queues,
-                             "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
-                             "--max-jobs": max_jobs, "--elastic-fraction": elastic, **model_flags(locals())})
+                            "--node-mtbf-hours": node_mtbf, "--gpu-mtbf-hours": gpu_mtbf,
+                            "--max-jobs": max_jobs, "--elastic-fraction": elastic, **model_flags(locals())})
     names = split(policies) or list(REGISTRY)
     _execute(policies=names, nodes=nodes, pods=pods, protocol=protocol, seed=seed, ratio=ratio,
              out=out, json_file=json_file, quiet=quiet, wide=wide, workers=jobs_parallel, executor=executor)

@@ -76,7 +76,7 @@ def figure_title(fig: Any, main: str, context: str) -> None:
 
 
 def legend_outside(fig: Any, handles: Sequence[Any], labels: Sequence[str], title: str | None = None,
-                    below: bool = False) -> None:
+                   below: bool = False) -> None:
     """One figure legend outside every axes: at the right, or ``below`` the axes in columns."""
     if not handles:
         return
@@ -209,7 +209,7 @@ def unallocated_figure(summary: Sequence[dict[str, Any]], *, trace: str | Path |
     ax.set_ylabel("GPUs")
     ax.grid(axis="y", alpha=0.3)
     figure_title(fig, "GPUs not used by any pod at the end of the run (lower is better)",
-           plot_context(trace, [s for e in summary for s in e.get("seeds", [])], ratio, protocol))
+                 plot_context(trace, [s for e in summary for s in e.get("seeds", [])], ratio, protocol))
     legend_outside(fig, *ax.get_legend_handles_labels(), below=True)
     return fig
 

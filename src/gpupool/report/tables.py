@@ -21,7 +21,7 @@ from gpupool.report.summary import score, score_and_label
 
 
 def fmt_mean(mean: float, std: float, n_seeds: int, *, pct: bool = False, digits: int = 1,
-         thousands: bool = False, unit: bool = True) -> str:
+             thousands: bool = False, unit: bool = True) -> str:
     """``mean`` (± ``std`` over several seeds) as table text; ``pct``: a fraction shown in percent, with the
     ``%`` sign unless ``unit`` is False (the header names the unit)."""
     if mean is None or not math.isfinite(mean):
@@ -134,8 +134,8 @@ def _best_flags(summary: Sequence[dict[str, Any]], key: str, better: int, skip: 
 
 
 def metric_column(summary: Sequence[dict[str, Any]], header: str, key: str, better: int, priority: int,
-                   name: str, scale: float = 1.0, skip_best: bool = False, missing: str | None = None,
-                   **fmt: Any) -> Col:
+                  name: str, scale: float = 1.0, skip_best: bool = False, missing: str | None = None,
+                  **fmt: Any) -> Col:
     cells = []
     for e in summary:
         value = e.get(key, NAN)

@@ -159,7 +159,7 @@ def _profiles(raw: Any, where: str = "mig_profiles") -> tuple[MigProfile, ...]:
 
 
 def build_mig_instances(d: GpuDevice, raw: Iterable[MigInstance | Mapping[str, Any]],
-                   where: str = "mig.instances") -> tuple[MigInstance, ...]:
+                        where: str = "mig.instances") -> tuple[MigInstance, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list | tuple):
@@ -180,7 +180,7 @@ def build_mig_instances(d: GpuDevice, raw: Iterable[MigInstance | Mapping[str, A
                             size=int_value(m.get("size", p.slices if p else 1), f"{w}.size", 1, 64),
                             uuid=text_field(uuid, f"{w}.uuid") if uuid is not None else "",
                             memory_mib=int_value(m.get("memory_mib", p.memory_mib if p else 0), f"{w}.memory_mib", 0,
-                                            MAX_MEMORY_MIB))
+                                                 MAX_MEMORY_MIB))
         if m.profile not in profiles and profiles:
             raise ValueError(f"GPU {d.index}: MIG profile {m.profile!r} not among {sorted(profiles)}")
         if not m.uuid:
@@ -192,7 +192,7 @@ def build_mig_instances(d: GpuDevice, raw: Iterable[MigInstance | Mapping[str, A
 
 
 def device_from_entry(node: str, index: int, e: Mapping[str, Any],
-                       names: Mapping[str, str] | None = None) -> GpuDevice:
+                      names: Mapping[str, str] | None = None) -> GpuDevice:
     names = names or {}
 
     def w(key: str) -> str:
@@ -233,7 +233,7 @@ def device_from_entry(node: str, index: int, e: Mapping[str, Any],
     )
     if d.mig_enabled:
         d = dataclasses.replace(d, mig_instances=build_mig_instances(d, mig.get("instances") or (),
-                                                                f"{w('mig')}.instances"))
+                                                                     f"{w('mig')}.instances"))
     return d
 
 
