@@ -377,13 +377,14 @@ def test_subcommand_short_help_option():
 @pytest.fixture
 def no_loading(monkeypatch):
     """Fail the test if a trace is loaded: output paths must be checked before."""
-    import gpupool.cli as cli
+    import gpupool.cli.jobs as cli_jobs
+    import gpupool.cli.placement as cli_placement
 
     def boom(*_a, **_k):
         raise AssertionError("the trace was loaded before the output paths were checked")
 
-    monkeypatch.setattr(cli, "_load", boom)
-    monkeypatch.setattr(cli, "load_jobs", boom)
+    monkeypatch.setattr(cli_placement, "load_traces", boom)
+    monkeypatch.setattr(cli_jobs, "load_jobs", boom)
 
 
 def _bad_outputs(tmp_path: Path) -> list[tuple[str, str]]:
@@ -489,7 +490,7 @@ def test_ctrl_c_in_a_job_comparison(tmp_path, monkeypatch):
 
 
 def test_progress_lines_when_not_a_terminal(capsys):
-    from gpupool.cli import _RunProgress
+    from gpupool.cli.common import RunProgress as _RunProgress
 
     now = [0.0]
     with _RunProgress(4, quiet=False, interval=15.0, clock=lambda: now[0], tty=False) as progress:
@@ -510,7 +511,7 @@ def test_progress_lines_when_not_a_terminal(capsys):
 
 
 def test_progress_quiet_and_terminal_write_no_lines(capsys):
-    from gpupool.cli import _RunProgress
+    from gpupool.cli.common import RunProgress as _RunProgress
 
     for kwargs in ({"quiet": True, "tty": False}, {"quiet": True, "tty": True}):
         with _RunProgress(2, interval=0.0, **kwargs) as progress:
@@ -520,7 +521,7 @@ def test_progress_quiet_and_terminal_write_no_lines(capsys):
 
 
 def test_progress_lines_in_a_real_run(tiny, monkeypatch):
-    import gpupool.cli as cli
+    import gpupool.cli.common as cli
 
     monkeypatch.setattr(cli, "LOG_PROGRESS_INTERVAL_S", 0.0)
     nodes, pods = tiny

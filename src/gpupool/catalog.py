@@ -405,3 +405,9 @@ def mig_profile(model: GpuModel | str, name: str) -> MigProfile:
         if p.name == name:
             return p
     raise KeyError(f"{m.name} has no MIG profile {name!r}")
+
+
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68})
+"""XIDs caused by the application, not the device (graphics engine exception, MMU fault, GPU stopped
+processing, preemptive cleanup, video processor exception): NVIDIA's k8s-device-plugin keeps such a GPU
+healthy, and so do we by default."""

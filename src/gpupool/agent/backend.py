@@ -13,11 +13,13 @@ degrees C, percent for utilisation, seconds since the epoch for times.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 __all__ = ["DriverInfo", "GpuBackend", "GpuDevice", "GpuEvent", "GpuSample", "MigInstance", "MigProfile",
-           "BackendError", "TOPOLOGY_LEVELS"]
+           "BackendError", "TOPOLOGY_LEVELS", "ARCHITECTURES", "MIB", "architecture_from_compute", "cuda_version"]
 
 
 class BackendError(RuntimeError):
@@ -162,3 +164,49 @@ class GpuBackend(Protocol):
     def close(self) -> None:
         """Release the driver (NVML shutdown)."""
         ...
+
+
+MIB = 1 << 20
+
+ARCHITECTURES: dict[int, str] = {2: "kepler", 3: "maxwell", 4: "pascal", 5: "volta", 6: "turing", 7: "ampere",
+                                 8: "ada-lovelace", 9: "hopper", 10: "blackwell", 13: "rubin"}
+"""NVML ``nvmlDeviceArchitecture_t`` values (``NVML_DEVICE_ARCH_*``) -> the family names GFD uses."""
+
+
+def architecture_from_compute(major: int, minor: int) -> str:
+    """The GPU family from the compute capability, as GPU Feature Discovery's ``getArchFamily`` has it
+    (k8s-device-plugin ``internal/lm/resource.go``): 9.x -> ``hopper``, 8.9 -> ``ada-lovelace``..."""
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell",
+            12: "blackwell", 13: "rubin"}.get(major, "undefined" if major else "")
+
+
+def cuda_version(value: int | float | str) -> str:
+    """The CUDA driver version as ``"major.minor"``: NVML's integer form (``13000``, i.e. 1000 * major + 10 *
+    minor) -> ``"13.0"``; a small integer is a major version (``12`` -> ``"12.0"``); a float (an unquoted YAML
+    ``12.8``) or a string ``"12.8"`` is major.minor as written; ``""`` (unknown) passes. ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"CUDA version {value!r}: expected \"12.8\" or NVML's 12080")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"CUDA version {value!r}: expected \"12.8\" or NVML's 12080")
+        if value >= 1000 and value.is_integer():
+            return cuda_version(int(value))
+        text = repr(value)
+        if not re.fullmatch(r"\d+\.\d+", text):
+            raise ValueError(f"CUDA version {value!r}: expected \"12.8\" or NVML's 12080")
+        return text
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"CUDA version {value!r}: must not be negative")
+        return f"{value // 1000}.{(value % 1000) // 10}" if value >= 1000 else f"{value}.0"
+    if isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"\d{1,9}", text):
+            return cuda_version(int(text))
+        if text == "" or re.fullmatch(r"\d{1,9}(\.\d{1,9}){1,2}", text):
+            return text
+    raise ValueError(f"CUDA version {value!r}: expected \"12.8\" or NVML's 12080")

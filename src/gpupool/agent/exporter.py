@@ -47,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from gpupool.agent.backend import GpuDevice, GpuSample
 from gpupool.agent.report import GpuHealth
+from gpupool.catalog import APPLICATION_XIDS
 
 __all__ = ["DEFAULT_PORT", "LABELS", "METRICS", "AgentExporter", "GpuExporter", "serve"]
 
@@ -56,10 +57,6 @@ DEFAULT_PORT = 9400
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
 """dcgm-exporter's per-GPU labels (``DCGM_FI_DRIVER_VERSION`` is added when known); ``prometheus_client`` prints
 them sorted by name, which no reader depends on."""
-
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68})
-"""XIDs caused by the application, not the device (as :data:`gpupool.k8s.telemetry.APPLICATION_XIDS` and NVIDIA's
-device plugin): used for ``gpupool_agent_gpu_healthy`` only when plain XIDs, not ``GpuHealth`` verdicts, are given."""
 
 METRICS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "util_gpu"),

@@ -34,8 +34,19 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from .backend import BackendError, DriverInfo, GpuDevice, GpuEvent, GpuSample, MigInstance, MigProfile
-from .fake import ARCHITECTURES, MIB, architecture_from_compute, cuda_version
+from .backend import (
+    ARCHITECTURES,
+    MIB,
+    BackendError,
+    DriverInfo,
+    GpuDevice,
+    GpuEvent,
+    GpuSample,
+    MigInstance,
+    MigProfile,
+    architecture_from_compute,
+    cuda_version,
+)
 
 __all__ = ["NvmlBackend", "load_pynvml"]
 

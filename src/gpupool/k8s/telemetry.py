@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpupool.catalog import APPLICATION_XIDS
 from gpupool.cluster import ClusterState
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,6 @@ FIELDS: dict[str, str] = {
     XID_ERRORS: "xid",
 }
 """dcgm-exporter metric -> :class:`GpuSample` field."""
-
-APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68})
-"""XIDs caused by the application, not the device (graphics engine exception, MMU fault, GPU stopped
-processing, preemptive cleanup, video processor exception): NVIDIA's k8s-device-plugin keeps such a GPU
-healthy, and so do we by default."""
 
 NODE_LABELS: tuple[str, ...] = ("Hostname", "kubernetes_node", "node")
 """Labels that name the node, first present wins."""

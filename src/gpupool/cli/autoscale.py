@@ -19,6 +19,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from gpupool.cli.common import RunProgress, check_outputs, print_table, split
+
 app = typer.Typer(
     name="autoscale",
     help="Demand-driven scaling of GPU inference services: simulate scaling policies on an LLM trace.",
@@ -37,7 +39,7 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def _reference() -> Path:
-    here = Path(__file__).resolve().parents[2] / REFERENCE
+    here = Path(__file__).resolve().parents[3] / REFERENCE
     return REFERENCE if REFERENCE.exists() else here
 
 
@@ -79,18 +81,17 @@ def simulate_cmd(
     recommender with right-sizing (MIG / time-slice / whole GPU chosen by load). A request meets the SLO
     when its end-to-end latency is within the bound; a policy meets it when enough requests do.
     """
-    from gpupool.cli import _check_outputs, _print_table, _RunProgress, _split
     from gpupool.sim.inference import InferenceConfigError
     from gpupool.sim.inference_policies import load_scenario
     from gpupool.sim.inference_report import plot_run, results_table, run_scenario, to_json, verdict
     from gpupool.traces.errors import TraceFormatError
 
-    names = list(dict.fromkeys(_split(policies)))  # once each
+    names = list(dict.fromkeys(split(policies)))  # once each
     if policies is not None and not names:
         raise _fail(f"--policies {','.join(policies)!r}: no policy name given")
     path = scenario if scenario is not None else _reference()
     # refused now rather than after an hour of simulation (the results would be lost with the traceback)
-    _check_outputs(out, json_file, ["autoscale.png"])
+    check_outputs(out, json_file, ["autoscale.png"])
     for option, given in (("--trace", trace), ("--throughput", throughput)):
         if given is not None and not given.is_file():
             raise _fail(f"{option} {given}: no such file")
@@ -104,7 +105,7 @@ def simulate_cmd(
     to_stdout = json_file == "-"
     total = len(names or sc.policies)
     # a bar on a terminal, else a progress line on stderr every 15 s (as gpupool compare)
-    progress = _RunProgress(total, quiet=quiet)
+    progress = RunProgress(total, quiet=quiet)
 
     def tick(k: int, name: str, f: float) -> None:
         progress.description = f"{name} [{k + 1}/{total}]"  # the bar's and the stderr lines' label
@@ -128,7 +129,7 @@ def simulate_cmd(
     if to_stdout:
         typer.echo(json.dumps(doc, indent=2))
     else:
-        _print_table(console, results_table(run, wide=wide), wide)
+        print_table(console, results_table(run, wide=wide), wide)
         for name in (r.policy for r in run.results):
             console.print(run.explanations[name], highlight=False, soft_wrap=wide)
         for line in verdict(run):
