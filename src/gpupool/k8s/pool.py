@@ -44,6 +44,7 @@ from gpupool.engine.pool.job import PENDING, RUNNING
 from gpupool.k8s import LABEL_NVLINK_DOMAIN, LABEL_RACK, LABEL_SWITCH
 from gpupool.k8s.requests import PodInfo, annotations_of, labels_of
 from gpupool.model import MILLI, Assignment, PodRequest
+from gpupool.policies import make_policy
 
 log = logging.getLogger("gpupool.k8s.pool")
 
@@ -358,7 +359,7 @@ class PoolDriver:
         model = self.model
         self.stats["resets"] += 1
         learned = self.pool.sizes if self.pool is not None else None  # job sizes learned so far stay learned
-        self.pool = PoolScheduler(model.state, model.policy_name, self.tree, self.config, seed=model.seed,
+        self.pool = PoolScheduler(model.state, make_policy(model.policy_name), self.tree, self.config, seed=model.seed,
                                   engine=model.engine, sizes=learned)
         st = model.state
         if (st.gpu_replicas > 1).any():  # a whole-GPU ask takes one replica of a time-sliced GPU
