@@ -184,17 +184,19 @@ def _run(nodes, learn, stream, policy: str, seed: int, timed: bool) -> dict:
 
 def _warm_up() -> float:
     """Compile (or load from numba's cache) the engine's kernels before anything is timed
-    (:func:`gpupool.engine.compiled.warm_up`; an engine without it, such as a ``--baseline`` commit, is left
-    alone); returns the seconds it took. Without it a kernel first needed thousands of decisions into a run
-    compiles inside one timed decision."""
+    (:func:`gpupool.engine.kernels.warm_up`, ``gpupool.engine.compiled.warm_up`` on a ``--baseline`` commit
+    before that module was split; an engine without it is left alone); returns the seconds it took. Without it
+    a kernel first needed thousands of decisions into a run compiles inside one timed decision."""
     import importlib
 
-    try:
-        compiled = importlib.import_module("gpupool.engine.compiled")
-    except ImportError:
-        return 0.0
-    warm = getattr(compiled, "warm_up", None)
-    return float(sum(warm().values())) if warm is not None else 0.0
+    for name in ("gpupool.engine.kernels", "gpupool.engine.compiled"):  # this layout, then an older commit's
+        try:
+            kernels = importlib.import_module(name)
+        except ImportError:
+            continue
+        warm = getattr(kernels, "warm_up", None)
+        return float(sum(warm().values())) if warm is not None else 0.0
+    return 0.0
 
 
 def _maxrss_mib() -> float:
@@ -465,7 +467,7 @@ def scaling_markdown(rows: list[dict], machine: dict, args: argparse.Namespace, 
         f"start {machine['load_average_at_start']}; Python {machine['python']}, NumPy {machine['numpy']}; "
         f"{machine['date']}.",
         "The engine's numba kernels are compiled (or loaded from numba's disk cache) before anything is timed "
-        "(`compiled.warm_up`, as the live scheduler does at start-up; a baseline without it compiles on first "
+        "(`kernels.warm_up`, as the live scheduler does at start-up; a baseline without it compiles on first "
         "use). "
         f"Synthetic clusters (8 GPUs a node, seed {args.seed}), prefilled toward {args.fill:.0%} of the GPUs by "
         f"random fit (untimed; reached {_fill_range(rows)} of the GPUs, where CPU runs out first); one "

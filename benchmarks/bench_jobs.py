@@ -21,7 +21,7 @@ simulator's job events: arrival, start, finish, preempt, fail, resize. **events/
 of the event loop (loading the trace and the cluster is not counted); **events per CPU second** = events /
 CPU time of the whole run (``time.process_time``: setup and metrics included), the figure to compare on a
 machine shared with other work. The engine's numba kernels are compiled or loaded from numba's cache before
-the run (``compiled.warm_up``, not counted), so that a cold cache does not put compilation in the loop.
+the run (``kernels.warm_up``, not counted), so that a cold cache does not put compilation in the loop.
 The wall time spent inside
 ``Engine.place`` (placement of every pod by the placement policy) is measured separately, to show how
 much of the loop is placement and how much the pool scheduler and the simulator.
@@ -75,12 +75,12 @@ QUEUE_KEYS = ("quota_gpus", "jobs", "mean_gpus", "quota_deficit", "quota_deficit
 
 def measure_one(trace: str, policy: str, seed: int, max_jobs: int | None) -> dict:
     from gpupool.clusterspec import load_cluster_yaml
-    from gpupool.engine import compiled
+    from gpupool.engine import kernels
     from gpupool.engine.core import Engine
     from gpupool.sim.jobs import run_jobs
     from gpupool.traces import load_jobs
 
-    compiled.warm_up()  # kernels compiled or loaded now, not inside the first event that needs one
+    kernels.warm_up()  # kernels compiled or loaded now, not inside the first event that needs one
     trace_path, cluster_path = TRACES[trace]
     nodes = load_cluster_yaml(cluster_path)
     jobs = load_jobs(trace_path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import bench_module
-from gpupool.engine import compiled
+from gpupool.engine import kernels
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,8 @@ def test_a_scaling_row_warms_the_kernels_first_and_hashes_its_decisions(bd) -> N
     row = bd.measure_scaling(60, "gpupool", 42, 0.5, 20, 40)
     assert row["decisions"] == 40 and row["scheduled"] + row["unschedulable"] == 40
     assert len(row["decisions_sha256"]) == 16
-    if compiled.enabled():
-        assert row["warm_up_s"] >= 0.0 and compiled.warm_up().keys() == compiled.SIGNATURES.keys()
+    if kernels.enabled():
+        assert row["warm_up_s"] >= 0.0 and kernels.warm_up().keys() == kernels.SIGNATURES.keys()
     else:
         assert row["warm_up_s"] == 0.0
     again = bd.measure_scaling(60, "gpupool", 42, 0.5, 20, 40)

@@ -30,7 +30,7 @@ import pytest
 
 from conftest import node, pod
 from gpupool.cluster import ClusterState
-from gpupool.engine import compiled
+from gpupool.engine import kernels
 from gpupool.engine.core import Decision, Engine
 from gpupool.engine.filters import (
     CODE_STRIDE,
@@ -41,10 +41,12 @@ from gpupool.engine.filters import (
     reason_from_counts,
     unschedulable_reason,
 )
+from gpupool.engine.kernels import fgd as fgd_kernels
+from gpupool.engine.kernels import filters as filter_kernels
 from gpupool.model import AllocationError, NodeSpec
-from gpupool.policies import REGISTRY, make_policy
+from gpupool.policies import REGISTRY, fgd_compiled, make_policy
 
-needs_numba = pytest.mark.skipif(not compiled.enabled(), reason="numba not installed or GPUPOOL_NO_NUMBA set")
+needs_numba = pytest.mark.skipif(not kernels.enabled(), reason="numba not installed or GPUPOOL_NO_NUMBA set")
 
 
 # --------------------------------------------------------------------------- the engine as it was (3936f61)
@@ -271,23 +273,23 @@ def test_reason_from_failure_codes_equals_the_full_scan(seed) -> None:
         np.testing.assert_array_equal(codes == 0, feasible(st, eff, nodes))
         counts = np.bincount(codes, minlength=(len(DEFAULT_FILTERS) + 1) * CODE_STRIDE)
         assert reason_from_counts(st, eff, counts) == unschedulable_reason(st, eff)
-        if compiled.enabled():
-            np.testing.assert_array_equal(compiled.failure_codes_default(st, eff, nodes), codes)
+        if kernels.enabled():
+            np.testing.assert_array_equal(filter_kernels.failure_codes_default(st, eff, nodes), codes)
             sub = np.array(sorted(rng.sample(range(st.n_nodes), 5)))
-            np.testing.assert_array_equal(compiled.failure_codes_default(st, eff, sub), codes[sub])
+            np.testing.assert_array_equal(filter_kernels.failure_codes_default(st, eff, sub), codes[sub])
 
 
 # --------------------------------------------------------------------------- compiled scorer
 @needs_numba
 def test_compiled_fgd_mirror_is_current() -> None:
-    assert compiled.fgd_mirror_current(), (
+    assert fgd_compiled.fgd_mirror_current(), (
         "FGD / FragModel changed since the compiled scorer was checked: run tests/test_decision_cost.py, and if "
-        f"it passes add {compiled.fingerprint()!r} to compiled.FGD_FINGERPRINTS")
+        f"it passes add {fgd_compiled.fingerprint()!r} to fgd_compiled.FGD_FINGERPRINTS")
     from gpupool.policies.gpupool_policy import GpupoolPolicy
 
-    assert compiled.gpupool_final_current(), (
-        "GpupoolPolicy._final_score changed: update compiled.FGDScorer._gpupool_final to match, then set "
-        f"compiled.GPUPOOL_FINAL_FINGERPRINT to {compiled._source_hash(GpupoolPolicy._final_score)!r}")
+    assert fgd_compiled.gpupool_final_current(), (
+        "GpupoolPolicy._final_score changed: update fgd_compiled.FGDScorer._gpupool_final to match, then set "
+        f"fgd_compiled.GPUPOOL_FINAL_FINGERPRINT to {kernels.source_hash(GpupoolPolicy._final_score)!r}")
 
 
 @needs_numba
@@ -300,8 +302,8 @@ def test_compiled_scorer_equals_the_policy_score(name, seed) -> None:
     pol = make_policy(name)
     pol.prepare(st, workload)
     twin = copy.deepcopy(pol)
-    scorer = compiled.FGDScorer(twin)
-    assert compiled.FGDScorer.supports(twin)
+    scorer = fgd_compiled.FGDScorer(twin)
+    assert fgd_compiled.FGDScorer.supports(twin)
     assert scorer.final is not None  # the final score from the kernel's shares too, checked bit for bit below
     for i in range(60):
         p = random_pod(rng, f"q{i}")
@@ -332,10 +334,10 @@ def test_whole_gpu_pods_that_fragment_nothing_are_decided_by_the_kernel(name, mo
     pol = make_policy(name)
     pol.prepare(st, workload)
     twin = copy.deepcopy(pol)
-    scorer = compiled.FGDScorer(twin)
+    scorer = fgd_compiled.FGDScorer(twin)
     calls: list[bool] = []
-    kernel = compiled._fgd_nodes
-    monkeypatch.setattr(compiled, "_fgd_nodes", lambda *a: calls.append(kernel(*a)) or calls[-1])
+    kernel = fgd_kernels.fgd_nodes
+    monkeypatch.setattr(fgd_kernels, "fgd_nodes", lambda *a: calls.append(kernel(*a)) or calls[-1])
     idx = np.arange(st.n_nodes)
     for g in (1, 2, 4, 8):
         eff = EffectiveRequest(pod(f"p{g}", cpu=1_000 * g, gpus=g), 1000)
@@ -362,11 +364,11 @@ def test_compiled_stranding_term_equals_the_policy_and_is_skipped_when_zero(stra
     pol.prepare(st, workload)
     assert pol.cpu_ratio > 0 and (pol.mem_ratio > 0) == strand_memory
     twin = copy.deepcopy(pol)
-    scorer = compiled.FGDScorer(twin)
+    scorer = fgd_compiled.FGDScorer(twin)
     assert scorer.final is not None
     seen: list[bool] = []
-    kernel = compiled._strand_delta
-    monkeypatch.setattr(compiled, "_strand_delta", lambda *a: seen.append(kernel(*a)) or seen[-1])
+    kernel = fgd_kernels.strand_delta
+    monkeypatch.setattr(fgd_kernels, "strand_delta", lambda *a: seen.append(kernel(*a)) or seen[-1])
     for i in range(80):
         p = random_pod(rng, f"q{i}")
         eff = EffectiveRequest(p, p.gpu_milli)
@@ -378,7 +380,7 @@ def test_compiled_stranding_term_equals_the_policy_and_is_skipped_when_zero(stra
     pol2 = make_policy("gpupool")
     pol2.prepare(roomy, [pod(f"w{i}", cpu=4_000 * g, gpus=g) for i, g in enumerate((1, 2, 4, 8))])
     seen.clear()
-    scorer2 = compiled.FGDScorer(copy.deepcopy(pol2))
+    scorer2 = fgd_compiled.FGDScorer(copy.deepcopy(pol2))
     for g in (1, 2, 4, 8):
         eff = EffectiveRequest(pod(f"p{g}", cpu=4_000 * g, gpus=g), 1000)
         assert scorer2.score(roomy, eff, np.arange(6)).tobytes() == pol2.score(roomy, eff, np.arange(6)).tobytes()
@@ -397,11 +399,11 @@ def test_a_changed_policy_turns_the_compiled_scorer_off(monkeypatch) -> None:
     policies = [make_policy("gpupool"), Tweaked(), make_policy("fgd")]
     for p in policies:
         p.prepare(st, [pod("w", gpus=1)])
-    assert compiled.FGDScorer.supports(policies[0])
-    assert not compiled.FGDScorer.supports(policies[1])
+    assert fgd_compiled.FGDScorer.supports(policies[0])
+    assert not fgd_compiled.FGDScorer.supports(policies[1])
     assert Engine(st, policies[1])._scorer is None
-    monkeypatch.setattr(compiled, "_fingerprint_ok", False)
-    assert not compiled.FGDScorer.supports(policies[2])
+    monkeypatch.setattr(fgd_compiled, "_fingerprint_ok", False)
+    assert not fgd_compiled.FGDScorer.supports(policies[2])
 
 
 # --------------------------------------------------------------------------- change log
@@ -431,7 +433,7 @@ import hashlib, json, random, sys
 sys.path.insert(0, {tests!r})
 from test_decision_cost import mixed_nodes, random_pod, _outcome
 from gpupool.cluster import ClusterState
-from gpupool.engine import compiled
+from gpupool.engine import kernels
 from gpupool.engine.core import Engine
 from gpupool.policies import make_policy
 rng = random.Random(9)
@@ -443,7 +445,7 @@ for i in range(600):
     if i % 4 == 0 and state.assignments:
         eng.release(sorted(state.assignments)[i % len(state.assignments)])
     h.update(repr(_outcome(d)).encode())
-print(json.dumps({{"compiled": compiled.enabled(), "scorer": eng._scorer is not None, "hash": h.hexdigest()}}))
+print(json.dumps({{"compiled": kernels.enabled(), "scorer": eng._scorer is not None, "hash": h.hexdigest()}}))
 """
 
 
@@ -460,7 +462,7 @@ def test_decisions_are_the_same_without_numba() -> None:
     assert off["compiled"] is False and off["scorer"] is False
     on = _run_script({"GPUPOOL_NO_NUMBA": "0"})
     assert on["hash"] == off["hash"]
-    if compiled.AVAILABLE:
+    if kernels.AVAILABLE:
         assert on["compiled"] is True and on["scorer"] is True
     assert len(hashlib.sha256(b"").hexdigest()) == len(on["hash"])
 
@@ -477,7 +479,7 @@ def test_compiled_distinct_nodes_equal_the_policy_dedup(seed) -> None:
                                st.gpu_healthy[nodes], st.gpu_mem_free[nodes], st.gpu_mem_cap[nodes],
                                st.slice_milli[nodes]])
         want_first, want_inverse = _distinct_rows(key)
-        first, inverse = compiled.distinct_nodes(st, nodes)
+        first, inverse = fgd_compiled.distinct_nodes(st, nodes)
         np.testing.assert_array_equal(first, want_first)
         np.testing.assert_array_equal(inverse, want_inverse)
 
@@ -505,7 +507,7 @@ def test_compiled_radix_argsort_is_numpys_stable_argsort(k) -> None:
         h[rng.integers(0, k, k // 3)] = h[0]  # repeated hashes: their order must be kept
         if trial % 3 == 0:
             h = h % np.uint64(7)  # most bytes equal in every key: those passes are skipped
-        np.testing.assert_array_equal(compiled._stable_argsort(h), np.argsort(h, kind="stable"))
+        np.testing.assert_array_equal(fgd_kernels._stable_argsort(h), np.argsort(h, kind="stable"))
 
 
 @needs_numba
@@ -533,10 +535,10 @@ def test_replaced_filters_drop_the_scores_left_out_under_the_old_masks() -> None
 def test_mask_entries_keep_codes_mask_and_histogram_in_step(monkeypatch, use_compiled) -> None:
     # each mask entry keeps its failure codes, its mask (codes == 0) and their histogram, updated node by node on
     # the compiled path and on NumPy's: after many places and releases all three still agree with the codes
-    if use_compiled and not compiled.enabled():
+    if use_compiled and not kernels.enabled():
         pytest.skip("numba not installed or GPUPOOL_NO_NUMBA set")
     if not use_compiled:
-        monkeypatch.setattr(compiled, "enabled", lambda: False)
+        monkeypatch.setattr(kernels, "enabled", lambda: False)
     rng = np.random.default_rng(3)
     st = ClusterState([node(f"n{i}", gpus=4) for i in range(40)])
     eng = Engine(st, make_policy("gpupool"), seed=2, workload=[pod("w", gpus=1, milli=500)])
@@ -567,22 +569,24 @@ import json, random, sys
 sys.path.insert(0, {tests!r})
 import numpy as np
 from test_decision_cost import run_side_by_side, _random_state
-from gpupool.engine import compiled
+from gpupool.engine import kernels
 from gpupool.engine.core import Engine
-from gpupool.policies import make_policy
-took = compiled.warm_up()
+from gpupool.engine.kernels import filters as filter_kernels
+from gpupool.engine.pool import fairshare
+from gpupool.policies import fgd_compiled, make_policy
+took = kernels.warm_up()
 for policy in ("gpupool", "fgd"):
     run_side_by_side(policy, n_nodes=150, n_pods=800, seed=21)
 run_side_by_side("gpupool", n_nodes=1100, n_pods=150, seed=3)  # FGD's dedup of many changed nodes
 st = _random_state(random.Random(2), 80)
-compiled.distinct_nodes(st, np.arange(st.n_nodes))
+fgd_compiled.distinct_nodes(st, np.arange(st.n_nodes))
 eng = Engine(st, make_policy("gpupool"), seed=2)
 from conftest import pod
-compiled.failure_codes_default(st, eng.policy.effective(pod("x", gpus=1, milli=500)), np.arange(st.n_nodes))
+filter_kernels.failure_codes_default(st, eng.policy.effective(pod("x", gpus=1, milli=500)), np.arange(st.n_nodes))
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 tree = QueueTree([QueueSpec(name="a", quota=2.0), QueueSpec(name="b", parent="a", weight=2.0)])
-compiled.fair_shares(tree, np.array([8.0, 64e3, 1e5]), np.ones((2, 3)), tree.quota_vectors(4e3, 8e3))
-sigs = {{k: [str(s) for s in getattr(compiled, k).signatures] for k in compiled.SIGNATURES}}
+fairshare.fair_shares_compiled(tree, np.array([8.0, 64e3, 1e5]), np.ones((2, 3)), tree.quota_vectors(4e3, 8e3))
+sigs = {{k: [str(s) for s in kernels.kernel(k).signatures] for k in kernels.SIGNATURES}}
 print(json.dumps({{"took": sorted(took), "sigs": sigs}}))
 """
 
@@ -590,7 +594,7 @@ print(json.dumps({{"took": sorted(took), "sigs": sigs}}))
 @needs_numba
 def test_warm_up_compiles_every_kernel_with_the_types_the_engine_calls_it_with() -> None:
     """After ``warm_up`` no kernel compiles again: every call the engine makes (both policies, the dedup path of
-    a large cluster, the failure codes) matches the types in ``compiled.SIGNATURES``. A second signature here
+    a large cluster, the failure codes) matches the types in ``kernels.SIGNATURES``. A second signature here
     means a kernel's arguments changed and the table was not updated: the live scheduler would then stall on
     a compilation in the middle of a scheduling cycle."""
     code = _WARM_SCRIPT.format(tests=str(Path(__file__).resolve().parent))
@@ -598,23 +602,23 @@ def test_warm_up_compiles_every_kernel_with_the_types_the_engine_calls_it_with()
                          env=dict(os.environ, GPUPOOL_NO_NUMBA="0"))
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["took"] == sorted(compiled.SIGNATURES)
+    assert report["took"] == sorted(kernels.SIGNATURES)
     extra = {k: v for k, v in report["sigs"].items() if len(v) != 1}
     assert not extra, f"kernels compiled for types SIGNATURES does not list: {extra}"
 
 
 @needs_numba
 def test_warm_up_is_idempotent_and_kernel_types_reject_unknown_words() -> None:
-    first = compiled.warm_up()
-    assert set(first) == set(compiled.SIGNATURES) and compiled.warm_up() == first
-    for name, spec in compiled.SIGNATURES.items():
-        assert len(compiled.kernel_types(spec)) == len(spec.split()), name
+    first = kernels.warm_up()
+    assert set(first) == set(kernels.SIGNATURES) and kernels.warm_up() == first
+    for name, spec in kernels.SIGNATURES.items():
+        assert len(kernels.kernel_types(spec)) == len(spec.split()), name
     with pytest.raises(ValueError, match="i9"):
-        compiled.kernel_types("i8[] i9")
+        kernels.kernel_types("i8[] i9")
     for bad in ("i8[,", "i8[", "i8[][]", "i8[]]", "i8[x]", "i8[,]x]", "i8[,,,]", "[]", "I8"):
         with pytest.raises(ValueError, match="unknown kernel argument type"):
-            compiled.kernel_types(f"i8 {bad}")
-    assert len(compiled.kernel_types("b1[,,] f8")) == 2
+            kernels.kernel_types(f"i8 {bad}")
+    assert len(kernels.kernel_types("b1[,,] f8")) == 2
 
 
 @needs_numba
@@ -623,10 +627,10 @@ def test_a_warm_up_that_fails_names_the_kernel_and_the_scheduler_still_starts(mo
 
     from gpupool.k8s.scheduler_cli import warm_kernels
 
-    monkeypatch.setattr(compiled, "_warm", None)
-    monkeypatch.setitem(compiled.SIGNATURES, "_stale_nodes", "i8[] i8 i8 i8[] i8[] b1[]")  # one argument short
+    monkeypatch.setattr(kernels, "_warm", None)
+    monkeypatch.setitem(kernels.SIGNATURES, "_stale_nodes", "i8[] i8 i8 i8[] i8[] b1[]")  # one argument short
     with pytest.raises(RuntimeError, match="warm-up of kernel _stale_nodes"):
-        compiled.warm_up()
+        kernels.warm_up()
     with caplog.at_level(logging.WARNING, logger="gpupool.test.warm"):
         warm_kernels(logging.getLogger("gpupool.test.warm"))
     assert any(r.getMessage() == "engine kernels not warmed up" for r in caplog.records)
@@ -718,8 +722,8 @@ def test_numba_that_cannot_wrap_the_kernels_leaves_the_engine_on_numpy_with_a_wa
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(NUMBA_CACHE_LOCATOR_CLASSES="NoSuchLocator", GPUPOOL_NO_NUMBA="0")
     code = _SCRIPT.format(tests=str(Path(__file__).resolve().parent)).replace(
-        "print(json.dumps({", 'print(json.dumps({"again": compiled.enabled(), "cached": compiled.CACHED, '
-        '"kinds": sorted({type(getattr(compiled, k)).__name__ for k in compiled._KERNELS}), ')
+        "print(json.dumps({", 'print(json.dumps({"again": kernels.enabled(), "cached": kernels.CACHED, '
+        '"kinds": sorted({type(kernels.kernel(k)).__name__ for ks in kernels.KERNELS.values() for k in ks}), ')
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -738,7 +742,7 @@ def test_no_writable_numba_cache_compiles_in_process_instead_of_failing() -> Non
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(NUMBA_CACHE_LOCATOR_CLASSES="UserProvidedCacheLocator", GPUPOOL_NO_NUMBA="0")
     code = _SCRIPT.format(tests=str(Path(__file__).resolve().parent)).replace(
-        "print(json.dumps({", 'print(json.dumps({"cached": compiled.CACHED, ')
+        "print(json.dumps({", 'print(json.dumps({"cached": kernels.CACHED, ')
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])

@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from gpupool.engine import compiled
+from gpupool.engine import kernels
 from gpupool.engine.pool import fairshare
 from gpupool.engine.pool.queues import QueueConfigError, QueueSpec, QueueTree
 
-pytestmark = pytest.mark.skipif(not compiled.enabled(), reason="numba not installed or GPUPOOL_NO_NUMBA set")
+pytestmark = pytest.mark.skipif(not kernels.enabled(), reason="numba not installed or GPUPOOL_NO_NUMBA set")
 
 
 def random_tree(rng: np.random.Generator) -> QueueTree:
@@ -52,9 +52,9 @@ def test_compiled_fair_shares_are_the_python_floats(seed: int) -> None:
             want = fairshare.fair_shares(tree, cap, demand, quota)
         except ZeroDivisionError:  # a resource the cluster lacks and queues ask for: the copy fails alike
             with pytest.raises(ZeroDivisionError):
-                compiled.fair_shares(tree, cap, demand, quota)
+                fairshare.fair_shares_compiled(tree, cap, demand, quota)
             continue
-        got = compiled.fair_shares(tree, cap, demand, quota)
+        got = fairshare.fair_shares_compiled(tree, cap, demand, quota)
         assert got.shape == want.shape
         assert got.tobytes() == want.tobytes(), (want, got)
 
@@ -62,7 +62,7 @@ def test_compiled_fair_shares_are_the_python_floats(seed: int) -> None:
 def test_the_kernel_copies_the_current_python_code() -> None:
     """A change to fairshare.py's division must come with the kernel's (and a new FAIRSHARE_FINGERPRINT):
     until then the scheduler runs the Python code."""
-    assert compiled.fairshare_mirror_current(), compiled.fairshare_fingerprint()
+    assert fairshare.fairshare_mirror_current(), fairshare.fairshare_fingerprint()
 
 
 # found by a review (non-finite inputs, wrong shapes, the tolerance constant): the copy falls back to the
@@ -75,14 +75,14 @@ def test_nan_sort_key_same_shares_as_python() -> None:
     demand = np.array([[0.0, 1.0, 1.0], [math.inf, 2.0, math.inf], [2.0, 2.0, 0.0]])
     quota = np.zeros((3, 3))
     want = fairshare.fair_shares(tree, cap, demand, quota)
-    got = compiled.fair_shares(tree, cap, demand, quota)
+    got = fairshare.fair_shares_compiled(tree, cap, demand, quota)
     assert got.tobytes() == want.tobytes(), (want, got)
 
 
 def test_nan_sign_same_as_python() -> None:
     tree = QueueTree([QueueSpec(name="a")])
     args = (tree, np.array([16.0, 0.0, 16.0]), np.array([[1.0, math.nan, 1.0]]), np.array([[0.0, math.inf, 0.0]]))
-    assert compiled.fair_shares(*args).tobytes() == fairshare.fair_shares(*args).tobytes()
+    assert fairshare.fair_shares_compiled(*args).tobytes() == fairshare.fair_shares(*args).tobytes()
 
 
 def test_short_demand_raises_like_python() -> None:
@@ -91,10 +91,10 @@ def test_short_demand_raises_like_python() -> None:
     with pytest.raises(IndexError):
         fairshare.fair_shares(*args)
     with pytest.raises(IndexError):  # the kernel (boundscheck=False) reads past the array instead
-        compiled.fair_shares(*args)
+        fairshare.fair_shares_compiled(*args)
 
 
 def test_mirror_check_sees_eps(monkeypatch) -> None:
     monkeypatch.setattr(fairshare, "_EPS", 1e-6)
-    monkeypatch.setattr(compiled, "_fairshare_ok", None)
-    assert not compiled.fairshare_mirror_current()  # the kernel still uses _FS_EPS = 1e-9
+    monkeypatch.setattr(fairshare, "_fairshare_ok", None)
+    assert not fairshare.fairshare_mirror_current()  # the kernel still uses _FS_EPS = 1e-9

@@ -15,6 +15,7 @@ from gpupool.engine.pool.ordering import TiresiasOrder, make_order
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import PoolConfig, PoolScheduler, job_policy
 from gpupool.model import NodeSpec
+from gpupool.policies import make_policy
 from gpupool.sim.fairness import fairness_cost, one_queue
 from gpupool.sim.jobs import JobSimConfig, run_jobs
 from gpupool.topology import TopologyConfig
@@ -198,7 +199,7 @@ def test_size_estimates_rank_by_expected_remaining_service():
 
 def test_size_estimate_overrun_falls_back_to_learned_sizes():
     state = ClusterState(one_gpu())
-    sched = PoolScheduler(state, "gpupool", QueueTree([QueueSpec(name="q")]),
+    sched = PoolScheduler(state, make_policy("gpupool"), QueueTree([QueueSpec(name="q")]),
                           PoolConfig(order="remaining", size_prior=(1000.0, 9000.0)))
     job = PoolJob("j", "q", 1, 1, 0.0, size_estimate=2000.0)
     plain = PoolJob("p", "q", 1, 1, 0.0)

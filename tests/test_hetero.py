@@ -11,9 +11,10 @@ import pytest
 
 from gpupool.catalog import get_model
 from gpupool.clusterspec import load_cluster_yaml
-from gpupool.engine.pool.hetero import HeteroPolicy, catalog_speeds, hetero_placement, heterogeneous, model_cost
+from gpupool.engine.pool.hetero import HeteroPolicy, heterogeneous, model_cost
 from gpupool.model import NodeSpec
 from gpupool.sim.jobs import JobSimConfig, JobSpec, run_jobs
+from gpupool.sim.placement import catalog_speeds, hetero_placement
 
 REPO = Path(__file__).resolve().parents[1]
 MIXED = REPO / "examples" / "clusters" / "mixed-models.yaml"

@@ -48,15 +48,15 @@ def test_the_scheduler_and_extender_warm_the_engine_kernels_before_the_first_pod
     ready (compiled or loaded from numba's cache), logged with the count and the seconds it took."""
     import logging
 
-    from gpupool.engine import compiled
+    from gpupool.engine import kernels
     from gpupool.k8s import extender_cli, scheduler_cli
 
     log = logging.getLogger("gpupool.test.warm")
     with caplog.at_level(logging.INFO, logger="gpupool.test.warm"):
         scheduler_cli.warm_kernels(log)
-    if compiled.enabled():
+    if kernels.enabled():
         (rec,) = [r for r in caplog.records if r.getMessage() == "engine kernels ready"]
-        assert rec.kernels == len(compiled.SIGNATURES) and rec.seconds >= 0
+        assert rec.kernels == len(kernels.SIGNATURES) and rec.seconds >= 0
     else:
         assert not caplog.records
     assert extender_cli.warm_kernels is scheduler_cli.warm_kernels

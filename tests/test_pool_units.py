@@ -14,6 +14,7 @@ from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import PoolConfig, PoolScheduler
 from gpupool.engine.pool.victims import select_victims
 from gpupool.model import NodeSpec, PodRequest
+from gpupool.policies import make_policy
 
 
 @pytest.mark.parametrize(("gpus", "per_node", "expected"), [
@@ -137,7 +138,7 @@ def test_gang_kept_under_one_leaf_switch(topology_aware, mode, expected):
     for node, gpus in ((0, 4), (1, 6), (2, 4), (3, 4)):
         busy(state, node, gpus)
     tree = QueueTree([QueueSpec(name="q")])
-    sched = PoolScheduler(state, "gpupool", tree, PoolConfig(topology_aware=topology_aware))
+    sched = PoolScheduler(state, make_policy("gpupool"), tree, PoolConfig(topology_aware=topology_aware))
     job = PoolJob("g", "q", 4, 2, 0.0, topology=mode)
     sched.submit(job, 0.0)
     res = sched.cycle(0.0)
@@ -149,7 +150,7 @@ def test_required_topology_that_no_switch_can_hold_waits():
     state = topo_cluster()
     for node, gpus in ((0, 4), (1, 6), (2, 4), (3, 8)):
         busy(state, node, gpus)
-    sched = PoolScheduler(state, "gpupool", QueueTree([QueueSpec(name="q")]), PoolConfig())
+    sched = PoolScheduler(state, make_policy("gpupool"), QueueTree([QueueSpec(name="q")]), PoolConfig())
     hard = PoolJob("hard", "q", 4, 2, 0.0, topology="required")
     soft = PoolJob("soft", "q", 4, 2, 0.0, topology="preferred")
     sched.submit(hard, 0.0)
@@ -163,7 +164,7 @@ def test_required_topology_that_no_switch_can_hold_waits():
 
 def test_unhealthy_gpus_are_never_chosen_and_kill_their_pods():
     state = topo_cluster()
-    sched = PoolScheduler(state, "gpupool", QueueTree([QueueSpec(name="q")]), PoolConfig())
+    sched = PoolScheduler(state, make_policy("gpupool"), QueueTree([QueueSpec(name="q")]), PoolConfig())
     job = PoolJob("j", "q", 8, 1, 0.0)
     sched.submit(job, 0.0)
     sched.cycle(0.0)

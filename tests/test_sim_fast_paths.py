@@ -18,6 +18,7 @@ from gpupool.engine.pool.job import PoolJob
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import PoolScheduler
 from gpupool.model import Assignment, NodeSpec
+from gpupool.policies import make_policy
 from gpupool.sim.jobs import JobSimConfig, JobSimulator, JobSpec, run_jobs
 from gpupool.topology import TopologyConfig, placement_tier, speed_factor
 
@@ -76,7 +77,7 @@ def test_placement_figures_equal_the_direct_computation(seed):
 def test_infeasible_reason_memo_equals_the_uncached_answer():
     state = ClusterState(mixed_nodes())
     tree = QueueTree([QueueSpec(name="a", quota=16, limit=40), QueueSpec(name="b", quota=4)])
-    sched = PoolScheduler(state, "gpupool", tree)
+    sched = PoolScheduler(state, make_policy("gpupool"), tree)
     rng = random.Random(0)
     for k in range(300):
         n = rng.choice([1, 2, 3, 6, 12])

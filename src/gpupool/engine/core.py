@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.cluster import ClusterState
-from gpupool.engine import compiled
+from gpupool.engine import kernels
 from gpupool.engine.filters import (
     CODE_STRIDE,
     DEFAULT_FILTERS,
@@ -33,6 +33,7 @@ from gpupool.engine.filters import (
     fitting_gpus,
     reason_from_counts,
 )
+from gpupool.engine.kernels import filters as filter_kernels
 from gpupool.model import MILLI, Assignment, PodRequest
 
 
@@ -104,6 +105,19 @@ class Policy:
         chooses its compiled scorer for that policy (a wrapped FGD or gpupool scores as fast as a bare one)."""
         return self
 
+    def compiled_scorer(self) -> object | None:
+        """A compiled scorer of this policy, or None (the default: the engine calls :meth:`score`). Its
+        ``score(state, req, nodes, mask=None)`` gives :meth:`score`'s scores bit for bit and keeps the policy's
+        books; asked of :meth:`scored_by`'s policy whenever the engine's policy is set (FGD and gpupool have one,
+        in their ``fgd_compiled`` module)."""
+        return None
+
+    def scores_masked(self) -> bool:
+        """Whether the engine may pass its compiled scorer the request class's feasibility mask, so that nodes
+        outside it are left unscored (their scores never read); default False. Asked only where
+        :meth:`compiled_scorer` gave a scorer and the engine's compiled filter kernels are on."""
+        return False
+
 
 def best_fit_gpus(state: ClusterState, req: EffectiveRequest, node: int) -> tuple[int, ...]:
     """Devices for ``req`` on ``node``: the fitting GPUs with the least free share, lowest index first."""
@@ -143,7 +157,7 @@ class _NodeCache:
     a few changes ago costs those few nodes, not a scan of every node's version. A class not seen for longer
     than the log reaches back (or for more changes than there are nodes; without numba, more than
     ``SCAN_FRACTION`` of the nodes) scans ``version`` as before. With numba the log is read by one compiled
-    call (:func:`compiled.stale_nodes`, :func:`compiled.refresh_codes`), not turned into a Python list.
+    call (:func:`filter_kernels.stale_nodes`, :func:`filter_kernels.refresh_codes`), not turned into a Python list.
     """
 
     SCAN_FRACTION = 0.125
@@ -152,7 +166,7 @@ class _NodeCache:
         self.state = state
         self.size = size
         self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
-        self.compiled = compiled.enabled()  # find the changed nodes with the compiled kernel
+        self.compiled = kernels.enabled()  # find the changed nodes with the compiled kernel
         self.mark = np.zeros(state.n_nodes, dtype=bool)  # scratch of the compiled kernels (all False between calls)
 
     def entry(self, key: tuple, dtype) -> tuple[_Entry, bool]:
@@ -174,7 +188,7 @@ class _NodeCache:
         state = self.state
         if entry.seen >= 0:
             if self.compiled:  # one pass over the log, whatever its length up to n_nodes
-                stale = compiled.stale_nodes(state, entry.seen, entry.snap, self.mark)
+                stale = filter_kernels.stale_nodes(state, entry.seen, entry.snap, self.mark)
                 if stale is not None:
                     return stale
             else:
@@ -245,29 +259,15 @@ class Engine:
         self._configured = policy
         self._filters = policy.filters  # what _codes was chosen for (a policy's filters may be replaced later)
         # compiled refresh of the changed nodes (numba), where it reproduces the NumPy code exactly
-        self._codes = compiled.enabled() and compiled.uses_default_filters(policy.filters)
+        self._codes = kernels.enabled() and filter_kernels.uses_default_filters(policy.filters)
         scored = policy.scored_by()  # a wrapper that only picks differently scores as the policy it wraps
         if getattr(self, "_scored", None) is not None and scored is not self._scored:
             self._forget_scores()  # scores of another policy (a wrapper's inner or score replaced)
         self._scored = scored  # looked at again each decision: a wrapper's inner policy may be replaced
-        self._scorer = compiled.FGDScorer(scored) if compiled.FGDScorer.supports(scored) else None
-        self._masked_scores = self._scorer is not None and self._codes and self._mask_keyed(scored)
+        self._scorer = scored.compiled_scorer()
+        self._masked_scores = self._scorer is not None and self._codes and scored.scores_masked()
         # the best node from a heap where the policy picks the first best score the base-class way
         self._use_heap = policy.node_local and policy.tie_break == "first" and type(policy).pick is Policy.pick
-
-    @staticmethod
-    def _mask_keyed(policy: Policy) -> bool:
-        """Whether a score-cache entry of ``policy`` serves one mask-cache entry only and the engine reads its
-        scores only where that mask is True: the score key holds everything the mask key does (FGD's key with
-        memory, ``use_memory``), the request is the pod's (``effective``), and the filters are the default ones,
-        which read only the node's own state (a node's feasibility changes only with its ``version``, which
-        refreshes its score). The compiled scorer then scores only the nodes inside the mask
-        (``FGDScorer.score``'s ``mask``)."""
-        from gpupool.policies.fgd import FGD
-
-        return (getattr(policy, "use_memory", False) and getattr(policy.score_key, "__func__", None) is FGD.score_key
-                and getattr(policy.effective, "__func__", None) is Policy.effective
-                and compiled.uses_default_filters(policy.filters))
 
     def _forget_scores(self) -> None:
         """Forget every cached score and best-node heap."""
@@ -296,9 +296,9 @@ class Engine:
             entry.counts[0] = state.n_nodes
         if self._codes and self.policy.filters is self._filters:  # one compiled call
             if entry.args is None:
-                entry.args = compiled.request_args(state, eff)
-            compiled.refresh_codes(state, entry.args, entry.seen, entry.snap, cache.mark, entry.codes, entry.values,
-                                   entry.counts)
+                entry.args = filter_kernels.request_args(state, eff)
+            filter_kernels.refresh_codes(state, entry.args, entry.seen, entry.snap, cache.mark, entry.codes,
+                                         entry.values, entry.counts)
         else:
             stale = cache.stale(entry)
             if len(stale):
@@ -355,7 +355,7 @@ class Engine:
         """Push ``(-score, node)`` for every feasible node changed since ``changes == seen``, lowest node first;
         False (nothing pushed) when the change log does not reach back that far."""
         if self._mask_cache.compiled:
-            got = compiled.changed_feasible(self.state, seen, mask, scores, self._mask_cache.mark)
+            got = filter_kernels.changed_feasible(self.state, seen, mask, scores, self._mask_cache.mark)
             if got is None:
                 return False
             nodes, neg, nan = got

@@ -177,6 +177,11 @@ def _spec_allowed(state: ClusterState, spec: tuple[str, ...]) -> np.ndarray:
     return out
 
 
+# public names of the two model tables, for the compiled filter kernels (gpupool.engine.kernels.filters)
+spec_allowed = _spec_allowed
+type_allowed = _type_allowed
+
+
 class GpuModelMatch:
     reason = "GPU model not in gpu_spec"
 

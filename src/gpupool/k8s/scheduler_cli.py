@@ -304,17 +304,17 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
 
 def warm_kernels(log) -> None:
     """Compile (or load from numba's cache) the engine's kernels before the first pod, so that no scheduling
-    cycle stalls on a compilation (:func:`gpupool.engine.compiled.warm_up`)."""
-    from gpupool.engine import compiled
+    cycle stalls on a compilation (:func:`gpupool.engine.kernels.warm_up`)."""
+    from gpupool.engine import kernels
 
     try:
-        took = compiled.warm_up()
+        took = kernels.warm_up()
     except RuntimeError as exc:  # serve anyway: a kernel then compiles on its first call
         log.warning("engine kernels not warmed up", extra={"error": str(exc)})
         return
     if took:  # empty: the compiled path is off
         log.info("engine kernels ready", extra={"kernels": len(took), "seconds": round(sum(took.values()), 3)})
-    elif compiled.AVAILABLE:  # numba is there but could not be used
+    elif kernels.AVAILABLE:  # numba is there but could not be used
         log.warning("engine kernels off: decisions use NumPy only (same decisions, slower)")
 
 

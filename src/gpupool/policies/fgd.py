@@ -28,6 +28,7 @@ import numpy as np
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Policy
 from gpupool.engine.filters import EffectiveRequest, fitting_gpus, gpu_fit_matrix, node_share
+from gpupool.engine.kernels.filters import uses_default_filters
 from gpupool.frag import FragModel, TypicalPods, typical_pods
 from gpupool.model import MILLI, PodRequest
 
@@ -60,6 +61,11 @@ def _distinct_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         _, first, inverse = np.unique(k, axis=0, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
     return first, inverse
+
+
+# public names for the compiled scorer (gpupool.policies.fgd_compiled), which mirrors this dedup
+HASH_WEIGHTS = _HASH_WEIGHTS
+distinct_rows = _distinct_rows
 
 
 class FGD(Policy):
@@ -195,3 +201,22 @@ class FGD(Policy):
             _, choice = self._evaluate(state, req, np.array([node]))
             return (int(choice[0]),)
         return tuple(fitting_gpus(state, req, node)[: req.num_gpu])
+
+    def compiled_scorer(self) -> object | None:
+        """The compiled scorer (:class:`gpupool.policies.fgd_compiled.FGDScorer`) where it reproduces
+        :meth:`score` exactly (``FGDScorer.supports``: numba on, the evaluation FGD's own, the mirrored source
+        current), else None."""
+        from gpupool.policies.fgd_compiled import FGDScorer  # it reads FGD and GpupoolPolicy: imported on use
+
+        return FGDScorer(self) if FGDScorer.supports(self) else None
+
+    def scores_masked(self) -> bool:
+        """Whether a score-cache entry of this policy serves one mask-cache entry only and the engine reads its
+        scores only where that mask is True: the score key holds everything the mask key does (FGD's key with
+        memory, ``use_memory``), the request is the pod's (``effective``), and the filters are the default ones,
+        which read only the node's own state (a node's feasibility changes only with its ``version``, which
+        refreshes its score). The compiled scorer then scores only the nodes inside the mask
+        (``FGDScorer.score``'s ``mask``)."""
+        return (getattr(self, "use_memory", False) and getattr(self.score_key, "__func__", None) is FGD.score_key
+                and getattr(self.effective, "__func__", None) is Policy.effective
+                and uses_default_filters(self.filters))

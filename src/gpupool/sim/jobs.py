@@ -53,12 +53,13 @@ from gpupool.catalog import get_model
 from gpupool.cluster import ClusterState
 from gpupool.energy import JOULES_PER_KWH, power_figures
 from gpupool.engine.pool.fairshare import jain_index
-from gpupool.engine.pool.hetero import hetero_placement
 from gpupool.engine.pool.job import RUNNING, PoolJob, split_gpus
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import JOB_POLICIES, PoolConfig, PoolScheduler, job_policy
 from gpupool.model import Assignment, NodeSpec, PodRequest
+from gpupool.policies import make_policy
 from gpupool.sim.failures import FailureEvent, FailureModel, HealthTracker, restart_point
+from gpupool.sim.placement import hetero_placement
 from gpupool.topology import TopologyConfig, placement_tier, speed_factor
 from gpupool.traces.jobs import JobRecord
 
@@ -135,7 +136,7 @@ class JobSimConfig:
       :attr:`PoolJob.size_estimate`). ValueError for a negative or non-finite sigma.
     * ``objective``: ``"jct"``, ``"energy"`` or ``"balanced"``: heterogeneity-aware placement with
       ``gpu_speed="catalog"`` on a cluster whose models differ in speed
-      (:func:`gpupool.engine.pool.hetero.hetero_placement`); None or ``"none"``: speed-blind (the
+      (:func:`gpupool.sim.placement.hetero_placement`); None or ``"none"``: speed-blind (the
       default). No effect elsewhere.
     """
 
@@ -386,9 +387,10 @@ class JobSimulator:
         workload = [PodRequest(f"typical-{g}-{i}", cpu_milli=self.cpu_per_gpu * g, memory_mib=self.mem_per_gpu * g,
                                num_gpu=g, gpu_milli=1000)
                     for g, c in shapes.items() for i in range(max(1, round(1000 * c / max(1, len(self.records)))))]
-        placement = hetero_placement(placement, self.nodes, config.gpu_speed, config.objective,  # engine/pool/hetero.py
+        placement = hetero_placement(placement, self.nodes, config.gpu_speed, config.objective,  # sim/placement.py
                                      config.reference_gpu, config.gpu_utilization)
-        self.sched = PoolScheduler(st, placement, self.tree, pool, seed=config.seed, workload=workload)
+        self.sched = PoolScheduler(st, make_policy(placement) if isinstance(placement, str) else placement, self.tree,
+                                   pool, seed=config.seed, workload=workload)
         self.sched.victims_across_cycles = True  # no job here is ever protected from eviction (protected_until)
         self.leaf_names = tuple(self.tree.names[i] for i in self.tree.leaves.tolist())
         self.leaf_col = {int(q): k for k, q in enumerate(self.tree.leaves.tolist())}

@@ -20,6 +20,9 @@ Division among the children of one parent (the top-level queues share the cluste
 
 The result is the queue's *fair share* (KAI "fair share", Kueue "share"): reclaim and queue order use it.
 A parent's fair share is then divided among its children the same way.
+
+With numba, :func:`fair_shares_compiled` gives the same floats in one compiled call (the kernel copy in
+:mod:`gpupool.engine.kernels.fairshare`, used while :data:`FAIRSHARE_FINGERPRINT` matches this code).
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ import math
 
 import numpy as np
 
+from gpupool.engine.kernels import fairshare as fairshare_kernels
+from gpupool.engine.kernels import source_hash
 from gpupool.engine.pool.queues import QueueTree
 
-__all__ = ["RESOURCES", "dominant_share", "divide", "fair_shares", "jain_index"]
+__all__ = ["RESOURCES", "dominant_share", "divide", "fair_shares", "jain_index", "FAIRSHARE_FINGERPRINT",
+           "fair_shares_compiled", "fairshare_fingerprint", "fairshare_mirror_current"]
 
 RESOURCES = ("gpu", "cpu_milli", "memory_mib")
 _EPS = 1e-9
@@ -197,3 +203,56 @@ def jain_index(x: np.ndarray) -> float:
     if len(x) == 0 or not (x**2).sum() > 0:
         return float("nan")
     return float(x.sum() ** 2 / (len(x) * (x**2).sum()))
+
+
+FAIRSHARE_FINGERPRINT = "50a2958a6ad8ec74"
+"""Hash of the source of the fair-share code :func:`_fair_shares_kernel` copies (``fairshare.fair_shares``,
+``_divide``, ``_waterfill``, ``_dom``, ``_cap_row``); when it does not match, the Python code runs."""
+
+_fairshare_ok: bool | None = None
+
+
+def fairshare_fingerprint() -> str:
+    return source_hash(fair_shares, _divide, _waterfill, _dom, _cap_row)
+
+
+def fairshare_mirror_current() -> bool:
+    """True when the fair-share code :func:`_fair_shares_kernel` copies is the one it was written for."""
+    global _fairshare_ok
+    if _fairshare_ok is None:
+        try:
+            _fairshare_ok = fairshare_fingerprint() == FAIRSHARE_FINGERPRINT and _EPS == fairshare_kernels.FS_EPS
+        except (OSError, TypeError):
+            _fairshare_ok = False
+    return _fairshare_ok
+
+
+def fair_shares_compiled(tree, cap: np.ndarray, leaf_demand: np.ndarray, quota: np.ndarray) -> np.ndarray:
+    """``fairshare.fair_shares(tree, cap, leaf_demand, quota)`` in one compiled call: (n, 3) float64, the same
+    floats. The tree's child lists are packed once (``tree._fs_packed``)."""
+    packed = getattr(tree, "_fs_packed", None)
+    if packed is None:
+        ptr = np.zeros(len(tree) + 1, dtype=np.int64)
+        for i, kids in enumerate(tree.children):
+            ptr[i + 1] = ptr[i] + len(kids)
+        idx = np.array([c for kids in tree.children for c in kids], dtype=np.int64)
+        packed = (np.array(tree.order, dtype=np.int64), ptr, idx, np.array(tree.top, dtype=np.int64),
+                  np.ascontiguousarray(tree.is_leaf), np.ascontiguousarray(tree.limit_gpu, dtype=np.float64),
+                  np.ascontiguousarray(tree.weight, dtype=np.float64),
+                  np.ascontiguousarray(tree.priority, dtype=np.int64))
+        tree._fs_packed = packed
+    n = len(tree)
+    q = np.ascontiguousarray(quota, dtype=np.float64)
+    c = np.ascontiguousarray(cap, dtype=np.float64)
+    d = np.ascontiguousarray(leaf_demand, dtype=np.float64)
+    if q.shape != (n, 3) or c.shape != (3,) or d.shape != (n, 3):  # the kernel does not check bounds
+        return _fairshare_python(tree, cap, leaf_demand, quota)
+    out = np.empty((n, 3))
+    fairshare_kernels.fair_shares_kernel(*packed, q, c, d, out)
+    if not np.isfinite(out).all():  # a NaN sort key or NaN sign: Python's sorted() and NaN rules, not the copy's
+        return _fairshare_python(tree, cap, leaf_demand, quota)
+    return out
+
+
+def _fairshare_python(tree, cap, leaf_demand, quota):
+    return fair_shares(tree, cap, leaf_demand, quota)

@@ -59,10 +59,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupool.cluster import ClusterState
-from gpupool.engine import compiled
+from gpupool.engine import kernels
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.pool.actions import EvictionActions
-from gpupool.engine.pool.fairshare import fair_shares
+from gpupool.engine.pool.fairshare import fair_shares, fair_shares_compiled, fairshare_mirror_current
 from gpupool.engine.pool.gittins import DEFAULT_DELTA, SizeModel
 from gpupool.engine.pool.job import DONE, PENDING, REMOVED, RUNNING, PoolJob
 from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, SIZE_ORDERS, TiresiasOrder, make_order
@@ -70,7 +70,6 @@ from gpupool.engine.pool.placement import ScopedPolicy, Vetoed
 from gpupool.engine.pool.queues import QueueTree
 from gpupool.engine.statement import Statement
 from gpupool.model import MILLI, Assignment, PodRequest
-from gpupool.policies import make_policy
 
 __all__ = ["CycleResult", "PoolConfig", "PoolScheduler", "DEFAULT_JOB_POLICIES", "JOB_POLICIES", "job_policy"]
 
@@ -360,13 +359,14 @@ def _fails_like(memo: dict[int, int] | None, g: int, n: int) -> bool:
 class PoolScheduler(EvictionActions):
     """Job scheduler over one cluster and one queue tree (see the module docstring).
 
-    ``placement``: a placement policy name or instance (every pod goes through ``Engine(state, policy)``);
+    ``placement``: a placement policy instance, names resolved by the caller (``make_policy``; every pod goes
+    through ``Engine(state, policy)``);
     ``workload``: typical pods for policies that learn from them (FGD / gpupool); ``seed``: tie-breaks;
     ``sizes``: the job sizes a previous scheduler learned (Gittins / remaining orders; keyed by queue name),
     for a driver that rebuilds the scheduler over a new state.
     """
 
-    def __init__(self, state: ClusterState, placement: str | Policy, queues: QueueTree,
+    def __init__(self, state: ClusterState, placement: Policy, queues: QueueTree,
                  config: PoolConfig | None = None, seed: int = 0,
                  workload: Sequence[PodRequest] | None = None, engine: Engine | None = None,
                  sizes: SizeModel | None = None) -> None:
@@ -380,8 +380,7 @@ class PoolScheduler(EvictionActions):
             self.picker = engine.policy
             self.engine = engine
         else:
-            inner = make_policy(placement) if isinstance(placement, str) else placement
-            self.picker = ScopedPolicy(inner)
+            self.picker = ScopedPolicy(placement)
             self.engine = Engine(state, self.picker, seed=seed, workload=workload)
         self._preemptor: PoolJob | None = None  # the job an eviction makes room for (CycleResult.evictions)
         # free share that makes a GPU a free slot for a whole-GPU pod: MILLI, or (n_nodes, 1) int64 of one
@@ -391,7 +390,7 @@ class PoolScheduler(EvictionActions):
         self._leaves: list[int] = queues.leaves.tolist()  # leaf queue indices (the tree is fixed)
         # the fair-share division: its compiled copy (the same floats) where the kernels are on and it copies
         # the current Python code, else fairshare.fair_shares
-        self._fair_shares = (compiled.fair_shares if compiled.enabled() and compiled.fairshare_mirror_current()
+        self._fair_shares = (fair_shares_compiled if kernels.enabled() and fairshare_mirror_current()
                              else fair_shares)
         self.sizes: SizeModel | None = None  # job sizes learned online (Gittins / remaining orders)
         if self.cfg.order in SIZE_ORDERS:  # ``sizes``: a driver that rebuilds the scheduler keeps what it learned

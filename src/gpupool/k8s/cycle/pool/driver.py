@@ -48,6 +48,7 @@ from gpupool.k8s.cycle.pool.records import Evicting, Held, JobInfo
 from gpupool.k8s.objects.jobs import is_whole_gpu
 from gpupool.k8s.requests import PodInfo
 from gpupool.model import MILLI
+from gpupool.policies import make_policy
 
 log = logging.getLogger("gpupool.k8s.pool")
 
@@ -199,7 +200,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
         model = self.model
         self.stats["resets"] += 1
         learned = self.pool.sizes if self.pool is not None else None  # job sizes learned so far stay learned
-        self.pool = PoolScheduler(model.state, model.policy_name, self.tree, self.config, seed=model.seed,
+        self.pool = PoolScheduler(model.state, make_policy(model.policy_name), self.tree, self.config, seed=model.seed,
                                   engine=model.engine, sizes=learned)
         st = model.state
         if (st.gpu_replicas > 1).any():  # a whole-GPU ask takes one replica of a time-sliced GPU

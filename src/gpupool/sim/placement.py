@@ -1,0 +1,66 @@
+"""The job simulator's heterogeneity-aware placement: which placement policy to wrap in a
+:class:`~gpupool.engine.pool.hetero.HeteroPolicy`, with node speeds from the catalog. Imports the engine's
+pool, the catalog, energy figures and the policy registry."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpupool.catalog import get_model
+from gpupool.energy import power_figures
+from gpupool.engine.core import Policy
+from gpupool.engine.pool.hetero import OBJECTIVES, HeteroPolicy, heterogeneous, model_cost
+from gpupool.policies import make_policy
+
+__all__ = ["DEFAULT_OBJECTIVE", "HETERO_PLACEMENTS", "catalog_speeds", "hetero_placement"]
+
+DEFAULT_OBJECTIVE: str | None = None
+"""The job simulator's objective when none is given: None, speed-blind placement (opt-in, so that every
+outcome pinned before this module, tests/test_jobsim_hashes.py, stays identical). On mixed-models with
+the Philly trace (benchmarks/results/hetero.md, seed 42) no objective wins everywhere: on the first 3,000
+jobs ``balanced`` has the lowest mean JCT and energy; on the whole trace ``jct`` has (balanced: +26.3 %
+mean JCT, +0.7 % energy against it)."""
+
+HETERO_PLACEMENTS = ("gpupool",)
+"""Placement policies the job simulator wraps; the placement baselines (round-robin, lowest-power) stay as
+they are, since what they do is the point of comparing with them."""
+
+
+def catalog_speeds(models: Sequence[str], gpu_count: Sequence[int], reference: str | None = None) -> np.ndarray:
+    """(n_nodes,) relative speed of each node's GPU model against ``reference`` (None: the model with the most
+    GPUs), the catalog's ``relative_throughput`` ratio; 1.0 where either is unknown (as the job simulator)."""
+    ref = reference or Counter(m for m, k in zip(models, gpu_count, strict=True) for m in [m] * int(k)
+                               ).most_common(1)[0][0]
+    ref_tp = get_model(ref).relative_throughput or 0.0
+    out = []
+    for m in models:
+        tp = get_model(m).relative_throughput if m else 0.0
+        out.append(tp / ref_tp if (tp and ref_tp) else 1.0)
+    return np.array(out, dtype=np.float64)
+
+
+def hetero_placement(placement: str | Policy, nodes: Sequence, gpu_speed: str, objective: str | None,
+                     reference: str | None = None, gpu_utilization: float = 1.0) -> str | Policy:
+    """The job simulator's placement: ``placement`` wrapped in a :class:`HeteroPolicy` for ``objective``
+    (None: :data:`DEFAULT_OBJECTIVE`; None or ``"none"``: never wrap, the speed-blind placement) when
+    ``gpu_speed == "catalog"``, the placement is one of
+    :data:`HETERO_PLACEMENTS` and the cluster's GPU models differ in speed; else ``placement`` unchanged.
+    ``nodes``: the cluster's NodeSpecs. Raises ValueError for an unknown objective."""
+    if objective is not None and objective not in (*OBJECTIVES, "none"):
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)} or none, got {objective!r}")
+    objective = objective or DEFAULT_OBJECTIVE
+    if (objective is None or objective == "none" or gpu_speed != "catalog" or not isinstance(placement, str)
+            or placement not in HETERO_PLACEMENTS):
+        return placement
+    models = [n.gpu_model for n in nodes]
+    counts = [n.gpu_count for n in nodes]
+    speed = catalog_speeds(models, counts, reference)
+    if not heterogeneous(speed, counts):
+        return placement
+    idle, peak, _ = power_figures([m or "none" for m in models])
+    busy = idle + (peak - idle) * gpu_utilization
+    cost = np.where(np.asarray(counts) > 0, model_cost(objective, speed, busy, idle), np.inf)
+    return HeteroPolicy(make_policy(placement), cost, objective, speed)
