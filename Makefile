@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/gpupool compare --out results --json results/compare.json
 
-## test: lint and the whole test suite
+## test: lint, the import contracts (.importlinter, docs/architecture.md) and the whole test suite
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 
 ## e2e: the live scheduler against a real etcd + kube-apiserver on loopback (tests/e2e, marker real_apiserver).
