@@ -59,18 +59,17 @@ import numpy as np
 from gpupool.cluster import ClusterState
 from gpupool.engine import compiled
 from gpupool.engine.core import Engine, Policy
-from gpupool.engine.pool.actions import EvictionActions
+from gpupool.engine.pool.actions import AllocateAction, EvictionActions, PlaceAction, ReserveAction
 from gpupool.engine.pool.config import DEFAULT_JOB_POLICIES, JOB_POLICIES, PoolConfig, job_policy, make_order
 from gpupool.engine.pool.fairshare import fair_shares
 from gpupool.engine.pool.gittins import SizeModel
 from gpupool.engine.pool.job import DONE, PENDING, REMOVED, RUNNING, PoolJob
 from gpupool.engine.pool.ordering import SIZE_ORDERS, TiresiasOrder
-from gpupool.engine.pool.pending import Pending, Reservation, fails_like
-from gpupool.engine.pool.placement import ScopedPolicy, Vetoed
+from gpupool.engine.pool.pending import Pending, Reservation
+from gpupool.engine.pool.placement import ScopedPolicy
 from gpupool.engine.pool.queues import QueueTree
 from gpupool.engine.pool.result import CycleResult
 from gpupool.engine.pool.scopes import TopologyIndex
-from gpupool.engine.statement import Statement
 from gpupool.model import MILLI, Assignment, PodRequest
 from gpupool.policies import make_policy
 
@@ -79,7 +78,7 @@ __all__ = ["CycleResult", "PoolConfig", "PoolScheduler", "DEFAULT_JOB_POLICIES",
 _EPS = 1e-6
 
 
-class PoolScheduler(EvictionActions, TopologyIndex):
+class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions, TopologyIndex):
     """Job scheduler over one cluster and one queue tree (see the module docstring).
 
     ``placement``: a placement policy name or instance (every pod goes through ``Engine(state, policy)``);
@@ -579,87 +578,6 @@ class PoolScheduler(EvictionActions, TopologyIndex):
             n -= 1
         return n
 
-    # ------------------------------------------------------------------ placement
-    def _place(self, job: PoolJob, allowed: np.ndarray | None, pods: int | None = None,
-               min_pods: int | None = None) -> list[Assignment] | None:
-        """Place ``pods`` (default ``n_pods``) members through the engine, at least ``min_pods``, all or
-        nothing (a :class:`Statement`), in the best topology scope. None if it does not fit."""
-        n = job.n_pods if pods is None else pods
-        nmin = job.min_pods if min_pods is None else min_pods
-        # A failure decided by the cluster's resources alone (no node fits, before any pod was tried or
-        # with a single pod that no node passes) repeats as long as no node changed: skip the retry.
-        # Failures with a node mask or after a gang member was placed are not remembered (a gang's
-        # tentative placements may move the policy's own state or draw tie-breaks).
-        key = (job, n, nmin, self.state.changes) if allowed is None else None
-        if key is not None and key == self._failed_place:
-            return None
-        members = job.pods[:n]
-        picker = self.picker
-        gang = getattr(picker.inner, "begin_gang", None)  # heterogeneity-aware placement (hetero.py)
-        if gang is not None:
-            gang(job, n, lambda: self._fits_per_node(job, allowed), self._now,
-                 capacity=lambda: self._healthy_capacity(job))
-        if n == 1 and (not self.cfg.topology_aware or job.gpus_per_pod <= 1 or not self.mixed_nvlink):
-            if job.gpus_per_pod > 1 or allowed is not None:  # cheap cached check: no failed engine call
-                mask = self.engine.feasible_mask(picker.effective(members[0]))
-                if not (mask.any() if allowed is None else (mask & allowed).any()):
-                    self._failed_place = key
-                    return None
-            picker.allowed = allowed
-            try:
-                d = self.engine.place(members[0])
-            except Vetoed:
-                return None
-            finally:
-                picker.allowed = None
-            if d.assignment is None:  # no feasible node: the engine changed nothing
-                self._failed_place = key
-                return None
-            return [d.assignment]
-        f = self._fits_per_node(job, allowed)
-        if int(f.sum()) < nmin:
-            self._failed_place = key
-            return None
-        scopes: list[tuple[str, np.ndarray]] = []
-        if self.cfg.topology_aware and job.topology != "none":
-            scopes = self._scopes(job, f, n) or (self._scopes(job, f, nmin) if nmin < n else [])
-            if not scopes and job.topology == "required":
-                self._failed_place = key
-                return None
-        level, scope = scopes[0] if scopes else ("", None)
-        hard = job.topology == "required"
-        st = Statement(self.engine)
-        try:
-            for k, req in enumerate(members):
-                if scope is not None and hard:
-                    picker.allowed = scope if allowed is None else (scope & allowed)
-                    picker.preferred = None
-                else:
-                    picker.allowed = allowed
-                    picker.preferred = scope
-                try:
-                    d = st.place(req)
-                except Vetoed:
-                    d = None
-                if d is None or d.assignment is None:
-                    if len(st.placed) >= nmin:
-                        break
-                    st.discard()
-                    return None
-                if k == 0 and scope is not None:  # the rest of the gang follows the first pod
-                    node = d.assignment.node
-                    if level == "node":
-                        scope = np.zeros(self.state.n_nodes, dtype=bool)
-                        scope[node] = True
-                    elif level == "nvlink":
-                        scope = self.multi_dom == self.multi_dom[node]
-                    else:
-                        scope = self.switch == self.switch[node]
-        finally:
-            picker.allowed = None
-            picker.preferred = None
-        return st.commit()
-
     # ------------------------------------------------------------------ fair share
     def fair_share(self, now: float | None = None) -> np.ndarray:
         """(n_queues, 3) fair share (GPUs, milli-CPU, MiB) for the current demand and healthy capacity.
@@ -859,202 +777,6 @@ class PoolScheduler(EvictionActions, TopologyIndex):
             if self._promote:
                 best = min(best, self._promote[0][0])
         return best if best > now + 1e-9 else math.inf
-
-    def _dominated(self, grp: int, failed: dict, known: dict) -> bool:
-        """True when every pending shape of ``grp`` is at least as big as one that already failed. ``known``:
-        the verdict per shape for these memos, filled as computed (the caller drops it when a memo changes)."""
-        for shape in self.shapes[grp]:  # _shape_failed inlined (a hot loop: no generator, no call per shape)
-            dom = known.get(shape)
-            if dom is None:
-                memo = failed.get(shape[2])
-                dom = known[shape] = fails_like(memo, shape[0], shape[1]) if memo else False
-            if not dom:
-                return False
-        return True
-
-    @staticmethod
-    def _shape_failed(shape: tuple, failed: dict, known: dict) -> bool:
-        """Whether a job of ``shape`` fails as one in ``failed`` did (``fails_like``), remembered in ``known``."""
-        dom = known.get(shape)
-        if dom is None:
-            dom = known[shape] = fails_like(failed.get(shape[2]), shape[0], shape[1])
-        return dom
-
-    def _allocate(self, now: float, res: CycleResult) -> bool:
-        """Place waiting jobs in queue order; pass over blocked ones (backfill) unless strict FIFO."""
-        placed_any = False
-        allowed = None
-        r = self.reservation
-        if r is not None:
-            if r.job.status != PENDING:
-                self.reservation = r = None
-            elif self._try_place(r.job, None, {}, now, res):
-                placed_any = True
-                r = None
-            else:
-                allowed = ~r.mask
-        if self.free_gpus <= 0:
-            return placed_any
-        # other queues' in-quota work is not held back by a reservation for a gang that would borrow
-        lender = r is not None and not self._in_quota(r.job)
-        failed: dict = {}  # shapes that failed with the reservation's nodes off limits
-        failed_any: dict = {}  # ... and with every node (in-quota jobs while the holder borrows)
-        heap = [(self._qkey(g), g) for g in range(self.n_groups) if self.pending[g].n_jobs]
-        heapq.heapify(heap)
-        cursor = [0] * self.n_groups
-        topo = self.cfg.topology_aware
-        fair = self.cfg.fair_share
-        known_ver, known, known_any = self._fail_ver, {}, {}  # _dominated's verdicts for the current memos
-        while heap:
-            _, grp = heapq.heappop(heap)
-            exempt = lender and (not fair or (
-                grp != r.job.q and self.alloc[grp][0] < self.quota_g[grp] - _EPS))
-            if known_ver != self._fail_ver:
-                known_ver, known, known_any = self._fail_ver, {}, {}
-            if failed and self._dominated(grp, failed, known) and (
-                    not exempt or self._dominated(grp, failed_any, known_any)):
-                continue
-            plist = self.pending[grp]
-            # the list under plist.jobs, read from offset base (Pending counts jobs that left its front off
-            # without moving the others): no job leaves it before the loop ends
-            base = plist._head
-            jobs = plist._jobs
-            i = cursor[grp] + base
-            placed = False
-            checked = self._fail_ver  # _dominated is False for these memos (or the loop would have ended)
-            if exempt and fair:  # _in_quota of this group's jobs (job.q == grp != r.job.q): alloc moves only
-                held, quota = self.alloc[grp][0], self.quota_g[grp] + _EPS  # when a job starts, ending the loop
-            while i < len(jobs):
-                job = jobs[i]
-                if r is not None and r.job is job:
-                    i += 1
-                    continue
-                if exempt and (held + job.min_pods * job.gpus_per_pod <= quota if fair
-                               else job.q != r.job.q and self._in_quota(job)):
-                    memo_for, allowed_for = failed_any, None
-                else:
-                    memo_for, allowed_for = failed, allowed
-                # _try_place's failed-shape test, first: a job at least as big as a shape that failed fails
-                # the same way (changing nothing), without the call
-                tier = job.topology_tier if (job.topology == "required" and topo) else None  # _shape(job)[2]
-                skipped = fails_like(memo_for.get(tier), job.gpus_per_pod, job.min_pods)
-                ok = not skipped and self._try_place(job, allowed_for, memo_for, now, res)
-                if ok:
-                    placed = placed_any = True
-                    break
-                if not self.cfg.backfill or self.free_gpus <= 0:
-                    return placed_any
-                if checked != self._fail_ver:  # the pending shapes are unchanged until a job starts
-                    checked = known_ver = self._fail_ver
-                    known, known_any = {}, {}
-                    if self._dominated(grp, failed, known) and (
-                            not exempt or self._dominated(grp, failed_any, known_any)):
-                        break
-                if skipped and (fair or not exempt):  # pass over every job of a failed shape at once (the
-                    if known_ver != self._fail_ver:  # same jobs this loop would skip one by one, changing nothing)
-                        known_ver, known, known_any = self._fail_ver, {}, {}
-                    if not exempt:
-                        i = plist._next_live(i, lambda shape, k=known: self._shape_failed(shape, failed, k))
-                    else:  # the memo a job reads depends on its shape only (its GPUs against the quota left)
-                        i = plist._next_live(i, lambda shape, k=known, ka=known_any, h=held, top=quota: (
-                            self._shape_failed(shape, failed_any, ka) if h + shape[1] * shape[0] <= top
-                            else self._shape_failed(shape, failed, k)))
-                    continue
-                i += 1
-            cursor[grp] = i - base  # an index into plist.jobs: a job that started here left it (the next one's)
-            if placed:
-                heapq.heappush(heap, (self._qkey(grp), grp))
-        return placed_any
-
-    def _try_place(self, job: PoolJob, allowed: np.ndarray | None, failed: dict, now: float,
-                   res: CycleResult) -> bool:
-        if self._held_back(job, now):
-            return False
-        g, nmin = job.gpus_per_pod, job.min_pods
-        if not self._admissible(job, nmin):
-            return False
-        shape = self._shape(job)
-        if fails_like(failed.get(shape[2]), g, nmin):
-            return False
-        placed = self._place(job, allowed, self._admissible_pods(job), nmin) if self.free_gpus >= nmin * g else None
-        if placed is None:
-            memo = failed.setdefault(shape[2], {})
-            memo[g] = min(memo.get(g, 1 << 30), nmin)
-            self._fail_ver += 1
-            return False
-        self._start(job, placed, now, res)
-        return True
-
-    def _maybe_reserve(self, now: float) -> None:
-        """Reserve nodes for the job (of more than one GPU) that has waited longest, once it has waited
-        ``reserve_after_s``; otherwise note when that will be."""
-        if self.reservation is not None and self.reservation.job.status == PENDING:
-            return
-        self.reservation = None
-        while self._gangs:
-            since, _, job = self._gangs[0]
-            if job.status != PENDING or job.pending_since != since:
-                heapq.heappop(self._gangs)
-                continue
-            due = since + (self.cfg.reserve_after_s or 0.0)
-            if due > now + 1e-9:
-                self._wake_at = min(self._wake_at, due)
-                return
-            heapq.heappop(self._gangs)
-            if (self._admissible(job, job.min_pods) and self.infeasible_reason(job) == ""
-                    and self._reserve(job, now)):
-                return
-
-    def _reserve(self, job: PoolJob, now: float) -> bool:
-        """Reserve nodes for a starving ``job``: those where it fits soonest (most free GPUs), within one
-        switch if one can hold it. False if even the whole healthy cluster could not."""
-        st = self.state
-        cap = self._healthy_capacity(job)
-        n = job.min_pods
-        if int(cap.sum()) < n:
-            return False
-        free = self._free_whole()
-        candidates = np.ones(st.n_nodes, dtype=bool)
-        if self.cfg.topology_aware and n > 1 and (self.switch >= 0).any():
-            valid = self.switch >= 0
-            sums = np.bincount(self.switch[valid], weights=cap[valid])
-            good = np.flatnonzero(sums >= n)
-            if len(good):
-                frees = np.bincount(self.switch[valid], weights=free[valid], minlength=len(sums))
-                candidates = self.switch == good[np.argmax(frees[good])]
-            elif job.topology == "required":
-                return False
-        order = np.lexsort((np.arange(st.n_nodes), -free, ~candidates))
-        mask = np.zeros(st.n_nodes, dtype=bool)
-        got = 0
-        for node in order.tolist():
-            if cap[node] <= 0:
-                continue
-            mask[node] = True
-            got += int(cap[node])
-            if got >= n:
-                break
-        if got < n:
-            return False
-        self.reservation = Reservation(job, mask, now)
-        self.stats["reservations"] += 1
-        return True
-
-    def _in_quota(self, job: PoolJob, pods: int | None = None) -> bool:
-        """Would ``job`` (``pods`` pods, default its minimum) keep its leaf queue within its quota?"""
-        need = (job.min_pods if pods is None else pods) * job.gpus_per_pod
-        return self.alloc[job.q][0] + need <= self.quota_g[job.q] + _EPS
-
-    def _allowed_for(self, job: PoolJob) -> np.ndarray | None:
-        """(n_nodes,) bool mask of the nodes ``job`` may use, or None for all: the reserved nodes are off
-        limits, except to in-quota work of another queue while the reservation's holder would borrow
-        (take its own queue above quota)."""
-        r = self.reservation
-        if r is None or r.job is job or r.job.status != PENDING:
-            return None
-        if job.q != r.job.q and self._in_quota(job) and not self._in_quota(r.job):
-            return None
-        return ~r.mask
 
     # ------------------------------------------------------------------ views
     def reserved_gpus(self) -> tuple[int, int] | None:
