@@ -9,9 +9,10 @@ from dataclasses import replace
 import pytest
 
 from gpupool.cluster import ClusterState
+from gpupool.engine.pool.config import make_order
 from gpupool.engine.pool.gittins import GittinsOrder, SizeModel, SizeTable, parse_sizes
 from gpupool.engine.pool.job import PoolJob
-from gpupool.engine.pool.ordering import TiresiasOrder, make_order
+from gpupool.engine.pool.ordering import TiresiasOrder
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import PoolConfig, PoolScheduler, job_policy
 from gpupool.model import NodeSpec

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from gpupool.cluster import ClusterState
+from gpupool.engine.pool.config import make_order
 from gpupool.engine.pool.job import PoolJob, split_gpus
-from gpupool.engine.pool.ordering import FifoOrder, TiresiasOrder, make_order
+from gpupool.engine.pool.ordering import FifoOrder, TiresiasOrder
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import PoolConfig, PoolScheduler
 from gpupool.engine.pool.victims import select_victims
@@ -183,14 +184,14 @@ def test_unhealthy_gpus_are_never_chosen_and_kill_their_pods():
 
 
 def test_pending_shape_index_follows_the_queue():
-    """_Pending keeps, per job shape, the keys of its jobs in key order (insert, remove, re-sort), and
+    """Pending keeps, per job shape, the keys of its jobs in key order (insert, remove, re-sort), and
     next_live finds the first later job of a live shape, as a scan over the queue would."""
     import random
 
-    from gpupool.engine.pool.scheduler import _Pending
+    from gpupool.engine.pool.pending import Pending
 
     rng = random.Random(7)
-    plist = _Pending()
+    plist = Pending()
     shapes = [(1, 1, None), (2, 1, None), (8, 2, None), (8, 2, "switch"), (4, 4, None)]
     shape_of: dict[int, tuple] = {}
     live: list[PoolJob] = []
@@ -223,18 +224,18 @@ def test_pending_shape_index_follows_the_queue():
 
 
 def test_pending_front_removals_counted_off_read_the_same():
-    """_Pending counts jobs that leave the front of its lists off and cuts the lists later: between reads of
+    """Pending counts jobs that leave the front of its lists off and cuts the lists later: between reads of
     ``jobs`` / ``keys`` / ``by_shape`` (which cut them), ``next_live``, ``len`` and further inserts and removals
     (front, middle, new last, re-sort) answer as a plain sorted list does. Long runs of front removals pass the
     cut thresholds (32 entries, a quarter of the list) of the whole list and of each shape's list."""
     import bisect
     import random
 
-    from gpupool.engine.pool.scheduler import _Pending
+    from gpupool.engine.pool.pending import Pending
 
     for seed in range(6):
         rng = random.Random(seed)
-        plist = _Pending()
+        plist = Pending()
         shapes = [(1, 1, None), (2, 1, None), (8, 2, None)]
         shape_of: dict[int, tuple] = {}
         ref: list[PoolJob] = []  # in key order, later inserts after equal keys (bisect_right)

@@ -738,11 +738,11 @@ class JobSimulator:
         waits for hardware, not for the scheduler."""
         sched = self.sched
         for pj in sched.pending_jobs():
-            f = sched._fits_per_node(pj, None)
+            f = sched.fits_per_node(pj, None)
             if int(f.sum()) < pj.min_pods or not sched._admissible(pj, pj.min_pods):
                 continue
             if (pj.topology == "required" and sched.cfg.topology_aware and pj.min_pods > 1
-                    and not sched._scopes(pj, f, pj.min_pods)):
+                    and not sched.scopes(pj, f, pj.min_pods)):
                 continue
             return 1
         return 0

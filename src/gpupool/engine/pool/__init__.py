@@ -3,21 +3,19 @@ preemption, elastic jobs, over the engine's cluster state. No I/O (the queue-fil
 
 * :mod:`.queues`: queue tree, ``load_queues_yaml``; :mod:`.fairshare`: weighted DRF fair shares;
 * :mod:`.ordering`: FIFO and Tiresias 2D-LAS; :mod:`.job`: the job (gang) spec;
-* :mod:`.scheduler`: :class:`PoolScheduler` (allocate, backfill, reservation, the cycle) and the
-  job-level policy presets; :mod:`.actions`: reclaim, preempt, elastic; :mod:`.victims`: victim
-  selection; :mod:`.placement`: node scoping of the engine's picks.
+* :mod:`.config`: :class:`PoolConfig`, the job-level policy presets and ``make_order``; :mod:`.result`:
+  a cycle's :class:`CycleResult`; :mod:`.pending`: the waiting lists; :mod:`.scopes`: topology scopes;
+* :mod:`.scheduler`: :class:`PoolScheduler` (books, driver calls, feasibility, fair share, the cycle);
+  :mod:`.actions`: allocate, backfill, reservation, reclaim, preempt, consolidate, elastic (mixins of
+  :class:`PoolScheduler`); :mod:`.victims`: victim selection; :mod:`.placement`: node scoping of the
+  engine's picks.
 """
 
+from gpupool.engine.pool.config import DEFAULT_JOB_POLICIES, JOB_POLICIES, PoolConfig, job_policy
 from gpupool.engine.pool.job import NONPREEMPTIBLE_PRIORITY, PoolJob, split_gpus
 from gpupool.engine.pool.queues import QueueConfigError, QueueSpec, QueueTree, load_queues_yaml
-from gpupool.engine.pool.scheduler import (
-    DEFAULT_JOB_POLICIES,
-    JOB_POLICIES,
-    CycleResult,
-    PoolConfig,
-    PoolScheduler,
-    job_policy,
-)
+from gpupool.engine.pool.result import CycleResult
+from gpupool.engine.pool.scheduler import PoolScheduler
 
 __all__ = [
     "DEFAULT_JOB_POLICIES",

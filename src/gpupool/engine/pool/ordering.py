@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["DEFAULT_THRESHOLDS", "ORDERS", "SIZE_ORDERS", "FifoOrder", "JobOrder", "TiresiasOrder", "make_order"]
+__all__ = ["DEFAULT_THRESHOLDS", "ORDERS", "SIZE_ORDERS", "FifoOrder", "JobOrder", "TiresiasOrder"]
 
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3600.0, 36000.0)
 """Tiresias level boundaries, GPU-seconds of attained service."""
@@ -93,24 +93,6 @@ class TiresiasOrder:
         if self.promote_knob is None or run_s <= 0:
             return False
         return waited_s >= max(self.promote_knob * run_s, self.promote_min_s)
-
-
-def make_order(name: str, thresholds: Sequence[float] | None = None, promote_knob: float | None = 8.0,
-               **options: object) -> FifoOrder | TiresiasOrder:
-    """``"fifo"``, ``"tiresias"`` (alias ``"las"``), or ``"gittins"`` / ``"remaining"`` (Tiresias levels,
-    within a level by Gittins index or shortest expected remaining service:
-    :class:`gpupool.engine.pool.gittins.GittinsOrder`, which takes ``options``: ``delta``, ``model``).
-    ``promote_knob``: Tiresias' starvation knob (None: no promotion). ValueError for an unknown name."""
-    if name == "fifo":
-        return FifoOrder()
-    t = thresholds if thresholds is not None else DEFAULT_THRESHOLDS
-    if name in ("tiresias", "las"):
-        return TiresiasOrder(t, promote_knob)
-    if name in SIZE_ORDERS:
-        from gpupool.engine.pool.gittins import GittinsOrder
-
-        return GittinsOrder(t, promote_knob, metric=name, **options)  # type: ignore[arg-type]
-    raise ValueError(f"unknown job order {name!r} (known: {', '.join(ORDERS)})")
 
 
 ORDERS = ("fifo", "tiresias", "gittins", "remaining")

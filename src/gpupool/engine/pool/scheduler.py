@@ -49,26 +49,27 @@ eviction is all or nothing: the preemptor is placed through the engine before an
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine import kernels
 from gpupool.engine.core import Engine, Policy
-from gpupool.engine.pool.actions import EvictionActions
+from gpupool.engine.pool.actions import AllocateAction, EvictionActions, PlaceAction, ReserveAction
+from gpupool.engine.pool.config import DEFAULT_JOB_POLICIES, JOB_POLICIES, PoolConfig, job_policy, make_order
 from gpupool.engine.pool.fairshare import fair_shares, fair_shares_compiled, fairshare_mirror_current
-from gpupool.engine.pool.gittins import DEFAULT_DELTA, SizeModel
+from gpupool.engine.pool.gittins import SizeModel
 from gpupool.engine.pool.job import DONE, PENDING, REMOVED, RUNNING, PoolJob
-from gpupool.engine.pool.ordering import DEFAULT_THRESHOLDS, SIZE_ORDERS, TiresiasOrder, make_order
-from gpupool.engine.pool.placement import ScopedPolicy, Vetoed
+from gpupool.engine.pool.ordering import SIZE_ORDERS, TiresiasOrder
+from gpupool.engine.pool.pending import Pending, Reservation
+from gpupool.engine.pool.placement import ScopedPolicy
 from gpupool.engine.pool.queues import QueueTree
-from gpupool.engine.statement import Statement
+from gpupool.engine.pool.result import CycleResult
+from gpupool.engine.pool.scopes import TopologyIndex
 from gpupool.model import MILLI, Assignment, PodRequest
 
 __all__ = ["CycleResult", "PoolConfig", "PoolScheduler", "DEFAULT_JOB_POLICIES", "JOB_POLICIES", "job_policy"]
@@ -76,287 +77,7 @@ __all__ = ["CycleResult", "PoolConfig", "PoolScheduler", "DEFAULT_JOB_POLICIES",
 _EPS = 1e-6
 
 
-@dataclass(frozen=True)
-class PoolConfig:
-    """What the scheduler does; :data:`JOB_POLICIES` holds the named presets.
-
-    * ``order``: ``"fifo"`` or ``"tiresias"`` (job order within a queue); ``thresholds``: Tiresias
-      levels (GPU-seconds).
-    * ``fair_share``: order queues by fair share (else one global order over every queue's jobs).
-    * ``backfill``: later jobs may start when an earlier one is blocked (False: strict FIFO).
-    * ``reserve_after_s``: wait (s) after which a blocked job gets a reservation (None: never).
-    * ``reclaim``, ``preempt``, ``elastic``, ``topology_aware``, ``consolidate``: turn the actions on.
-    * ``max_attempts``: reclaim / preempt attempts per queue per cycle (bounds the work of a cycle).
-    * ``min_run_s``: a job that has run less than this since it (re)started is not a victim (KAI's
-      minimum runtime protection; keeps preemption from thrashing); ``reclaim_min_run_s``: the same for
-      victims of a reclaim across queues (KAI sets the two apart too).
-    * ``fair_share_refresh_s``: fair shares are recomputed when demand changes, at most once per this
-      many seconds (0: at every change), and at once when a queue's demand appears or vanishes. A stale
-      share is off by the jobs that arrived or ended since, which moves queue order and reclaim by at
-      most that much; it bounds the cost of a cycle on long traces.
-    * ``restart_evicted``: a job evicted in a cycle may start again in the same cycle (elsewhere). A driver
-      whose evictions take time (Kubernetes: the pods are deleted and re-created) turns it off.
-    * ``promote_knob``: Tiresias' starvation knob (a waiting job goes back to level 0 after waiting this
-      many times its run time; None: never).
-    * ``order="gittins"`` / ``"remaining"`` (:mod:`gpupool.engine.pool.gittins`): ``gittins_delta``, the
-      index's quantum (GPU-seconds); ``size_prior``, job sizes (GPU-seconds) known before the run;
-      ``size_min_samples``, finished jobs a queue needs before its own size distribution is used;
-      ``size_by_gpus``: learn sizes per (queue, GPU count) too (used once it has ``size_min_samples``);
-      ``size_dims``: 2 (a size is GPU-seconds, Tiresias' 2D) or 1 (seconds of run time); ``aging``: expected
-      service (s, or GPU-s in 2D per GPU) a job gains per second it waits (0: none; see ``_score``);
-      ``scored_levels``: only the first this many levels are ordered by score, the others stay FIFO as
-      in Tiresias-L (None: every level); ``victims_by_score``: evict the running jobs of worst score first
-      (else, within a level, the latest submitted first, as Tiresias-L).
-    * ``max_preemptions``: a job evicted this many times (preempt, reclaim or consolidate) is no victim any
-      more (None: no bound); ``protect_after_s``: nor is a job that has run this many seconds in all (it
-      finishes undisturbed; None: no bound); with ``min_run_s`` they bound how often and how soon a job is
-      preempted.
-    """
-
-    order: str = "tiresias"
-    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
-    fair_share: bool = True
-    backfill: bool = True
-    reserve_after_s: float | None = 3600.0
-    reclaim: bool = True
-    preempt: bool = True
-    elastic: bool = True
-    topology_aware: bool = True
-    consolidate: bool = True
-    max_attempts: int = 2
-    min_run_s: float = 600.0
-    reclaim_min_run_s: float = 600.0
-    fair_share_refresh_s: float = 60.0
-    restart_evicted: bool = True
-    promote_knob: float | None = 8.0
-    gittins_delta: float = DEFAULT_DELTA
-    size_prior: tuple[float, ...] = ()
-    size_min_samples: int = 50
-    size_by_gpus: bool = False
-    size_dims: int = 2
-    aging: float = 0.0
-    max_preemptions: int | None = None
-    protect_after_s: float | None = None
-    scored_levels: int | None = None
-    victims_by_score: bool = True
-
-
-JOB_POLICIES: dict[str, tuple[str, PoolConfig, str]] = {
-    "fifo": ("gpupool", PoolConfig(order="fifo", fair_share=False, backfill=False, reserve_after_s=None,
-                                   reclaim=False, preempt=False, elastic=False, topology_aware=False,
-                                   consolidate=False),
-             "baseline: one FIFO over all jobs, head-of-line blocking (no backfill), no preemption"),
-    "round-robin": ("round-robin", PoolConfig(order="fifo", fair_share=False, backfill=False,
-                                              reserve_after_s=None, reclaim=False, preempt=False,
-                                              elastic=False, topology_aware=False, consolidate=False),
-                    "baseline: FIFO as `fifo`, pods placed round-robin over the nodes"),
-    "gpupool": ("gpupool", PoolConfig(),
-                "default: Tiresias 2D-LAS + DRF fair share + gang reservation/backfill + reclaim + "
-                "topology-aware gpupool placement"),
-    "gittins": ("gpupool", PoolConfig(order="gittins", promote_knob=1.0),
-                "gpupool with Tiresias-G's job order: Gittins index within the 2D-LAS levels, job sizes "
-                "learned online from finished jobs; a job that waited as long as it ran goes back to level 0"),
-    "lowest-power": ("lowest-power", PoolConfig(),
-                     "gpupool's scheduling, pods on the lowest-power GPU model first (energy vs JCT studies)"),
-}
-"""Job-level policies: name -> (placement policy, scheduler config, description)."""
-
-DEFAULT_JOB_POLICIES = ("fifo", "round-robin", "gpupool")
-"""What ``gpupool compare --jobs`` compares when no ``--policies`` is given."""
-
-
-def job_policy(name: str) -> tuple[str, PoolConfig]:
-    """(placement policy name, config) of a job-level policy; KeyError listing the known names."""
-    try:
-        placement, config, _ = JOB_POLICIES[name]
-    except KeyError:
-        raise KeyError(f"unknown job policy {name!r}; known: {', '.join(JOB_POLICIES)}") from None
-    return placement, config
-
-
-@dataclass
-class CycleResult:
-    """What one cycle decided, for the driver to carry out.
-
-    * ``started``: jobs placed this cycle (``job.placed`` holds their pods' assignments);
-    * ``preempted``: ``(job, reason)`` evicted back to their queue (reason names the action and preemptor);
-    * ``resized``: ``(job, old_pods, new_pods)`` for elastic jobs that grew or shrank.
-    * ``evictions``: ``(victim, pods given up, action, preemptor)`` for every eviction and shrink, in order,
-      ``action`` one of ``reclaimed``, ``preempted``, ``consolidated``, ``shrunk``: what a driver that must
-      carry evictions out one preemptor at a time (Kubernetes) groups by preemptor.
-    """
-
-    now: float
-    started: list[PoolJob] = field(default_factory=list)
-    preempted: list[tuple[PoolJob, str]] = field(default_factory=list)
-    resized: list[tuple[PoolJob, int, int]] = field(default_factory=list)
-    evictions: list[tuple[PoolJob, list[Assignment], str, PoolJob | None]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.started or self.preempted or self.resized)
-
-
-class _Pending:
-    """Jobs of one queue kept sorted by ``job.key``, and the keys of each job shape ((GPUs per pod, minimum pods,
-    required topology tier), :meth:`PoolScheduler._shape`) sorted the same way: where the next waiting job of a
-    shape that has not failed is, without passing over every job of the shapes that have.
-
-    ``jobs``, ``keys`` and ``by_shape`` read the live lists. For speed, a job removed from the front of a list (the
-    usual case: the first waiting job starts) is only counted off (``_head``, ``_shape_lo``) and the lists are cut
-    now and then, or when read: deleting the first of thousands of waiting jobs moved every other one each time.
-    The scheduler's own loop reads the underlying lists at offset ``_head`` (:meth:`_next_live`)."""
-
-    __slots__ = ("_jobs", "_keys", "_head", "_by_shape", "_shape_lo", "n_jobs")
-
-    def __init__(self) -> None:
-        self._keys: list[tuple] = []
-        self._jobs: list[PoolJob] = []
-        self._head = 0  # entries before it in _jobs / _keys left the queue
-        self._by_shape: dict[tuple, list[tuple]] = {}
-        self._shape_lo: dict[tuple, int] = {}  # the same per shape list (only shapes with such entries)
-        self.n_jobs = 0  # len(jobs), kept: read where only whether jobs wait matters (no call)
-
-    def _compact(self) -> None:
-        """Cut the entries of jobs that left from the front of every list."""
-        head = self._head
-        if head:
-            del self._jobs[:head]
-            del self._keys[:head]
-            self._head = 0
-        if self._shape_lo:
-            for shape, lo in self._shape_lo.items():
-                del self._by_shape[shape][:lo]
-            self._shape_lo.clear()
-
-    @property
-    def jobs(self) -> list[PoolJob]:
-        """The waiting jobs in key order."""
-        if self._head or self._shape_lo:
-            self._compact()
-        return self._jobs
-
-    @property
-    def keys(self) -> list[tuple]:
-        """Their keys, as inserted (the same order)."""
-        if self._head or self._shape_lo:
-            self._compact()
-        return self._keys
-
-    @property
-    def by_shape(self) -> dict[tuple, list[tuple]]:
-        """The keys of each shape's waiting jobs, in key order (shapes without any are absent)."""
-        if self._head or self._shape_lo:
-            self._compact()
-        return self._by_shape
-
-    def insert(self, job: PoolJob, shape: tuple) -> None:
-        key = job.key
-        self.n_jobs += 1
-        all_keys = self._keys
-        if len(all_keys) == self._head or not key < all_keys[-1]:  # bisect_right's answer (a new job: the last)
-            all_keys.append(key)
-            self._jobs.append(job)
-        else:
-            i = bisect.bisect_right(all_keys, key, self._head)
-            all_keys.insert(i, key)
-            self._jobs.insert(i, job)
-        keys = self._by_shape.get(shape)
-        if keys is None:
-            self._by_shape[shape] = [key]
-        elif not key < keys[-1]:  # (never empty)
-            keys.append(key)
-        else:
-            bisect.insort_right(keys, key, self._shape_lo.get(shape, 0))
-
-    def remove(self, job: PoolJob, shape: tuple) -> None:
-        jobs, head = self._jobs, self._head
-        if head < len(jobs) and jobs[head] is job:  # the first one (the usual case): bisect_left's answer
-            i = head
-        else:
-            i = bisect.bisect_left(self._keys, job.key, head)
-            if i >= len(jobs) or jobs[i] is not job:
-                i = jobs.index(job, head)
-        key = self._keys[i]  # the key it was inserted with
-        self.n_jobs -= 1
-        if i == head:  # the first one: counted off, cut later
-            head += 1
-            if head == len(jobs):
-                jobs.clear()
-                self._keys.clear()
-                head = 0
-            elif head >= 32 and 4 * head >= len(jobs):
-                del jobs[:head]
-                del self._keys[:head]
-                head = 0
-            self._head = head
-        else:
-            del self._keys[i]
-            del jobs[i]
-        keys = self._by_shape[shape]
-        lo = self._shape_lo.get(shape, 0)
-        j = lo if keys[lo] == key else bisect.bisect_left(keys, key, lo)  # lo: bisect_left's answer then
-        if j == lo:
-            lo += 1
-            if lo == len(keys):
-                del self._by_shape[shape]
-                self._shape_lo.pop(shape, None)
-            elif lo >= 32 and 4 * lo >= len(keys):
-                del keys[:lo]
-                self._shape_lo.pop(shape, None)
-            else:
-                self._shape_lo[shape] = lo
-        else:
-            del keys[j]
-
-    def resort(self, shape_of) -> None:
-        """Sort again after the jobs' keys changed (``shape_of(job)``: its shape)."""
-        self._compact()
-        self._jobs.sort(key=lambda j: j.key)
-        self._keys[:] = [j.key for j in self._jobs]
-        self._by_shape = {}
-        for job in self._jobs:  # in key order: every shape's list comes out sorted
-            self._by_shape.setdefault(shape_of(job), []).append(job.key)
-
-    def next_live(self, i: int, dead) -> int:
-        """Index of the first job after ``i`` whose shape is not ``dead(shape)`` (``len(jobs)`` if none)."""
-        head = self._head
-        return self._next_live(i + head, dead) - head
-
-    def _next_live(self, i: int, dead) -> int:
-        """:meth:`next_live` for an index ``i`` into the underlying list (offset ``_head``), the same way."""
-        after = self._keys[i]
-        best = None
-        shape_lo = self._shape_lo
-        for shape, keys in self._by_shape.items():
-            if dead(shape):
-                continue
-            j = bisect.bisect_right(keys, after, shape_lo.get(shape, 0))
-            if j < len(keys) and (best is None or keys[j] < best):
-                best = keys[j]
-        return len(self._jobs) if best is None else bisect.bisect_left(self._keys, best, self._head)
-
-    def __len__(self) -> int:
-        return self.n_jobs
-
-
-@dataclass
-class _Reservation:
-    job: PoolJob
-    mask: np.ndarray  # (n_nodes,) bool, reserved nodes
-    since: float
-
-
-def _fails_like(memo: dict[int, int] | None, g: int, n: int) -> bool:
-    """A shape of ``n`` pods of ``g`` GPUs fails as one already failed: ``memo`` ({GPUs per pod: fewest pods
-    that failed}, None or empty: nothing failed) holds a shape no bigger in both."""
-    if memo:
-        for g2, n2 in memo.items():  # a loop, not any() over a generator: called millions of times per trace
-            if g2 <= g and n2 <= n:
-                return True
-    return False
-
-
-class PoolScheduler(EvictionActions):
+class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions, TopologyIndex):
     """Job scheduler over one cluster and one queue tree (see the module docstring).
 
     ``placement``: a placement policy instance, names resolved by the caller (``make_policy``; every pod goes
@@ -422,7 +143,7 @@ class PoolScheduler(EvictionActions):
         self.pend = [[0.0, 0.0, 0.0] for _ in range(nq)]  # waiting jobs' minimum asks
         self.np_alloc = [0.0] * nq  # GPUs of non-preemptible running jobs
         self.n_groups = nq if self.cfg.fair_share else 1
-        self.pending: list[_Pending] = [_Pending() for _ in range(self.n_groups)]
+        self.pending: list[Pending] = [Pending() for _ in range(self.n_groups)]
         self.shapes: list[Counter] = [Counter() for _ in range(self.n_groups)]  # pending (g, n, tier) per group
         self.running: list[dict[int, PoolJob]] = [{} for _ in range(nq)]
         self.levels: list[Counter] = [Counter() for _ in range(self.n_groups)]  # running (-prio, level) per group
@@ -431,7 +152,7 @@ class PoolScheduler(EvictionActions):
         self.n_running = 0
         self.seq = 0
         self.free_gpus = int(((state.gpu_free >= MILLI) & state.gpu_healthy).sum())
-        self.reservation: _Reservation | None = None
+        self.reservation: Reservation | None = None
         self._reserved_memo: tuple | None = None  # reserved_gpus' last answer
         self._free_memo: tuple[int, np.ndarray] | None = None  # _free_whole's last answer
         self._fs_cap: tuple[int, np.ndarray] | None = None  # fair_share's healthy capacity, kept
@@ -465,70 +186,9 @@ class PoolScheduler(EvictionActions):
                       "reservations": 0, "fair_share_updates": 0, "consolidation_attempts": 0, "moved_jobs": 0,
                       "failed_moves": 0}
 
-    # ------------------------------------------------------------------ topology
-    def _topology_setup(self) -> None:
-        st = self.state
-        n = st.n_nodes
-        doms: dict[str, int] = {}
-        dom = np.full(n, -1, dtype=np.int64)
-        for i, d in enumerate(st.node_domain):
-            if d:
-                dom[i] = doms.setdefault(d, len(doms))
-        counts = np.bincount(dom[dom >= 0], minlength=max(1, len(doms))) if doms else np.zeros(1, np.int64)
-        self.has_nvlink = dom >= 0
-        self.multi_dom = np.where((dom >= 0) & (counts[np.maximum(dom, 0)] > 1), dom, -1)
-        sws: dict[str, int] = {}
-        sw = np.full(n, -1, dtype=np.int64)
-        for i in range(n):  # a node without a known switch hangs under its rack's top-of-rack switch
-            key = st.node_switch[i] or (("rack:" + st.node_rack[i]) if st.node_rack[i] else "")
-            if key:
-                sw[i] = sws.setdefault(key, len(sws))
-        self.switch = sw
-        self.mixed_nvlink = bool(self.has_nvlink.any() and not self.has_nvlink.all())
-
-    def _fits_per_node(self, job: PoolJob, allowed: np.ndarray | None) -> np.ndarray:
-        """(n_nodes,) int: pods of ``job`` each node could take now (healthy whole GPUs, CPU, memory)."""
-        st = self.state
-        g = job.gpus_per_pod
-        if g:  # free whole-GPU slots per node: the kept count, unless GPUs are time-sliced
-            f = (self._free_slots().sum(axis=1) if isinstance(self.slot_milli, np.ndarray) else self._free_whole()) // g
-        else:
-            f = np.full(st.n_nodes, 1 << 30, dtype=np.int64)
-        if job.cpu_per_pod:
-            f = np.minimum(f, st.cpu_free // job.cpu_per_pod)
-        if job.mem_per_pod:
-            f = np.minimum(f, st.mem_free // job.mem_per_pod)
-        if allowed is not None:
-            f = np.where(allowed, f, 0)
-        return f
-
-    def _scopes(self, job: PoolJob, f: np.ndarray, n: int) -> list[tuple[str, np.ndarray]]:
-        """The best topology scope that can hold ``n`` pods given ``f`` pods per node: ``[(level, mask
-        of nodes where the first pod may go)]``, or ``[]`` when no scope within the job's tier can."""
-        levels = {"nvlink": ("node", "nvlink"), "node": ("node",), "switch": ("node", "nvlink", "switch"),
-                  "spine": ("node", "nvlink", "switch")}[job.topology_tier]
-        whole = None  # nodes that hold the whole job, when the NVLink preference below left them out
-        for level in levels:
-            if level == "node":
-                ok = f >= n
-                if n == 1 and self.mixed_nvlink and job.gpus_per_pod > 1:  # a multi-GPU pod prefers NVLink
-                    whole = ok
-                    ok = ok & self.has_nvlink
-                if ok.any():
-                    return [("node", ok)]
-                continue
-            ids = self.multi_dom if level == "nvlink" else self.switch
-            valid = ids >= 0
-            if not valid.any():
-                continue
-            sums = np.bincount(ids[valid], weights=f[valid])
-            good = np.flatnonzero(sums >= n)
-            if len(good):
-                return [(level, valid & np.isin(ids, good) & (f > 0))]
-        if whole is not None and job.topology == "required" and whole.any():
-            # a preference, not a requirement: one node without NVLink holds the whole pod (any tier)
-            return [("node", whole)]
-        return []
+    # topology (scopes.TopologyIndex): the old private names, kept as aliases
+    _fits_per_node = TopologyIndex.fits_per_node
+    _scopes = TopologyIndex.scopes
 
     # ------------------------------------------------------------------ bookkeeping
     def _add(self, table: list[list[float]], job: PoolJob, pods: int, sign: float) -> None:
@@ -917,87 +577,6 @@ class PoolScheduler(EvictionActions):
             n -= 1
         return n
 
-    # ------------------------------------------------------------------ placement
-    def _place(self, job: PoolJob, allowed: np.ndarray | None, pods: int | None = None,
-               min_pods: int | None = None) -> list[Assignment] | None:
-        """Place ``pods`` (default ``n_pods``) members through the engine, at least ``min_pods``, all or
-        nothing (a :class:`Statement`), in the best topology scope. None if it does not fit."""
-        n = job.n_pods if pods is None else pods
-        nmin = job.min_pods if min_pods is None else min_pods
-        # A failure decided by the cluster's resources alone (no node fits, before any pod was tried or
-        # with a single pod that no node passes) repeats as long as no node changed: skip the retry.
-        # Failures with a node mask or after a gang member was placed are not remembered (a gang's
-        # tentative placements may move the policy's own state or draw tie-breaks).
-        key = (job, n, nmin, self.state.changes) if allowed is None else None
-        if key is not None and key == self._failed_place:
-            return None
-        members = job.pods[:n]
-        picker = self.picker
-        gang = getattr(picker.inner, "begin_gang", None)  # heterogeneity-aware placement (hetero.py)
-        if gang is not None:
-            gang(job, n, lambda: self._fits_per_node(job, allowed), self._now,
-                 capacity=lambda: self._healthy_capacity(job))
-        if n == 1 and (not self.cfg.topology_aware or job.gpus_per_pod <= 1 or not self.mixed_nvlink):
-            if job.gpus_per_pod > 1 or allowed is not None:  # cheap cached check: no failed engine call
-                mask = self.engine.feasible_mask(picker.effective(members[0]))
-                if not (mask.any() if allowed is None else (mask & allowed).any()):
-                    self._failed_place = key
-                    return None
-            picker.allowed = allowed
-            try:
-                d = self.engine.place(members[0])
-            except Vetoed:
-                return None
-            finally:
-                picker.allowed = None
-            if d.assignment is None:  # no feasible node: the engine changed nothing
-                self._failed_place = key
-                return None
-            return [d.assignment]
-        f = self._fits_per_node(job, allowed)
-        if int(f.sum()) < nmin:
-            self._failed_place = key
-            return None
-        scopes: list[tuple[str, np.ndarray]] = []
-        if self.cfg.topology_aware and job.topology != "none":
-            scopes = self._scopes(job, f, n) or (self._scopes(job, f, nmin) if nmin < n else [])
-            if not scopes and job.topology == "required":
-                self._failed_place = key
-                return None
-        level, scope = scopes[0] if scopes else ("", None)
-        hard = job.topology == "required"
-        st = Statement(self.engine)
-        try:
-            for k, req in enumerate(members):
-                if scope is not None and hard:
-                    picker.allowed = scope if allowed is None else (scope & allowed)
-                    picker.preferred = None
-                else:
-                    picker.allowed = allowed
-                    picker.preferred = scope
-                try:
-                    d = st.place(req)
-                except Vetoed:
-                    d = None
-                if d is None or d.assignment is None:
-                    if len(st.placed) >= nmin:
-                        break
-                    st.discard()
-                    return None
-                if k == 0 and scope is not None:  # the rest of the gang follows the first pod
-                    node = d.assignment.node
-                    if level == "node":
-                        scope = np.zeros(self.state.n_nodes, dtype=bool)
-                        scope[node] = True
-                    elif level == "nvlink":
-                        scope = self.multi_dom == self.multi_dom[node]
-                    else:
-                        scope = self.switch == self.switch[node]
-        finally:
-            picker.allowed = None
-            picker.preferred = None
-        return st.commit()
-
     # ------------------------------------------------------------------ fair share
     def fair_share(self, now: float | None = None) -> np.ndarray:
         """(n_queues, 3) fair share (GPUs, milli-CPU, MiB) for the current demand and healthy capacity.
@@ -1197,202 +776,6 @@ class PoolScheduler(EvictionActions):
             if self._promote:
                 best = min(best, self._promote[0][0])
         return best if best > now + 1e-9 else math.inf
-
-    def _dominated(self, grp: int, failed: dict, known: dict) -> bool:
-        """True when every pending shape of ``grp`` is at least as big as one that already failed. ``known``:
-        the verdict per shape for these memos, filled as computed (the caller drops it when a memo changes)."""
-        for shape in self.shapes[grp]:  # _shape_failed inlined (a hot loop: no generator, no call per shape)
-            dom = known.get(shape)
-            if dom is None:
-                memo = failed.get(shape[2])
-                dom = known[shape] = _fails_like(memo, shape[0], shape[1]) if memo else False
-            if not dom:
-                return False
-        return True
-
-    @staticmethod
-    def _shape_failed(shape: tuple, failed: dict, known: dict) -> bool:
-        """Whether a job of ``shape`` fails as one in ``failed`` did (``_fails_like``), remembered in ``known``."""
-        dom = known.get(shape)
-        if dom is None:
-            dom = known[shape] = _fails_like(failed.get(shape[2]), shape[0], shape[1])
-        return dom
-
-    def _allocate(self, now: float, res: CycleResult) -> bool:
-        """Place waiting jobs in queue order; pass over blocked ones (backfill) unless strict FIFO."""
-        placed_any = False
-        allowed = None
-        r = self.reservation
-        if r is not None:
-            if r.job.status != PENDING:
-                self.reservation = r = None
-            elif self._try_place(r.job, None, {}, now, res):
-                placed_any = True
-                r = None
-            else:
-                allowed = ~r.mask
-        if self.free_gpus <= 0:
-            return placed_any
-        # other queues' in-quota work is not held back by a reservation for a gang that would borrow
-        lender = r is not None and not self._in_quota(r.job)
-        failed: dict = {}  # shapes that failed with the reservation's nodes off limits
-        failed_any: dict = {}  # ... and with every node (in-quota jobs while the holder borrows)
-        heap = [(self._qkey(g), g) for g in range(self.n_groups) if self.pending[g].n_jobs]
-        heapq.heapify(heap)
-        cursor = [0] * self.n_groups
-        topo = self.cfg.topology_aware
-        fair = self.cfg.fair_share
-        known_ver, known, known_any = self._fail_ver, {}, {}  # _dominated's verdicts for the current memos
-        while heap:
-            _, grp = heapq.heappop(heap)
-            exempt = lender and (not fair or (
-                grp != r.job.q and self.alloc[grp][0] < self.quota_g[grp] - _EPS))
-            if known_ver != self._fail_ver:
-                known_ver, known, known_any = self._fail_ver, {}, {}
-            if failed and self._dominated(grp, failed, known) and (
-                    not exempt or self._dominated(grp, failed_any, known_any)):
-                continue
-            plist = self.pending[grp]
-            # the list under plist.jobs, read from offset base (_Pending counts jobs that left its front off
-            # without moving the others): no job leaves it before the loop ends
-            base = plist._head
-            jobs = plist._jobs
-            i = cursor[grp] + base
-            placed = False
-            checked = self._fail_ver  # _dominated is False for these memos (or the loop would have ended)
-            if exempt and fair:  # _in_quota of this group's jobs (job.q == grp != r.job.q): alloc moves only
-                held, quota = self.alloc[grp][0], self.quota_g[grp] + _EPS  # when a job starts, ending the loop
-            while i < len(jobs):
-                job = jobs[i]
-                if r is not None and r.job is job:
-                    i += 1
-                    continue
-                if exempt and (held + job.min_pods * job.gpus_per_pod <= quota if fair
-                               else job.q != r.job.q and self._in_quota(job)):
-                    memo_for, allowed_for = failed_any, None
-                else:
-                    memo_for, allowed_for = failed, allowed
-                # _try_place's failed-shape test, first: a job at least as big as a shape that failed fails
-                # the same way (changing nothing), without the call
-                tier = job.topology_tier if (job.topology == "required" and topo) else None  # _shape(job)[2]
-                skipped = _fails_like(memo_for.get(tier), job.gpus_per_pod, job.min_pods)
-                ok = not skipped and self._try_place(job, allowed_for, memo_for, now, res)
-                if ok:
-                    placed = placed_any = True
-                    break
-                if not self.cfg.backfill or self.free_gpus <= 0:
-                    return placed_any
-                if checked != self._fail_ver:  # the pending shapes are unchanged until a job starts
-                    checked = known_ver = self._fail_ver
-                    known, known_any = {}, {}
-                    if self._dominated(grp, failed, known) and (
-                            not exempt or self._dominated(grp, failed_any, known_any)):
-                        break
-                if skipped and (fair or not exempt):  # pass over every job of a failed shape at once (the
-                    if known_ver != self._fail_ver:  # same jobs this loop would skip one by one, changing nothing)
-                        known_ver, known, known_any = self._fail_ver, {}, {}
-                    if not exempt:
-                        i = plist._next_live(i, lambda shape, k=known: self._shape_failed(shape, failed, k))
-                    else:  # the memo a job reads depends on its shape only (its GPUs against the quota left)
-                        i = plist._next_live(i, lambda shape, k=known, ka=known_any, h=held, top=quota: (
-                            self._shape_failed(shape, failed_any, ka) if h + shape[1] * shape[0] <= top
-                            else self._shape_failed(shape, failed, k)))
-                    continue
-                i += 1
-            cursor[grp] = i - base  # an index into plist.jobs: a job that started here left it (the next one's)
-            if placed:
-                heapq.heappush(heap, (self._qkey(grp), grp))
-        return placed_any
-
-    def _try_place(self, job: PoolJob, allowed: np.ndarray | None, failed: dict, now: float,
-                   res: CycleResult) -> bool:
-        if self._held_back(job, now):
-            return False
-        g, nmin = job.gpus_per_pod, job.min_pods
-        if not self._admissible(job, nmin):
-            return False
-        shape = self._shape(job)
-        if _fails_like(failed.get(shape[2]), g, nmin):
-            return False
-        placed = self._place(job, allowed, self._admissible_pods(job), nmin) if self.free_gpus >= nmin * g else None
-        if placed is None:
-            memo = failed.setdefault(shape[2], {})
-            memo[g] = min(memo.get(g, 1 << 30), nmin)
-            self._fail_ver += 1
-            return False
-        self._start(job, placed, now, res)
-        return True
-
-    def _maybe_reserve(self, now: float) -> None:
-        """Reserve nodes for the job (of more than one GPU) that has waited longest, once it has waited
-        ``reserve_after_s``; otherwise note when that will be."""
-        if self.reservation is not None and self.reservation.job.status == PENDING:
-            return
-        self.reservation = None
-        while self._gangs:
-            since, _, job = self._gangs[0]
-            if job.status != PENDING or job.pending_since != since:
-                heapq.heappop(self._gangs)
-                continue
-            due = since + (self.cfg.reserve_after_s or 0.0)
-            if due > now + 1e-9:
-                self._wake_at = min(self._wake_at, due)
-                return
-            heapq.heappop(self._gangs)
-            if (self._admissible(job, job.min_pods) and self.infeasible_reason(job) == ""
-                    and self._reserve(job, now)):
-                return
-
-    def _reserve(self, job: PoolJob, now: float) -> bool:
-        """Reserve nodes for a starving ``job``: those where it fits soonest (most free GPUs), within one
-        switch if one can hold it. False if even the whole healthy cluster could not."""
-        st = self.state
-        cap = self._healthy_capacity(job)
-        n = job.min_pods
-        if int(cap.sum()) < n:
-            return False
-        free = self._free_whole()
-        candidates = np.ones(st.n_nodes, dtype=bool)
-        if self.cfg.topology_aware and n > 1 and (self.switch >= 0).any():
-            valid = self.switch >= 0
-            sums = np.bincount(self.switch[valid], weights=cap[valid])
-            good = np.flatnonzero(sums >= n)
-            if len(good):
-                frees = np.bincount(self.switch[valid], weights=free[valid], minlength=len(sums))
-                candidates = self.switch == good[np.argmax(frees[good])]
-            elif job.topology == "required":
-                return False
-        order = np.lexsort((np.arange(st.n_nodes), -free, ~candidates))
-        mask = np.zeros(st.n_nodes, dtype=bool)
-        got = 0
-        for node in order.tolist():
-            if cap[node] <= 0:
-                continue
-            mask[node] = True
-            got += int(cap[node])
-            if got >= n:
-                break
-        if got < n:
-            return False
-        self.reservation = _Reservation(job, mask, now)
-        self.stats["reservations"] += 1
-        return True
-
-    def _in_quota(self, job: PoolJob, pods: int | None = None) -> bool:
-        """Would ``job`` (``pods`` pods, default its minimum) keep its leaf queue within its quota?"""
-        need = (job.min_pods if pods is None else pods) * job.gpus_per_pod
-        return self.alloc[job.q][0] + need <= self.quota_g[job.q] + _EPS
-
-    def _allowed_for(self, job: PoolJob) -> np.ndarray | None:
-        """(n_nodes,) bool mask of the nodes ``job`` may use, or None for all: the reserved nodes are off
-        limits, except to in-quota work of another queue while the reservation's holder would borrow
-        (take its own queue above quota)."""
-        r = self.reservation
-        if r is None or r.job is job or r.job.status != PENDING:
-            return None
-        if job.q != r.job.q and self._in_quota(job) and not self._in_quota(r.job):
-            return None
-        return ~r.mask
 
     # ------------------------------------------------------------------ views
     def reserved_gpus(self) -> tuple[int, int] | None:
