@@ -59,13 +59,13 @@ from gpupool.k8s import (
     QUEUE_API,
     VOLCANO_POD_GROUP_API,
 )
-from gpupool.k8s.events import EventRecorder
+from gpupool.k8s.api.events import EventRecorder
+from gpupool.k8s.api.status import StatusWriter
+from gpupool.k8s.api.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
 from gpupool.k8s.pool import PoolDriver
 from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
 from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, Preemption
 from gpupool.k8s.state import ClusterModel
-from gpupool.k8s.status import StatusWriter
-from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
 from gpupool.policies import DEFAULT_POLICY
 
 log = logging.getLogger("gpupool.k8s.scheduler")

@@ -198,7 +198,7 @@ def load_api_client(kubeconfig: Path | None = None, context: str | None = None, 
     """
     from kubernetes import client, config
 
-    from gpupool.k8s.wire import configure
+    from gpupool.k8s.api.wire import configure
 
     if kubeconfig is None and context is None:
         cfg = client.Configuration()
@@ -323,7 +323,7 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
     """Run until SIGTERM/SIGINT (or ``stop`` is set): scheduler, Lease elector, metrics server, telemetry."""
     import logging
 
-    from gpupool.k8s.leader import LeaderElector
+    from gpupool.k8s.api.leader import LeaderElector
     from gpupool.k8s.metrics import MetricsServer, SchedulerMetrics, logging_setup
     from gpupool.k8s.scheduler import Scheduler, SchedulerConfig
 

@@ -36,9 +36,9 @@ def run_autoscaler(prometheus_url: str, *, kubeconfig: Path | None = None, conte
     """
     import logging
 
+    from gpupool.k8s.api.leader import LeaderElector
     from gpupool.k8s.autoscaler.controller import AutoscalerController, AutoscalerMetrics, ControllerConfig
     from gpupool.k8s.autoscaler.prometheus import PrometheusClient
-    from gpupool.k8s.leader import LeaderElector
     from gpupool.k8s.metrics import MetricsServer
     from gpupool.k8s.scheduler_cli import _host_port, load_api_client
 
