@@ -11,14 +11,18 @@ body to the end and hands the connection back:
 * :func:`configure`: a client ``Configuration`` with a connection pool as large as the number of threads
   that write at once, and urllib3 retries that do not log one warning per attempt.
 * :class:`Outage`: one warning when a run of failures starts, one line when it ends (with the attempts).
+* :func:`log_event`: the scheduler's structured log line; :func:`api_reason`: what the API server said;
+  :func:`now_iso`: the time as the API writes it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
@@ -193,5 +197,35 @@ class Outage:
                  **self.fields, **fields)
 
 
+log = logging.getLogger("gpupool.k8s.scheduler")
+
+
+def log_event(level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
+    """One structured log line: the event as the message, the fields as ``extra`` (JSON / logfmt fields with
+    :func:`gpupool.k8s.metrics.logging_setup`)."""
+    if log.isEnabledFor(level):
+        log.log(level, event, extra={"event": event, **fields}, exc_info=exc_info)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def api_reason(exc: BaseException) -> str:
+    """What the API server said, for an Event or a log: ``"429 <Status message> (<causes>)"``; for a transport
+    error its type and text."""
+    status = getattr(exc, "status", None)
+    if status is None:
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    message, causes = str(getattr(exc, "reason", "") or ""), []
+    try:
+        body = json.loads(getattr(exc, "body", None) or "{}")
+        message = body.get("message") or message
+        causes = [c.get("message") for c in (body.get("details") or {}).get("causes") or [] if c.get("message")]
+    except (TypeError, ValueError, AttributeError):
+        pass
+    return f"{status} {message}" + (f" ({'; '.join(causes)})" if causes else "")
+
+
 __all__ = ["call", "drain", "configure", "ensure_pool", "pool_maxsize", "quiet_urllib3_retries", "Outage", "JSON",
-           "MERGE_PATCH", "STRATEGIC_PATCH"]
+           "MERGE_PATCH", "STRATEGIC_PATCH", "log_event", "now_iso", "api_reason"]
