@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import json
 import logging
 import re
 import socket
@@ -57,31 +56,29 @@ from gpupool.k8s import (
     QUEUE_API,
     VOLCANO_POD_GROUP_API,
 )
+from gpupool.k8s.api.calls import (
+    DISRUPTION_TARGET,
+    PREEMPTION_BY_SCHEDULER,
+    evict,
+    mark_disruption_target,
+    post_binding,
+    read_pod,
+    set_nominated_node,
+    set_unschedulable,
+    split_key,
+)
 from gpupool.k8s.api.events import EventRecorder
 from gpupool.k8s.api.status import StatusWriter
 from gpupool.k8s.api.watch import Backoff, ClusterCache, Reflector, list_all
-from gpupool.k8s.api.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, api_reason, call, ensure_pool
+from gpupool.k8s.api.wire import Outage, api_reason, ensure_pool
 from gpupool.k8s.api.wire import log_event as _log
-from gpupool.k8s.api.wire import now_iso as _now
 from gpupool.k8s.pool import PoolDriver
 from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
 from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, Preemption
 from gpupool.k8s.state import ClusterModel
 from gpupool.policies import DEFAULT_POLICY
 
-EVICTION_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
-POD_STATUS_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/status"
-DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition kube-scheduler sets on a preemption victim
-PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
-
-
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
-
-
-def _split_key(key: str) -> tuple[str, str]:
-    """``"ns/name"`` -> ``(ns, name)``; a key without a namespace is in ``default``."""
-    ns, _, name = key.rpartition("/")
-    return ns or "default", name
 
 
 @dataclass
@@ -450,15 +447,9 @@ class Scheduler:
             _log(logging.INFO, "bind_skipped", pod=key, node=node, reason="node no longer exists")
             self._forget(key, a)
             return "node_gone"
-        binding_meta: dict[str, Any] = {"name": name, "namespace": ns, "annotations": a.annotations}
-        if a.uid:
-            binding_meta["uid"] = a.uid
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": binding_meta,
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
-            call(self.api_client, "POST", "/api/v1/namespaces/{namespace}/pods/{name}/binding", body,
-                 timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-                 path_params={"namespace": ns, "name": name})
+            post_binding(self.api_client, ns, name, a.uid, a.annotations, node,
+                         timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
         except ApiException as exc:
             if exc.status == 404:
                 result = "deleted"
@@ -517,9 +508,8 @@ class Scheduler:
         """
         node = a.placement.node or ""
         try:
-            current = json.loads(call(self.api_client, "GET", "/api/v1/namespaces/{namespace}/pods/{name}",
-                                      timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-                                      path_params={"namespace": ns, "name": name}))
+            current = read_pod(self.api_client, ns, name,
+                               timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
         except ApiException as exc:
             if exc.status == 404:
                 self._forget(key, a)
@@ -576,14 +566,9 @@ class Scheduler:
             if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
                     and cond.get("reason") == "Unschedulable" and cond.get("message") == message):
                 return
-        body = {"status": {"conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-            "lastProbeTime": None, "lastTransitionTime": _now(),
-        }]}}
         try:
-            call(self.api_client, "PATCH", "/api/v1/namespaces/{namespace}/pods/{name}/status", body,
-                 content_type=STRATEGIC_PATCH, timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-                 path_params={"namespace": meta.get("namespace") or "default", "name": meta.get("name", "")})
+            set_unschedulable(self.api_client, meta.get("namespace") or "default", meta.get("name", ""), message,
+                              timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
         except Exception as exc:
             _log(logging.DEBUG, "condition_failed", pod=pod_key(pod), error=type(exc).__name__,
                  status=getattr(exc, "status", None))
@@ -617,38 +602,14 @@ class Scheduler:
             return "error"
 
     def _evict(self, key: str, uid: str, dry_run: bool) -> None:
-        """POST a policy/v1 Eviction for pod ``key`` (``"ns/name"``) with ``uid`` as precondition.
-
-        ``dry_run``: ``deleteOptions.dryRun=["All"]`` (the API server runs every check, PodDisruptionBudgets
-        included, and changes nothing). The pod's own ``terminationGracePeriodSeconds`` applies. Returns on
-        ``201``; raises :class:`ApiException` for a refusal (``429``: a PodDisruptionBudget allows no disruption
-        now or is not yet processed; ``404``: the pod is gone; ``409``: the UID differs, the pod was replaced;
-        ``500``: several budgets match the pod) and urllib3's errors for transport trouble. Timeout: the
-        connect timeout plus ``bind_timeout_s`` (seconds).
-        """
-        ns, name = _split_key(key)
-        options: dict[str, Any] = {}
-        if dry_run:
-            options["dryRun"] = ["All"]
-        if uid:
-            options["preconditions"] = {"uid": uid}
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns},
-                "deleteOptions": options}
-        call(self.api_client, "POST", EVICTION_PATH, body,
-             timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-             path_params={"namespace": ns, "name": name})
+        """:func:`gpupool.k8s.api.calls.evict` for ``key``; timeout: the connect timeout plus ``bind_timeout_s``."""
+        evict(self.api_client, key, uid, dry_run,
+              timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
 
     def _mark_disruption_target(self, key: str, reason: str) -> None:
-        """PATCH (strategic merge, ``pods/status``) the ``DisruptionTarget=True`` condition onto victim ``key``, as
-        kube-scheduler does before it removes a victim (reason ``PreemptionByScheduler``, ``reason`` as the
-        message). Raises :class:`ApiException` (``404``: the pod is gone) and transport errors."""
-        ns, name = _split_key(key)
-        body = {"status": {"conditions": [{
-            "type": DISRUPTION_TARGET, "status": "True", "reason": PREEMPTION_BY_SCHEDULER,
-            "message": reason, "lastTransitionTime": _now()}]}}
-        call(self.api_client, "PATCH", POD_STATUS_PATH, body, content_type=STRATEGIC_PATCH,
-             timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-             path_params={"namespace": ns, "name": name})
+        """:func:`gpupool.k8s.api.calls.mark_disruption_target` for victim ``key`` (``reason`` as the message)."""
+        mark_disruption_target(self.api_client, key, reason,
+                               timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
 
     def _preemptor_pods(self, pre: Preemption) -> list[Mapping[str, Any]]:
         """The pods that wait for ``pre`` (its nominated placements, else the preemptor if it names a pod)."""
@@ -660,7 +621,7 @@ class Scheduler:
         pod = self.cache.get("pods", key)
         if pod is not None and (not uid or (pod.get("metadata") or {}).get("uid") == uid):
             return pod
-        ns, name = _split_key(key)
+        ns, name = split_key(key)
         return {"metadata": {"namespace": ns, "name": name, "uid": uid}}
 
     def _preempt(self, pre: Preemption) -> str:
@@ -778,9 +739,8 @@ class Scheduler:
         is logged at DEBUG (the next nomination or binding writes again)."""
         meta = pod.get("metadata") or {}
         try:
-            call(self.api_client, "PATCH", POD_STATUS_PATH, {"status": {"nominatedNodeName": node}},
-                 content_type=MERGE_PATCH, timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-                 path_params={"namespace": meta.get("namespace") or "default", "name": meta.get("name", "")})
+            set_nominated_node(self.api_client, meta.get("namespace") or "default", meta.get("name", ""), node,
+                               timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
         except Exception as exc:
             _log(logging.DEBUG, "nominate_failed", pod=pod_key(pod), node=node, error=type(exc).__name__,
                  status=getattr(exc, "status", None))
