@@ -257,8 +257,8 @@ def part_real(n_nodes: int, n_pods: int, timeout_s: float) -> dict:
 
     from kubernetes import client
 
+    from gpupool.k8s.api.client import load_api_client
     from gpupool.k8s.scheduler import Scheduler, SchedulerConfig
-    from gpupool.k8s.scheduler_cli import load_api_client
 
     tool = ROOT.parent / "shared" / "tools" / "kube-control-plane"
     if not (tool / "start.sh").exists():

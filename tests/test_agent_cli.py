@@ -112,7 +112,7 @@ def test_no_driver_exits_3_with_what_to_check(monkeypatch):
 def test_node_name_from_the_environment_and_once_publishes(monkeypatch, fake_file):
     api = FakeApi(node())
     monkeypatch.setattr(pub.wire, "call", api.call)
-    monkeypatch.setattr("gpupool.k8s.scheduler_cli.load_api_client", lambda *a, **kw: object())
+    monkeypatch.setattr("gpupool.k8s.api.client.load_api_client", lambda *a, **kw: object())
     r = invoke("--backend", "fake", "--fake-file", str(fake_file), "--once", env={"NODE_NAME": "gpu-1"})
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -138,7 +138,7 @@ def test_once_exits_1_when_the_node_cannot_be_written(monkeypatch, fake_file):
     api = FakeApi(node())
     api.fail = [ApiException(status=403, reason="Forbidden")] * 100
     monkeypatch.setattr(pub.wire, "call", api.call)
-    monkeypatch.setattr("gpupool.k8s.scheduler_cli.load_api_client", lambda *a, **kw: object())
+    monkeypatch.setattr("gpupool.k8s.api.client.load_api_client", lambda *a, **kw: object())
     r = invoke("--backend", "fake", "--fake-file", str(fake_file), "--once", "--node-name", "gpu-1")
     assert r.exit_code == 1, r.output
     assert "403" in json.loads(r.stdout.strip().splitlines()[-1])["error"]

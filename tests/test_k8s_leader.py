@@ -228,7 +228,7 @@ def test_timing_must_be_ordered():
 def test_micro_time_always_has_six_fraction_digits():
     import datetime as dt
 
-    from gpupool.k8s.leader import _micro_time
+    from gpupool.k8s.api.leader import _micro_time
 
     assert _micro_time(dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)) == "2025-01-02T03:04:05.000001Z"
     assert _micro_time("2025-01-02T03:04:05.250000+00:00") == "2025-01-02T03:04:05.250000Z"

@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupool.k8s import status as status_mod
 from gpupool.k8s import wire
+from gpupool.k8s.api import status as status_mod
 from gpupool.k8s.state import ClusterModel
 from gpupool.k8s.status import (
     OWNED_FIELDS,

@@ -174,7 +174,7 @@ def register(app: typer.Typer) -> None:
 
         Exit codes: 0 done; 1 --once could not publish; 2 bad usage; 3 the GPU driver cannot be read.
         """
-        from gpupool.k8s.scheduler_cli import ConfigError, parse_duration
+        from gpupool.k8s.api.client import ConfigError, parse_duration
 
         level = getattr(logging, log_level.upper(), None)
         if not isinstance(level, int):
@@ -214,7 +214,7 @@ def register(app: typer.Typer) -> None:
             return
 
         from gpupool.agent.publisher import NodePublisher
-        from gpupool.k8s.scheduler_cli import load_api_client
+        from gpupool.k8s.api.client import load_api_client
 
         try:
             api = load_api_client(kubeconfig, None, writers=2)
@@ -224,10 +224,10 @@ def register(app: typer.Typer) -> None:
         publisher = NodePublisher(api, str(node_name), sleep=stopping.wait)
         address = None
         if not once and metrics_bind_address not in ("", "0"):
-            from gpupool.k8s.scheduler_cli import _host_port
+            from gpupool.k8s.api.client import host_port
 
             try:
-                address = _host_port(metrics_bind_address)
+                address = host_port(metrics_bind_address)
             except ConfigError as exc:
                 _fail(str(exc))
         exporter = _exporter() if address else None

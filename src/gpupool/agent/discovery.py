@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ..k8s.objects.agent_report import GpuHealth
 from .backend import DriverInfo, GpuBackend, GpuDevice, MigInstance, architecture_from_compute
-from .report import GpuHealth
 
 __all__ = ["Clique", "Discovery", "MIG_STRATEGIES", "discover", "gfd_labels", "inventory_doc", "mig_resource",
            "nvlink_cliques", "sanitise"]

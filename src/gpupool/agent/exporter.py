@@ -46,8 +46,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpupool.agent.backend import GpuDevice, GpuSample
-from gpupool.agent.report import GpuHealth
 from gpupool.catalog import APPLICATION_XIDS
+from gpupool.k8s.objects.agent_report import GpuHealth
 
 __all__ = ["DEFAULT_PORT", "LABELS", "METRICS", "AgentExporter", "GpuExporter", "serve"]
 

@@ -39,9 +39,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from ..k8s.objects.agent_report import COND_GPU_HEALTHY, Condition, GpuHealth
 from ..k8s.telemetry import APPLICATION_XIDS
 from .backend import GpuDevice, GpuEvent, GpuSample
-from .report import COND_GPU_HEALTHY, Condition, GpuHealth
 
 __all__ = ["THROTTLE_BITS", "THROTTLE_NOTED", "XID_MEANINGS", "HealthTracker", "condition", "driver_failure_condition",
            "throttle_names", "xid_message"]

@@ -42,8 +42,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from gpupool.agent.report import ANN_GPU_INVENTORY, ANN_OWNED_LABELS, NodeReport, inventory_json
-from gpupool.k8s import wire
+from gpupool.k8s.api import wire
+from gpupool.k8s.objects.agent_report import ANN_GPU_INVENTORY, ANN_OWNED_LABELS, NodeReport, inventory_json
 
 __all__ = ["AGENT_PREFIXES", "NodePublisher", "Plan", "agent_label", "plan_patches", "rfc3339", "valid_label"]
 

@@ -34,7 +34,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpupool.agent.backend import BackendError, GpuBackend, GpuEvent
-from gpupool.agent.report import COND_GPU_HEALTHY, COND_STACK_READY, LABEL_STACK_READY, Condition, GpuHealth, NodeReport
+from gpupool.k8s.objects.agent_report import (
+    COND_GPU_HEALTHY,
+    COND_STACK_READY,
+    LABEL_STACK_READY,
+    Condition,
+    GpuHealth,
+    NodeReport,
+)
 
 __all__ = ["Agent", "FakeClock", "SystemClock", "call_with", "report_json"]
 

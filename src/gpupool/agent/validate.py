@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.agent.backend import BackendError, GpuBackend, GpuDevice
-from gpupool.agent.report import COND_STACK_READY, LABEL_STACK_READY, Condition
+from gpupool.k8s.objects.agent_report import COND_STACK_READY, LABEL_STACK_READY, Condition
 
 __all__ = ["CUDA_LIBRARIES", "CU_RESULT_NAMES", "RUNTIME_CONFIG_PATHS", "CheckResult", "RuntimeConfig",
            "StackResult", "check_cuda", "check_device_plugin", "check_driver", "check_runtime",

@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from gpupool.k8s.scheduler_cli import ConfigError, load_api_client, warm_kernels
+from gpupool.k8s.api.client import ConfigError, load_api_client
+from gpupool.k8s.scheduler_cli import warm_kernels
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
 
 

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import collections
 import gc
-import json
 import logging
-import random
 import re
 import socket
 import threading
@@ -42,10 +40,9 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupool.k8s import (
@@ -59,58 +56,29 @@ from gpupool.k8s import (
     QUEUE_API,
     VOLCANO_POD_GROUP_API,
 )
-from gpupool.k8s.events import EventRecorder
+from gpupool.k8s.api.calls import (
+    DISRUPTION_TARGET,
+    PREEMPTION_BY_SCHEDULER,
+    evict,
+    mark_disruption_target,
+    post_binding,
+    read_pod,
+    set_nominated_node,
+    set_unschedulable,
+    split_key,
+)
+from gpupool.k8s.api.events import EventRecorder
+from gpupool.k8s.api.status import StatusWriter
+from gpupool.k8s.api.watch import Backoff, ClusterCache, Reflector, list_all
+from gpupool.k8s.api.wire import Outage, api_reason, ensure_pool
+from gpupool.k8s.api.wire import log_event as _log
 from gpupool.k8s.pool import PoolDriver
 from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
 from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, Preemption
 from gpupool.k8s.state import ClusterModel
-from gpupool.k8s.status import StatusWriter
-from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, Outage, call, drain, ensure_pool
 from gpupool.policies import DEFAULT_POLICY
 
-log = logging.getLogger("gpupool.k8s.scheduler")
-
-
-def _log(level: int, event: str, exc_info: bool = False, **fields: Any) -> None:
-    """One structured log line: the event as the message, the fields as ``extra`` (JSON / logfmt fields with
-    :func:`gpupool.k8s.metrics.logging_setup`)."""
-    if log.isEnabledFor(level):
-        log.log(level, event, extra={"event": event, **fields}, exc_info=exc_info)
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-EVICTION_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
-POD_STATUS_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/status"
-DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition kube-scheduler sets on a preemption victim
-PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
-
-
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
-
-
-def _split_key(key: str) -> tuple[str, str]:
-    """``"ns/name"`` -> ``(ns, name)``; a key without a namespace is in ``default``."""
-    ns, _, name = key.rpartition("/")
-    return ns or "default", name
-
-
-def api_reason(exc: BaseException) -> str:
-    """What the API server said, for an Event or a log: ``"429 <Status message> (<causes>)"``; for a transport
-    error its type and text."""
-    status = getattr(exc, "status", None)
-    if status is None:
-        return f"{type(exc).__name__}: {str(exc)[:200]}"
-    message, causes = str(getattr(exc, "reason", "") or ""), []
-    try:
-        body = json.loads(getattr(exc, "body", None) or "{}")
-        message = body.get("message") or message
-        causes = [c.get("message") for c in (body.get("details") or {}).get("causes") or [] if c.get("message")]
-    except (TypeError, ValueError, AttributeError):
-        pass
-    return f"{status} {message}" + (f" ({'; '.join(causes)})" if causes else "")
 
 
 @dataclass
@@ -145,289 +113,6 @@ class SchedulerConfig:
     pod_group_status: bool = True  # write PodGroup status (off where scheduler-plugins' or Volcano's controller does)
 
 
-class Backoff:
-    """Exponential backoff with jitter: the n-th delay is drawn from ``[d/2, d]``, ``d = initial * 2**n`` capped at
-    ``maximum`` (seconds). :meth:`reset` after a success."""
-
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial, self.maximum, self.failures = initial, maximum, 0
-
-    def next(self) -> float:
-        delay = min(self.maximum, self.initial * (2 ** self.failures))
-        self.failures += 1
-        return random.uniform(delay / 2, delay)
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
-class _RawWatch(watch.Watch):
-    """The client's Watch, yielding raw dicts (no model deserialization; gpupool reads plain JSON)."""
-
-    def get_return_type(self, func):  # noqa: D102
-        return None
-
-
-# ------------------------------------------------------------------ cache
-class ClusterCache:
-    """Objects by kind, as the watches last reported them; ``changed`` is set on every change.
-
-    Every change is also queued in ``changes`` (``(kind, event type, object)``, ``(kind, "RELIST", items)``
-    for a list) for the scheduling thread, which applies them to its :class:`~gpupool.k8s.state.ClusterModel`
-    at the start of each cycle (:meth:`drain`): reflectors never touch the model.
-    """
-
-    KINDS = ("nodes", "pods", "podgroups", "volcanopodgroups", "queues")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.objects: dict[str, dict[str, dict[str, Any]] | None] = {k: {} for k in self.KINDS}
-        self.changed = threading.Event()
-        self.changes: collections.deque[tuple[str, str, Any]] = collections.deque()
-
-    @staticmethod
-    def key(obj: Mapping[str, Any]) -> str:
-        meta = obj.get("metadata") or {}
-        ns = meta.get("namespace")
-        return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
-
-    def replace(self, kind: str, items: list[dict[str, Any]] | None) -> None:
-        with self.lock:
-            self.objects[kind] = None if items is None else {self.key(o): o for o in items}
-            self.changes.append((kind, "RELIST", items))
-        self.changed.set()
-
-    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
-        with self.lock:
-            store = self.objects[kind]
-            if store is None:
-                store = self.objects[kind] = {}
-            if event_type == "DELETED":
-                store.pop(self.key(obj), None)
-            else:
-                store[self.key(obj)] = obj
-            self.changes.append((kind, event_type, obj))
-        self.changed.set()
-
-    def drain(self, model: Any) -> int:
-        """Apply the queued changes to ``model`` (a :class:`~gpupool.k8s.state.ClusterModel`); returns how many.
-
-        A relist supersedes the queued events of its kind before it, so they are skipped."""
-        with self.lock:
-            batch = list(self.changes)
-            self.changes.clear()
-        last_relist = {kind: i for i, (kind, etype, _) in enumerate(batch) if etype == "RELIST"}
-        for i, (kind, etype, obj) in enumerate(batch):
-            if i < last_relist.get(kind, -1):
-                continue
-            if etype == "RELIST":
-                model.replace(kind, obj)
-            elif etype == "FORBIDDEN":
-                model.forbid(kind, obj)
-            else:
-                model.apply(kind, etype, obj)
-        return len(batch)
-
-    def forbidden(self, kind: str, reason: str) -> None:
-        """``kind`` may not be read (403 before any list): nothing cached; the model is told why."""
-        with self.lock:
-            self.objects[kind] = None
-            self.changes.append((kind, "FORBIDDEN", reason))
-        self.changed.set()
-
-    def get(self, kind: str, key: str) -> dict[str, Any] | None:
-        with self.lock:
-            store = self.objects[kind]
-            return None if store is None else store.get(key)
-
-
-# ------------------------------------------------------------------ list + watch
-class Reflector(threading.Thread):
-    """Keeps one kind of object in :class:`ClusterCache` in step with the API server.
-
-    List (paged), then watch from the list's ``resourceVersion`` with ``allowWatchBookmarks``; each
-    watch request ends after ``watch_timeout_s`` and is resumed from the last resourceVersion seen
-    (events and bookmarks). ``410 Gone`` -> list again at once. Other errors -> resume after a backoff.
-
-    An ``optional`` kind (a CRD) that has never been listed and answers 404 (not installed) or 403 (not granted:
-    a warning names the missing permission) is recorded as absent and looked for again later. Once a kind has
-    been listed, every error is transient: the cache is kept (a restarting API server answers 403 and 5xx for a
-    while), the reflector backs off and lists again. An outage is logged once when it starts and once when it
-    ends (with the number of failed attempts), not per attempt.
-    """
-
-    def __init__(self, kind: str, list_fn: Callable[..., Any], cache: ClusterCache, config: SchedulerConfig,
-                 optional: bool = False) -> None:
-        super().__init__(name=f"reflector-{kind}", daemon=True)
-        self.kind, self.list_fn, self.cache, self.config, self.optional = kind, list_fn, cache, config, optional
-        self.resource_version: str | None = None
-        self.lists = 0  # completed lists (tests and the leader hand-over read it)
-        self.listed_at = -1e9  # time.monotonic() of the last completed list
-        self.synced = threading.Event()
-        self._halt = threading.Event()
-        self._relist = threading.Event()
-        self._watch: _RawWatch | None = None
-        self._resp: Any = None  # the open watch response (urllib3), for _interrupt
-        self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
-        self._outage = Outage(_log, "api", kind=kind)
-        self.absent_reported = False  # the "not installed / not granted" line was logged
-
-    # -- control
-    def stop(self) -> None:
-        self._halt.set()
-        self._relist.set()  # wakes a backoff sleep
-        self._interrupt()
-
-    def relist(self) -> None:
-        """List again now (e.g. after becoming leader)."""
-        self._relist.set()
-        self._interrupt()
-
-    def _interrupt(self) -> None:
-        """Cut the open watch now. ``Watch.stop()`` alone is seen only when the next event arrives, which on an
-        idle kind (nodes) may be minutes away; shutting the response's socket ends the blocked read at once."""
-        w = self._watch
-        if w is not None:
-            w.stop()
-        resp = self._resp
-        if resp is not None:
-            try:
-                shutdown = getattr(resp, "shutdown", None)  # urllib3 >= 2.3: unblocks a read in another thread
-                (shutdown or resp.close)()
-            except Exception:  # noqa: BLE001 - the watch is being abandoned anyway
-                pass
-
-    def _sleep(self, seconds: float) -> None:
-        """Wait ``seconds``, or less if asked to relist or stop."""
-        if not self._halt.is_set():
-            self._relist.wait(seconds)
-
-    # -- work
-    def _list(self) -> None:
-        items: list[dict[str, Any]] = []
-        cont: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": self.config.list_page, "_preload_content": False,
-                                      "_request_timeout": (self.config.connect_timeout_s, 120)}
-            if cont:
-                kwargs["_continue"] = cont
-            body = json.loads(drain(self.list_fn(**kwargs)))
-            items.extend(body.get("items") or [])
-            meta = body.get("metadata") or {}
-            cont = meta.get("continue")
-            if not cont:
-                break
-        self.resource_version = meta.get("resourceVersion") or None
-        self.cache.replace(self.kind, items)
-        self.lists += 1
-        self.listed_at = time.monotonic()
-        self.synced.set()
-        _log(logging.INFO, "listed", kind=self.kind, items=len(items), resource_version=self.resource_version)
-
-    def _watch_once(self) -> None:
-        w = self._watch = _RawWatch()
-        if self._halt.is_set() or self._relist.is_set():
-            return
-        read = self.config.read_timeout_s or self.config.watch_timeout_s + 30
-        kwargs: dict[str, Any] = {"allow_watch_bookmarks": True, "timeout_seconds": int(self.config.watch_timeout_s),
-                                  "_request_timeout": (self.config.connect_timeout_s, read)}
-        if self.resource_version:
-            kwargs["resource_version"] = self.resource_version
-        def call(*args: Any, **kw: Any) -> Any:  # the watch request, kept so that _interrupt can cut it
-            self._resp = resp = self.list_fn(*args, **kw)
-            if self._relist.is_set() or self._halt.is_set():
-                self._interrupt()
-            return resp
-
-        call.__doc__ = self.list_fn.__doc__  # Watch.stream reads the return type from the docstring
-        try:
-            for event in w.stream(call, **kwargs):
-                if self._halt.is_set() or self._relist.is_set():
-                    break
-                etype = event.get("type")
-                obj = event.get("raw_object") or event.get("object") or {}
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
-                if etype in ("ADDED", "MODIFIED", "DELETED"):
-                    self.cache.apply(self.kind, etype, obj)
-                if rv and etype in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
-                    self.resource_version = rv
-                self._backoff.reset()
-                self._outage.success(action="watched")
-        finally:
-            self._watch = None
-            resp, self._resp = self._resp, None
-            if resp is not None:
-                try:
-                    resp.release_conn()
-                except Exception:  # noqa: BLE001 - a connection cut by _interrupt is simply dropped
-                    pass
-
-    def run(self) -> None:
-        need_list = True
-        while not self._halt.is_set():
-            try:
-                if self._relist.is_set():
-                    self._relist.clear()
-                    need_list = True
-                if need_list:
-                    self._list()
-                    need_list = False
-                    self._backoff.reset()
-                    self._outage.success(action="listed")
-                self._watch_once()
-                self._outage.success(action="watched")
-            except ApiException as exc:
-                if self._halt.is_set():
-                    break
-                if exc.status == 410:
-                    _log(logging.INFO, "watch_expired", kind=self.kind, resource_version=self.resource_version,
-                         action="relist")
-                    need_list = True
-                    continue
-                if exc.status in (403, 404) and self.optional and self.lists == 0:
-                    # Never listed: the CRD is not installed (404) or we may not read it (403). Run without it
-                    # and look again later. Once listed, a 403/404 is the API server's trouble, not an answer.
-                    self._absent(exc.status)
-                    need_list = True
-                    continue
-                # Transient (5xx, 429, and 403/404 from a kind already listed: a restarting API server answers
-                # 403 until its authorizer is ready): keep what the cache holds, back off, list again.
-                delay = self._backoff.next()
-                self._outage.failure(status=exc.status, reason=exc.reason, retry_s=round(delay, 2))
-                if exc.status in (400, 401, 403, 404, 422) or exc.status is None:
-                    need_list = True
-                self._sleep(delay)
-            except Exception as exc:  # connection refused, reset, read timeout, malformed stream, ...
-                if self._halt.is_set():
-                    break
-                if self._relist.is_set():
-                    continue  # we cut the watch short ourselves to list again
-                delay = self._backoff.next()
-                self._outage.failure(error=type(exc).__name__, detail=str(exc)[:200], retry_s=round(delay, 2))
-                if self._backoff.failures > 5:
-                    need_list = True  # a long outage: do not trust the resourceVersion any more
-                self._sleep(delay)
-        _log(logging.INFO, "reflector_stopped", kind=self.kind)
-
-    def _absent(self, status: int) -> None:
-        """An optional kind never listed answered 404 (CRD not installed) or 403 (not granted): run without it."""
-        if not self.absent_reported:
-            self.absent_reported = True
-            if status == 404:
-                _log(logging.INFO, "resource_absent", kind=self.kind, status=status,
-                     note="CRD not installed: running without it", retry_s=self.config.optional_retry_s)
-            else:
-                _log(logging.WARNING, "resource_forbidden", kind=self.kind, status=status,
-                     note="list/watch not granted to this service account (see deploy/rbac.yaml): running without "
-                          "it, so what it would enforce is not enforced", retry_s=self.config.backoff_max_s)
-        if status == 404:
-            self.cache.replace(self.kind, None)
-        else:
-            self.cache.forbidden(self.kind, f"{status} Forbidden: list/watch {self.kind} not granted, or the API "
-                                            "server is starting up")
-        self.synced.set()
-        # Not granted may be a moment's trouble (an API server starting up): look again soon, then less often.
-        self._sleep(self.config.optional_retry_s if status == 404 else self._backoff.next())
 
 
 # ------------------------------------------------------------------ the scheduler
@@ -762,15 +447,9 @@ class Scheduler:
             _log(logging.INFO, "bind_skipped", pod=key, node=node, reason="node no longer exists")
             self._forget(key, a)
             return "node_gone"
-        binding_meta: dict[str, Any] = {"name": name, "namespace": ns, "annotations": a.annotations}
-        if a.uid:
-            binding_meta["uid"] = a.uid
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": binding_meta,
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
-            call(self.api_client, "POST", "/api/v1/namespaces/{namespace}/pods/{name}/binding", body,
-                 timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-                 path_params={"namespace": ns, "name": name})
+            post_binding(self.api_client, ns, name, a.uid, a.annotations, node,
+                         timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
         except ApiException as exc:
             if exc.status == 404:
                 result = "deleted"
@@ -829,9 +508,8 @@ class Scheduler:
         """
         node = a.placement.node or ""
         try:
-            current = json.loads(call(self.api_client, "GET", "/api/v1/namespaces/{namespace}/pods/{name}",
-                                      timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-                                      path_params={"namespace": ns, "name": name}))
+            current = read_pod(self.api_client, ns, name,
+                               timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
         except ApiException as exc:
             if exc.status == 404:
                 self._forget(key, a)
@@ -888,14 +566,9 @@ class Scheduler:
             if (cond.get("type") == "PodScheduled" and cond.get("status") == "False"
                     and cond.get("reason") == "Unschedulable" and cond.get("message") == message):
                 return
-        body = {"status": {"conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-            "lastProbeTime": None, "lastTransitionTime": _now(),
-        }]}}
         try:
-            call(self.api_client, "PATCH", "/api/v1/namespaces/{namespace}/pods/{name}/status", body,
-                 content_type=STRATEGIC_PATCH, timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-                 path_params={"namespace": meta.get("namespace") or "default", "name": meta.get("name", "")})
+            set_unschedulable(self.api_client, meta.get("namespace") or "default", meta.get("name", ""), message,
+                              timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
         except Exception as exc:
             _log(logging.DEBUG, "condition_failed", pod=pod_key(pod), error=type(exc).__name__,
                  status=getattr(exc, "status", None))
@@ -929,38 +602,14 @@ class Scheduler:
             return "error"
 
     def _evict(self, key: str, uid: str, dry_run: bool) -> None:
-        """POST a policy/v1 Eviction for pod ``key`` (``"ns/name"``) with ``uid`` as precondition.
-
-        ``dry_run``: ``deleteOptions.dryRun=["All"]`` (the API server runs every check, PodDisruptionBudgets
-        included, and changes nothing). The pod's own ``terminationGracePeriodSeconds`` applies. Returns on
-        ``201``; raises :class:`ApiException` for a refusal (``429``: a PodDisruptionBudget allows no disruption
-        now or is not yet processed; ``404``: the pod is gone; ``409``: the UID differs, the pod was replaced;
-        ``500``: several budgets match the pod) and urllib3's errors for transport trouble. Timeout: the
-        connect timeout plus ``bind_timeout_s`` (seconds).
-        """
-        ns, name = _split_key(key)
-        options: dict[str, Any] = {}
-        if dry_run:
-            options["dryRun"] = ["All"]
-        if uid:
-            options["preconditions"] = {"uid": uid}
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns},
-                "deleteOptions": options}
-        call(self.api_client, "POST", EVICTION_PATH, body,
-             timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-             path_params={"namespace": ns, "name": name})
+        """:func:`gpupool.k8s.api.calls.evict` for ``key``; timeout: the connect timeout plus ``bind_timeout_s``."""
+        evict(self.api_client, key, uid, dry_run,
+              timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
 
     def _mark_disruption_target(self, key: str, reason: str) -> None:
-        """PATCH (strategic merge, ``pods/status``) the ``DisruptionTarget=True`` condition onto victim ``key``, as
-        kube-scheduler does before it removes a victim (reason ``PreemptionByScheduler``, ``reason`` as the
-        message). Raises :class:`ApiException` (``404``: the pod is gone) and transport errors."""
-        ns, name = _split_key(key)
-        body = {"status": {"conditions": [{
-            "type": DISRUPTION_TARGET, "status": "True", "reason": PREEMPTION_BY_SCHEDULER,
-            "message": reason, "lastTransitionTime": _now()}]}}
-        call(self.api_client, "PATCH", POD_STATUS_PATH, body, content_type=STRATEGIC_PATCH,
-             timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-             path_params={"namespace": ns, "name": name})
+        """:func:`gpupool.k8s.api.calls.mark_disruption_target` for victim ``key`` (``reason`` as the message)."""
+        mark_disruption_target(self.api_client, key, reason,
+                               timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
 
     def _preemptor_pods(self, pre: Preemption) -> list[Mapping[str, Any]]:
         """The pods that wait for ``pre`` (its nominated placements, else the preemptor if it names a pod)."""
@@ -972,7 +621,7 @@ class Scheduler:
         pod = self.cache.get("pods", key)
         if pod is not None and (not uid or (pod.get("metadata") or {}).get("uid") == uid):
             return pod
-        ns, name = _split_key(key)
+        ns, name = split_key(key)
         return {"metadata": {"namespace": ns, "name": name, "uid": uid}}
 
     def _preempt(self, pre: Preemption) -> str:
@@ -1090,9 +739,8 @@ class Scheduler:
         is logged at DEBUG (the next nomination or binding writes again)."""
         meta = pod.get("metadata") or {}
         try:
-            call(self.api_client, "PATCH", POD_STATUS_PATH, {"status": {"nominatedNodeName": node}},
-                 content_type=MERGE_PATCH, timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s),
-                 path_params={"namespace": meta.get("namespace") or "default", "name": meta.get("name", "")})
+            set_nominated_node(self.api_client, meta.get("namespace") or "default", meta.get("name", ""), node,
+                               timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
         except Exception as exc:
             _log(logging.DEBUG, "nominate_failed", pod=pod_key(pod), node=node, error=type(exc).__name__,
                  status=getattr(exc, "status", None))
@@ -1114,29 +762,17 @@ def read_cluster(api_client: client.ApiClient, page: int = 500) -> ClusterSnapsh
     """One consistent-enough read of the cluster (Nodes, Pods, PodGroups, Queues) for a dry run."""
     core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
 
-    def items(fn: Callable[..., Any], *args: Any) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        cont = None
-        while True:
-            kwargs: dict[str, Any] = {"limit": page, "_preload_content": False}
-            if cont:
-                kwargs["_continue"] = cont
-            body = json.loads(drain(fn(*args, **kwargs)))
-            out.extend(body.get("items") or [])
-            cont = (body.get("metadata") or {}).get("continue")
-            if not cont:
-                return out
-
     def optional(*api: str) -> list[dict[str, Any]] | None:
         try:
-            return items(custom.list_cluster_custom_object, *api)
+            return list_all(custom.list_cluster_custom_object, *api, page=page)
         except ApiException as exc:
             if exc.status in (403, 404):
                 return None
             raise
 
     groups = (optional(*POD_GROUP_API) or []) + (optional(*VOLCANO_POD_GROUP_API) or [])
-    return ClusterSnapshot(nodes=items(core.list_node), pods=items(core.list_pod_for_all_namespaces),
+    return ClusterSnapshot(nodes=list_all(core.list_node, page=page),
+                           pods=list_all(core.list_pod_for_all_namespaces, page=page),
                            pod_groups=groups, queues=optional(*QUEUE_API))
 
 

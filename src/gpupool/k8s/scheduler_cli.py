@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -29,32 +28,11 @@ import typer
 import yaml
 
 from gpupool.k8s import DEFAULT_SCHEDULER_NAME
+from gpupool.k8s.api.client import ConfigError, host_port, load_api_client, parse_duration
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
 
 DEFAULT_LEASE = "gpupool-scheduler"
 DEFAULT_LEASE_NAMESPACE = "gpupool-system"
-
-
-class ConfigError(ValueError):
-    """A configuration file gpupool cannot use (the message names the field)."""
-
-
-def parse_duration(value: Any, where: str) -> float:
-    """Seconds from a Go duration (``15s``, ``1m30s``, ``500ms``) or a plain number of seconds."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: {value!r} is not a duration")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        text = str(value).strip()
-        parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
-        if not parts or "".join(n + u for n, u in parts) != text:
-            raise ConfigError(f"{where}: {value!r} is not a duration like 15s, 1m30s or 500ms")
-        scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-        seconds = sum(float(n) * scale[u] for n, u in parts)
-    if seconds <= 0:
-        raise ConfigError(f"{where}: {value!r} must be positive")
-    return seconds
 
 
 @dataclass
@@ -189,45 +167,9 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
     return s
 
 
-def load_api_client(kubeconfig: Path | None = None, context: str | None = None, writers: int = 8):
-    """An ``ApiClient``: the given kubeconfig, else the in-cluster ServiceAccount, else ``~/.kube/config``.
-
-    ``writers``: threads that send requests at once (the binders); the client keeps that many connections
-    and more (:func:`gpupool.k8s.wire.configure`: connection pool, quiet urllib3 retries).
-    Raises :class:`ConfigError` when none of them gives a usable configuration.
-    """
-    from kubernetes import client, config
-
-    from gpupool.k8s.wire import configure
-
-    if kubeconfig is None and context is None:
-        cfg = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-            return client.ApiClient(configure(cfg, writers))
-        except config.ConfigException:
-            pass
-    cfg = client.Configuration()
-    try:
-        config.load_kube_config(config_file=str(kubeconfig) if kubeconfig else None, context=context,
-                                client_configuration=cfg)
-    except (config.ConfigException, OSError) as exc:
-        where = kubeconfig or "~/.kube/config (or $KUBECONFIG)"
-        raise ConfigError(f"no usable Kubernetes configuration: not in a cluster, and {where}: {exc}") from None
-    return client.ApiClient(configure(cfg, writers))
-
-
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    try:
-        return host or "0.0.0.0", int(port)
-    except ValueError:
-        raise ConfigError(f"metrics bind address {address!r}: expected HOST:PORT") from None
 
 
 def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings, seed: int,
@@ -323,7 +265,7 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
     """Run until SIGTERM/SIGINT (or ``stop`` is set): scheduler, Lease elector, metrics server, telemetry."""
     import logging
 
-    from gpupool.k8s.leader import LeaderElector
+    from gpupool.k8s.api.leader import LeaderElector
     from gpupool.k8s.metrics import MetricsServer, SchedulerMetrics, logging_setup
     from gpupool.k8s.scheduler import Scheduler, SchedulerConfig
 
@@ -370,7 +312,7 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
                       prepare_state=prepare_state)
     server = None
     if settings.metrics_address not in ("", "0"):
-        host, port = _host_port(settings.metrics_address)
+        host, port = host_port(settings.metrics_address)
         server = MetricsServer(metrics, host, port, liveness=sched.healthy).start()
 
     def on_signal(signum, frame) -> None:  # noqa: ARG001

@@ -32,15 +32,15 @@ def run_autoscaler(prometheus_url: str, *, kubeconfig: Path | None = None, conte
                    prometheus_retries: int = 2, stop: threading.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or ``stop`` is set): controller, Lease elector, metrics server.
 
-    Raises :class:`gpupool.k8s.scheduler_cli.ConfigError` for an unusable kubeconfig or bind address.
+    Raises :class:`gpupool.k8s.api.client.ConfigError` for an unusable kubeconfig or bind address.
     """
     import logging
 
+    from gpupool.k8s.api.client import host_port, load_api_client
+    from gpupool.k8s.api.leader import LeaderElector
     from gpupool.k8s.autoscaler.controller import AutoscalerController, AutoscalerMetrics, ControllerConfig
     from gpupool.k8s.autoscaler.prometheus import PrometheusClient
-    from gpupool.k8s.leader import LeaderElector
     from gpupool.k8s.metrics import MetricsServer
-    from gpupool.k8s.scheduler_cli import _host_port, load_api_client
 
     log = logging.getLogger("gpupool.k8s.autoscaler")
     api = load_api_client(kubeconfig, context, writers=4)
@@ -63,7 +63,7 @@ def run_autoscaler(prometheus_url: str, *, kubeconfig: Path | None = None, conte
                                metrics=metrics)
     server = None
     if metrics_address not in ("", "0"):
-        host, port = _host_port(metrics_address)
+        host, port = host_port(metrics_address)
         server = MetricsServer(metrics, host, port, liveness=ctl.healthy).start()  # type: ignore[arg-type]
 
     def on_signal(signum, frame) -> None:  # noqa: ARG001
@@ -132,8 +132,8 @@ def register(app: typer.Typer) -> None:
         subresource, queries Prometheus, runs gpupool's recommender (HPA rules, Knative panic, KEDA scale to
         zero), writes scale.spec.replicas, posts Events and writes status (and the chosen GPU slice).
         """
+        from gpupool.k8s.api.client import ConfigError
         from gpupool.k8s.metrics import logging_setup
-        from gpupool.k8s.scheduler_cli import ConfigError
 
         if log_format not in ("json", "kv", "logfmt"):
             _fail(f"log format {log_format!r}: expected json or kv")

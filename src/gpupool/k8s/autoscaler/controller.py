@@ -39,6 +39,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gpupool.k8s.api.events import EventRecorder
+from gpupool.k8s.api.watch import ClusterCache, Reflector
+from gpupool.k8s.api.wire import MERGE_PATCH, STRATEGIC_PATCH, api_reason, call, drain, ensure_pool
+from gpupool.k8s.api.wire import now_iso as _now_iso
 from gpupool.k8s.autoscaler import API, COMPONENT, GROUP, PLURAL, VERSION
 from gpupool.k8s.autoscaler.crd import (
     SLICE_ANNOTATION,
@@ -49,10 +53,6 @@ from gpupool.k8s.autoscaler.crd import (
     slice_template_patch,
 )
 from gpupool.k8s.autoscaler.prometheus import PrometheusClient, PrometheusError
-from gpupool.k8s.events import EventRecorder
-from gpupool.k8s.scheduler import ClusterCache, Reflector, api_reason
-from gpupool.k8s.scheduler import _now as _now_iso
-from gpupool.k8s.wire import MERGE_PATCH, STRATEGIC_PATCH, call, drain, ensure_pool
 
 log = logging.getLogger("gpupool.k8s.autoscaler")
 

@@ -1,0 +1,111 @@
+"""The scheduler's writes to the API server, one function per call (as kube-scheduler's
+``framework/api_calls``): the binding, the read-back, the eviction, and the pod conditions and nomination it
+sets. No state, no retries: the caller decides. Imports only k8s.api.wire."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+
+from gpupool.k8s.api.wire import MERGE_PATCH, STRATEGIC_PATCH, call
+from gpupool.k8s.api.wire import now_iso as _now
+
+EVICTION_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+POD_STATUS_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/status"
+DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition kube-scheduler sets on a preemption victim
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+
+Timeout = float | tuple[float, float] | None  # seconds: total, or (connect, read), as wire.call takes it
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``"ns/name"`` -> ``(ns, name)``; a key without a namespace is in ``default``."""
+    ns, _, name = key.rpartition("/")
+    return ns or "default", name
+
+
+def post_binding(api_client: client.ApiClient, ns: str, name: str, uid: str, annotations: Mapping[str, str],
+                 node: str, timeout: Timeout = None) -> None:
+    """POST the ``pods/binding`` subresource of ``ns/name``: ``node`` as target, ``annotations`` copied onto the pod
+    by the API server in the same update, ``uid`` (if set) as precondition. Raises :class:`ApiException`
+    (``404``: the pod is gone; ``409``: it is bound already) and transport errors."""
+    binding_meta: dict[str, Any] = {"name": name, "namespace": ns, "annotations": annotations}
+    if uid:
+        binding_meta["uid"] = uid
+    body = {"apiVersion": "v1", "kind": "Binding", "metadata": binding_meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+    call(api_client, "POST", "/api/v1/namespaces/{namespace}/pods/{name}/binding", body,
+         timeout=timeout,
+         path_params={"namespace": ns, "name": name})
+
+
+def read_pod(api_client: client.ApiClient, ns: str, name: str, timeout: Timeout = None) -> dict[str, Any]:
+    """GET pod ``ns/name`` (the read-back after a refused or unanswered binding)."""
+    return json.loads(call(api_client, "GET", "/api/v1/namespaces/{namespace}/pods/{name}",
+                           timeout=timeout,
+                           path_params={"namespace": ns, "name": name}))
+
+
+def set_unschedulable(api_client: client.ApiClient, ns: str, name: str, message: str, timeout: Timeout = None) -> None:
+    """Set ``PodScheduled=False`` (reason ``Unschedulable``, ``message``) on pod ``ns/name`` (strategic merge,
+    ``pods/status``)."""
+    body = {"status": {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+        "lastProbeTime": None, "lastTransitionTime": _now(),
+    }]}}
+    call(api_client, "PATCH", "/api/v1/namespaces/{namespace}/pods/{name}/status", body,
+         content_type=STRATEGIC_PATCH, timeout=timeout,
+         path_params={"namespace": ns, "name": name})
+
+
+def evict(api_client: client.ApiClient, key: str, uid: str, dry_run: bool, timeout: Timeout = None) -> None:
+    """POST a policy/v1 Eviction for pod ``key`` (``"ns/name"``) with ``uid`` as precondition.
+
+    ``dry_run``: ``deleteOptions.dryRun=["All"]`` (the API server runs every check, PodDisruptionBudgets
+    included, and changes nothing). The pod's own ``terminationGracePeriodSeconds`` applies. Returns on
+    ``201``; raises :class:`ApiException` for a refusal (``429``: a PodDisruptionBudget allows no disruption
+    now or is not yet processed; ``404``: the pod is gone; ``409``: the UID differs, the pod was replaced;
+    ``500``: several budgets match the pod) and urllib3's errors for transport trouble. ``timeout``:
+    seconds, ``(connect, read)``.
+    """
+    ns, name = split_key(key)
+    options: dict[str, Any] = {}
+    if dry_run:
+        options["dryRun"] = ["All"]
+    if uid:
+        options["preconditions"] = {"uid": uid}
+    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": ns},
+            "deleteOptions": options}
+    call(api_client, "POST", EVICTION_PATH, body,
+         timeout=timeout,
+         path_params={"namespace": ns, "name": name})
+
+
+def mark_disruption_target(api_client: client.ApiClient, key: str, reason: str,
+                           timeout: Timeout = None) -> None:
+    """PATCH (strategic merge, ``pods/status``) the ``DisruptionTarget=True`` condition onto victim ``key``, as
+    kube-scheduler does before it removes a victim (reason ``PreemptionByScheduler``, ``reason`` as the
+    message). Raises :class:`ApiException` (``404``: the pod is gone) and transport errors."""
+    ns, name = split_key(key)
+    body = {"status": {"conditions": [{
+        "type": DISRUPTION_TARGET, "status": "True", "reason": PREEMPTION_BY_SCHEDULER,
+        "message": reason, "lastTransitionTime": _now()}]}}
+    call(api_client, "PATCH", POD_STATUS_PATH, body, content_type=STRATEGIC_PATCH,
+         timeout=timeout,
+         path_params={"namespace": ns, "name": name})
+
+
+def set_nominated_node(api_client: client.ApiClient, ns: str, name: str, node: str | None,
+                       timeout: Timeout = None) -> None:
+    """Merge-patch ``status.nominatedNodeName`` of pod ``ns/name`` to ``node`` (None: removed)."""
+    call(api_client, "PATCH", POD_STATUS_PATH, {"status": {"nominatedNodeName": node}},
+         content_type=MERGE_PATCH, timeout=timeout,
+         path_params={"namespace": ns, "name": name})
+
+
+__all__ = ["EVICTION_PATH", "POD_STATUS_PATH", "DISRUPTION_TARGET", "PREEMPTION_BY_SCHEDULER", "Timeout",
+           "split_key", "post_binding", "read_pod", "set_unschedulable", "evict", "mark_disruption_target",
+           "set_nominated_node"]
