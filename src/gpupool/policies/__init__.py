@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpupool.engine.core import Policy
+from gpupool.policies import fgd_compiled  # noqa: F401  (registers FGD's compiled scorer on import)
 from gpupool.policies.best_fit import BestFit
 from gpupool.policies.dot_product import DotProduct
 from gpupool.policies.fgd import FGD

@@ -68,6 +68,16 @@ HASH_WEIGHTS = _HASH_WEIGHTS
 distinct_rows = _distinct_rows
 
 
+_COMPILED_SCORER: list = [None]  # the one registered compiled scorer class (register_compiled_scorer)
+
+
+def register_compiled_scorer(scorer: type) -> None:
+    """Register the compiled scorer of the FGD family: a class with ``supports(policy) -> bool`` and
+    ``scorer(policy)``. :mod:`gpupool.policies.fgd_compiled` registers its ``FGDScorer`` when the policies package
+    is imported; it reads FGD and GpupoolPolicy, so this module cannot import it (the imports point one way)."""
+    _COMPILED_SCORER[0] = scorer
+
+
 class FGD(Policy):
     name = "fgd"
     description = "GPU-aware: fragmentation gradient descent (Weng et al., USENIX ATC'23)"
@@ -203,12 +213,11 @@ class FGD(Policy):
         return tuple(fitting_gpus(state, req, node)[: req.num_gpu])
 
     def compiled_scorer(self) -> object | None:
-        """The compiled scorer (:class:`gpupool.policies.fgd_compiled.FGDScorer`) where it reproduces
-        :meth:`score` exactly (``FGDScorer.supports``: numba on, the evaluation FGD's own, the mirrored source
-        current), else None."""
-        from gpupool.policies.fgd_compiled import FGDScorer  # it reads FGD and GpupoolPolicy: imported on use
-
-        return FGDScorer(self) if FGDScorer.supports(self) else None
+        """The compiled scorer (:class:`gpupool.policies.fgd_compiled.FGDScorer`, registered with
+        :func:`register_compiled_scorer`) where it reproduces :meth:`score` exactly (``FGDScorer.supports``: numba
+        on, the evaluation FGD's own, the mirrored source current), else None."""
+        scorer = _COMPILED_SCORER[0]
+        return scorer(self) if scorer is not None and scorer.supports(self) else None
 
     def scores_masked(self) -> bool:
         """Whether a score-cache entry of this policy serves one mask-cache entry only and the engine reads its

@@ -13,7 +13,7 @@ from gpupool.engine.kernels import source_hash
 from gpupool.frag import FragModel
 from gpupool.model import MILLI
 from gpupool.policies.best_fit import MAX_SPEC_GPU
-from gpupool.policies.fgd import FGD, HASH_WEIGHTS, distinct_rows
+from gpupool.policies.fgd import FGD, HASH_WEIGHTS, distinct_rows, register_compiled_scorer
 from gpupool.policies.gpupool_policy import POINTS_PER_GPU, GpupoolPolicy
 
 
@@ -275,3 +275,6 @@ def distinct_nodes(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, 
                                           state.mem_free, state.gpu_free, state.gpu_healthy, state.gpu_mem_free,
                                           state.gpu_mem_cap, state.slice_milli, first, inverse)
     return None if n < 0 else (first[:n], inverse)
+
+
+register_compiled_scorer(FGDScorer)
