@@ -50,15 +50,13 @@ from kubernetes.client.exceptions import ApiException
 
 from gpupool.k8s import (
     ANN_GPU_INDEX,
-    ANN_GPU_MEMORY,
-    ANN_GPU_MILLI,
-    ANN_MIG,
     ANN_NODE,
     DEFAULT_SCHEDULER_NAME,
     POD_GROUP_API,
     QUEUE_API,
     VOLCANO_POD_GROUP_API,
 )
+from gpupool.k8s.cycle.plan import assignment_annotations
 from gpupool.k8s.events import EventRecorder
 from gpupool.k8s.pool import PoolDriver
 from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
@@ -440,19 +438,6 @@ class _Assumed:
     annotations: dict[str, str]
     done_at: float | None = None
     started: float = field(default_factory=time.perf_counter)  # when the cycle that placed it began
-
-
-def assignment_annotations(p: Placement) -> dict[str, str]:
-    """The annotations gpupool writes on a pod it places."""
-    ann = {
-        ANN_NODE: p.node or "",
-        ANN_GPU_INDEX: ",".join(str(g) for g in p.gpus),
-        ANN_GPU_MILLI: str(p.gpu_milli),
-        ANN_GPU_MEMORY: str(p.gpu_memory_mib),
-    }
-    if p.mig:
-        ann[ANN_MIG] = ",".join(f"{prof}={n}" for prof, n in p.mig)
-    return ann
 
 
 class Scheduler:
