@@ -1,5 +1,10 @@
-"""Bound-pod device accounting: where a pod already bound is counted in the engine's state (annotated,
-named or lowest free devices), leniently when its request cannot be read."""
+"""Bound-pod device accounting.
+
+Pods already bound (``spec.nodeName`` set, not finished) are counted on their node. Their devices are
+read back from gpupool's own annotations (``gpupool.io/gpu-index`` and ``gpu-milli``, trusted only when
+``gpupool.io/node`` equals ``spec.nodeName``); a pod bound by someone else takes the lowest-indexed
+devices that fit. So a restarted or newly elected gpupool never hands out a GPU twice.
+"""
 
 from __future__ import annotations
 

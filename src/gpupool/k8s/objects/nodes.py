@@ -1,5 +1,5 @@
-"""Nodes (as the API returns them) -> :class:`~gpupool.model.NodeSpec`, and the engine's state with every
-pod already bound counted, whoever bound it.
+"""Nodes (as the API returns them) -> :class:`~gpupool.model.NodeSpec` (bound pods are counted by
+:mod:`gpupool.k8s.cache.devices`, node eligibility is :mod:`gpupool.k8s.cache.eligibility`).
 
 GPU inventory, from what the NVIDIA device plugin and GPU Feature Discovery (GFD) publish:
 
@@ -13,14 +13,6 @@ GPU inventory, from what the NVIDIA device plugin and GPU Feature Discovery (GFD
 * Model: ``nvidia.com/gpu.product`` resolved through :mod:`gpupool.catalog` (``NVIDIA-H100-80GB-HBM3`` ->
   ``H100``); an unknown product stays an opaque model (no memory figure: memory-sized requests do not
   fit it). ``nvidia.com/gpu.clique`` is the NVLink domain.
-
-Pods already bound (``spec.nodeName`` set, not finished) are counted on their node. Their devices are
-read back from gpupool's own annotations (``gpupool.io/gpu-index`` and ``gpu-milli``, trusted only when
-``gpupool.io/node`` equals ``spec.nodeName``); a pod bound by someone else takes the lowest-indexed
-devices that fit. So a restarted or newly elected gpupool never hands out a GPU twice.
-
-Node eligibility per pod (kube-scheduler's NodeUnschedulable, TaintToleration and NodeAffinity
-plugins, and the MIG device count) is here too, as filter plugins for the engine.
 """
 
 from __future__ import annotations
