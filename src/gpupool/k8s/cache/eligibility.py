@@ -12,9 +12,7 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.filters import EffectiveRequest
-from gpupool.k8s.objects.fields import (
-    mapping,
-)
+from gpupool.k8s.objects.fields import mapping
 from gpupool.k8s.objects.nodes import node_labels, node_name
 
 

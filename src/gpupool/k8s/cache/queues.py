@@ -6,10 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpupool.k8s import QUEUE_API
-from gpupool.k8s.objects.fields import (
-    RequestParseError,
-    object_key,
-)
+from gpupool.k8s.objects.fields import RequestParseError, object_key
 from gpupool.k8s.objects.pods import QueueSpec, parse_queue
 from gpupool.model import MILLI
 

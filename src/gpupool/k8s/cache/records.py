@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.cluster import ClusterState, slice_ask
-from gpupool.k8s.objects.fields import (
-    RequestParseError,
-)
+from gpupool.k8s.objects.fields import RequestParseError
 from gpupool.k8s.objects.pods import PodInfo
 from gpupool.model import MILLI, Assignment, NodeSpec
 

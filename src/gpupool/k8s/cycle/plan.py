@@ -8,9 +8,7 @@ from typing import Any
 
 from gpupool.cluster import ClusterState
 from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_MIG, ANN_NODE
-from gpupool.k8s.cache.devices import (
-    InventoryInfo,
-)
+from gpupool.k8s.cache.devices import InventoryInfo
 from gpupool.k8s.cache.queues import QueueBook
 from gpupool.model import MILLI
 
