@@ -24,7 +24,6 @@ from gpupool.k8s.cycle.plan import Placement, Plan
 from gpupool.k8s.cycle.units import Unit, identity_problem, place_unit, unsupported_constraint
 from gpupool.k8s.objects.pods import PodInfo, describe_pod
 from gpupool.k8s.objects.snapshots import ClusterSnapshot
-from gpupool.k8s.pool import PoolDriver  # the pool driver's old path (gpupool.k8s.cycle.pool once split)
 from gpupool.policies import DEFAULT_POLICY
 
 log = logging.getLogger("gpupool.k8s.state")  # the cycle logs under the model's name, as before
@@ -46,6 +45,8 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
     model = ClusterModel.from_snapshot(snapshot, scheduler_name=scheduler_name, policy=policy, seed=seed,
                                        describe=describe)
     if pool is not None:
+        from gpupool.k8s.pool import PoolDriver  # lazy until k8s/cycle/pool imports k8s.cycle, not the facades
+
         PoolDriver(model, pool)
     return run_cycle(model, prepare_state, full_inventory=True)
 
