@@ -269,7 +269,7 @@ def test_unexpected_errors_are_caught_per_object(tmp_path, monkeypatch):
             raise KeyError("kaboom")
         return real(n)
 
-    monkeypatch.setattr(inventory, "node_spec_from_node", node_spec)
+    monkeypatch.setattr("gpupool.k8s.objects.nodes.node_spec_from_node", node_spec)
     result = plan(snap, describe=describe)
     by_pod = {p.pod: p for p in result.placements}
     assert by_pod["default/bad"].invalid and "invalid object: RuntimeError: boom" in by_pod["default/bad"].reason

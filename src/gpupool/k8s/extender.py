@@ -43,9 +43,11 @@ from gpupool.cluster import ClusterState
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.filters import EffectiveRequest, GpuModelMatch, feasible
 from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_NODE
-from gpupool.k8s.inventory import InventoryInfo, build_state
+from gpupool.k8s.cache.devices import InventoryInfo
+from gpupool.k8s.cache.model import build_state
 from gpupool.k8s.metrics import SchedulerMetrics
-from gpupool.k8s.requests import RequestParseError, parse_pod, pod_key
+from gpupool.k8s.objects.fields import RequestParseError, pod_key
+from gpupool.k8s.objects.pods import parse_pod
 from gpupool.k8s.telemetry import GpuTelemetry
 from gpupool.model import AllocationError, Assignment, PodRequest
 from gpupool.policies import DEFAULT_POLICY, make_policy

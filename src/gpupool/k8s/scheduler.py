@@ -47,9 +47,6 @@ from kubernetes.client.exceptions import ApiException
 
 from gpupool.k8s import (
     ANN_GPU_INDEX,
-    ANN_GPU_MEMORY,
-    ANN_GPU_MILLI,
-    ANN_MIG,
     ANN_NODE,
     DEFAULT_SCHEDULER_NAME,
     POD_GROUP_API,
@@ -72,6 +69,7 @@ from gpupool.k8s.api.status import StatusWriter
 from gpupool.k8s.api.watch import Backoff, ClusterCache, Reflector, list_all
 from gpupool.k8s.api.wire import Outage, api_reason, ensure_pool
 from gpupool.k8s.api.wire import log_event as _log
+from gpupool.k8s.cycle.plan import assignment_annotations
 from gpupool.k8s.pool import PoolDriver
 from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
 from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, Preemption
@@ -125,19 +123,6 @@ class _Assumed:
     annotations: dict[str, str]
     done_at: float | None = None
     started: float = field(default_factory=time.perf_counter)  # when the cycle that placed it began
-
-
-def assignment_annotations(p: Placement) -> dict[str, str]:
-    """The annotations gpupool writes on a pod it places."""
-    ann = {
-        ANN_NODE: p.node or "",
-        ANN_GPU_INDEX: ",".join(str(g) for g in p.gpus),
-        ANN_GPU_MILLI: str(p.gpu_milli),
-        ANN_GPU_MEMORY: str(p.gpu_memory_mib),
-    }
-    if p.mig:
-        ann[ANN_MIG] = ",".join(f"{prof}={n}" for prof, n in p.mig)
-    return ann
 
 
 class Scheduler:

@@ -1,0 +1,205 @@
+"""A cluster snapshot (Nodes, Pods, PodGroups, Queues) and the planning cycle run on it.
+
+:func:`plan` is one scheduling cycle with no I/O: it builds the engine's state from the snapshot (every
+bound pod counted), reads the pending pods that name gpupool's scheduler, groups gangs, checks queue
+limits, and places pods with the engine: singles with :meth:`Engine.place`, gangs all or nothing with
+:func:`~gpupool.engine.statement.place_gang`. The live scheduler (:mod:`gpupool.k8s.scheduler`) runs it
+on its watch cache every cycle and carries out the result; ``gpupool scheduler --dry-run --snapshot FILE``
+runs it on a file that ``kubectl get nodes,pods,podgroups,queues -A -o yaml`` (or ``-o json``) wrote.
+
+Order: higher ``spec.priority`` first, then older pods; a gang goes at the place of its best member.
+Pods gpupool cannot read get ``node: None`` and the parse error as their reason; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpupool.cluster import ClusterState
+from gpupool.k8s.cache.eligibility import constraints_of
+from gpupool.k8s.cache.model import ClusterModel
+from gpupool.k8s.cycle.plan import Placement, Plan
+from gpupool.k8s.cycle.units import Unit, identity_problem, place_unit, unsupported_constraint
+from gpupool.k8s.objects.pods import PodInfo, describe_pod
+from gpupool.k8s.objects.snapshots import ClusterSnapshot
+from gpupool.policies import DEFAULT_POLICY
+
+log = logging.getLogger("gpupool.k8s.state")  # the cycle logs under the model's name, as before
+
+
+def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str = DEFAULT_POLICY,
+         seed: int = 0, prepare_state: Callable[[ClusterState], Any] | None = None,
+         describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod, pool: Any = None) -> Plan:
+    """One scheduling cycle on ``snapshot``: a :class:`Placement` for every pending pod of ``scheduler_name``.
+
+    The snapshot's objects are fed to a :class:`~gpupool.k8s.state.ClusterModel` as the live scheduler's
+    watch events are, and one cycle of it runs: the dry run and the live scheduler share one code path.
+    ``prepare_state`` runs on the state before any placement (e.g. GPU health from telemetry:
+    :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod. ``pool``: a
+    :class:`~gpupool.engine.pool.PoolConfig` to plan as the live scheduler's pool mode does (queue fair share,
+    reservations, reclaim and preemption: the plan then lists the evictions it would make), None for
+    placement within queue limits only.
+    """
+    model = ClusterModel.from_snapshot(snapshot, scheduler_name=scheduler_name, policy=policy, seed=seed,
+                                       describe=describe)
+    if pool is not None:
+        from gpupool.k8s.pool import PoolDriver  # lazy until k8s/cycle/pool imports k8s.cycle, not the facades
+
+        PoolDriver(model, pool)
+    return run_cycle(model, prepare_state, full_inventory=True)
+
+
+def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] | None = None,
+              full_inventory: bool = False) -> Any:
+    """One scheduling cycle: a :class:`~gpupool.k8s.snapshot.Placement` for every pending pod.
+
+    Placed pods are assumed (they hold their devices and leave the pending set) until :meth:`forget`
+    or the watch shows them bound. ``prepare_state`` runs on the state first (GPU health from telemetry).
+    ``full_inventory``: fill ``Plan.inventory`` (O(cluster); the dry run does, the live loop does not).
+    Returns a :class:`~gpupool.k8s.snapshot.Plan`.
+    """
+    model.expire()
+    model.refresh()
+    pending = [model.pods[k] for k in model.pending]
+    if not pending and (model.pool is None or model.state is None):
+        return Plan([], None, model.policy_name)
+    state, engine = model.state, model.engine
+    if state is None or engine is None:
+        skipped = model.skipped_nodes()
+        usable = "no usable node" + (f" ({len(skipped)} unreadable)" if skipped else "")
+        return Plan([Placement(r.base, None, reason=f"0/0 nodes are available: {usable}")
+                          for r in pending], None, model.policy_name, skipped_nodes=skipped)
+    model.stats["incremental"] += 1
+    if prepare_state is not None:
+        prepare_state(state)
+    out: list[Any] = []
+    infos: list[tuple[Mapping[str, Any], PodInfo]] = []
+    dup = [r for r in pending if r.base in model.duplicates or r.key != r.base]
+    pending_count: dict[str, int] = {}
+    for rec in dup:
+        pending_count[rec.base] = pending_count.get(rec.base, 0) + 1
+    bound_to = {}
+    for base in {r.base for r in dup}:
+        for key in [base] + model.duplicates.get(base, []):
+            other = model.pods.get(key)
+            if other is not None and other.node and not other.terminal:
+                bound_to[base] = other.node
+    for rec in pending:
+        why = identity_problem(rec.obj, rec.base, pending_count, bound_to)
+        if why:
+            out.append(Placement(rec.base, None, reason=f"pod {rec.base}: {why}", invalid=True))
+            continue
+        if rec.info is None:
+            out.append(Placement(rec.base, None, reason=str(rec.error), invalid=True))
+            continue
+        try:
+            why = unsupported_constraint(rec.obj)
+            if not why and rec.key not in model._constraints:
+                model._constraints[rec.key] = constraints_of(rec.obj, rec.info.mig)
+        except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the cycle
+            out.append(Placement(rec.base, None, invalid=True,
+                                      reason=f"pod {rec.base}: invalid object: {type(exc).__name__}: {exc}"))
+            continue
+        if why:
+            out.append(Placement(rec.base, None, reason=f"pod {rec.base}: {why}", invalid=True))
+            continue
+        infos.append((rec.obj, rec.info))
+
+    groups, group_errors = model.group_sizes()
+    units: list[Unit] = []
+    gangs: dict[str, Unit] = {}
+    for pod, info in infos:
+        if info.pod_group is None:
+            units.append(Unit([(pod, info)]))
+        else:
+            gangs.setdefault(info.pod_group, Unit([], info.pod_group)).members.append((pod, info))
+    for gkey, unit in gangs.items():
+        declared = [i.min_member for _, i in unit.members if i.min_member]
+        min_member = groups.get(gkey) or (max(declared) if declared else None)
+        reason = ""
+        if gkey in group_errors:
+            reason = group_errors[gkey]
+        elif min_member is None:
+            reason = (f"PodGroup {gkey} not found (create a PodGroup with spec.minMember, "
+                      "or annotate the pods with gpupool.io/min-member)")
+        else:
+            done = model.group_counted.get(gkey, 0) + sum(
+                1 for k in model.assumed if (r := model.pods.get(k)) is not None and r.info is not None
+                and r.info.pod_group == gkey)
+            unit.need = max(0, min_member - done)
+            if len(unit.members) < unit.need:
+                reason = (f"gang {gkey}: {len(unit.members)} pod(s) pending and {done} scheduled of minMember "
+                          f"{min_member}; waiting for the rest")
+        if reason:
+            out.extend(Placement(i.key, None, reason=reason, gang=gkey) for _, i in unit.members)
+        else:
+            unit.members.sort(key=lambda m: (-m[1].request.priority, m[1].request.creation_time or 0.0,
+                                             m[1].key))
+            units.append(unit)
+
+    if model.pool is not None:  # the pool scheduler runs the cluster (gpupool.k8s.pool)
+        before = set(model.assumed)
+        mark = model.pool.mark()
+        try:
+            plan = model.pool.cycle(out, units)
+        except Exception:  # a bug in the pool path must not stop scheduling: place this cycle without it
+            log.error("pool cycle failed; this cycle places within queue limits only, the pool scheduler is "
+                      "rebuilt from the cluster next cycle", exc_info=True, extra={"event": "pool_cycle_failed"})
+            model.stats["pool_errors"] = model.stats.get("pool_errors", 0) + 1
+            for key in [k for k in model.assumed if k not in before]:
+                model.forget(key)  # nothing of the failed cycle is carried out
+            model.pool.abort(mark)  # its evictions were never carried out; rebuilt at the next cycle
+            model._dirty = True  # and the state from the records: the failed cycle's placements go
+            model.refresh()
+            state, engine, elig = model.state, model.engine, model.elig
+            if state is None or engine is None or elig is None:
+                return Plan(out, None, model.policy_name, skipped_nodes=model.skipped_nodes())
+            units = [u for u in units if all(i.key in model.pending for _, i in u.members)]
+        else:
+            model._after_cycle()
+            if full_inventory:
+                plan.inventory = model.inventory()
+            return plan
+    book = model.queue_book()
+    elig = model.elig
+    assert elig is not None
+    for unit in units:
+        for _, info in unit.members:
+            if info.mig:
+                elig.pending_mig[info.key] = info.mig
+    pol = engine.policy
+    epoch = model._epoch
+    for unit in sorted(units, key=Unit.order):
+        single = unit.members[0][1].key if unit.gang is None else None
+        if single is not None:
+            # kube-scheduler's unschedulable queue, in an exact form: a pod that failed cannot fit while
+            # nothing was freed or loosened since (no pod released, no GPU repaired, no node changed, no
+            # Queue or PodGroup changed, not the pod itself: other pods placed only take more), so it is not
+            # planned again; its last reason stands
+            last = model._last_fail.get(single)
+            seen = (model.pods[single].rv, state.loosened, epoch)
+            if last is not None and last[0] == seen:
+                out.append(last[1])
+                model.stats["skipped_unchanged"] += 1
+                continue
+        try:
+            placed = place_unit(unit, engine, pol, book, model.policy_name, state)
+        except Exception as exc:  # noqa: BLE001 - a unit that trips the engine fails alone
+            log.error("placement failed", exc_info=True, extra={"event": "placement_error",
+                                                                 "pods": [i.key for _, i in unit.members]})
+            placed = [Placement(i.key, None, gang=unit.gang,
+                                     reason=f"gpupool could not place this pod: {type(exc).__name__}: {exc}")
+                      for _, i in unit.members]
+        for p in placed:
+            if p.node is not None:
+                model.assume(p.pod, p.node, tuple(p.mig))
+            else:
+                elig.pending_mig.pop(p.pod, None)
+                if single is not None and not p.invalid:
+                    model._last_fail[single] = (seen, p)
+        out.extend(placed)
+    model._after_cycle()
+    inventory = model.inventory() if full_inventory else None
+    return Plan(out, inventory, model.policy_name, state, book)
