@@ -3,6 +3,7 @@ Kubernetes Node (GPU Feature Discovery labels, a per-GPU inventory annotation, c
 
 * :mod:`.backend`: the :class:`~gpupool.agent.backend.GpuBackend` interface and its dataclasses;
   :mod:`.nvml` (real GPUs, ``nvidia-ml-py``) and :mod:`.fake` (a YAML/JSON description) implement it;
-* :mod:`.report`: what the agent publishes (:class:`~gpupool.agent.report.NodeReport`) and the annotation the
-  scheduler reads (:data:`~gpupool.agent.report.ANN_GPU_INVENTORY`).
+* :mod:`gpupool.k8s.objects.agent_report` (the agent <-> scheduler contract; ``.report`` is its facade): what the
+  agent publishes (:class:`~gpupool.k8s.objects.agent_report.NodeReport`) and the annotation the scheduler reads
+  (:data:`~gpupool.k8s.objects.agent_report.ANN_GPU_INVENTORY`).
 """

@@ -6,7 +6,7 @@
   formats (NVIDIA k8s-device-plugin ``internal/lm``: ``nvml.go`` version labels, ``resource.go`` product /
   count / memory / family / compute, ``mig-strategy.go`` MIG strategies, ``machine-type.go``,
   ``imex.go`` clique), plus ``nvidia.com/gpu.present`` (the label the GPU Operator's NFD rule sets).
-* :func:`inventory_doc`: the per-GPU inventory annotation (:data:`gpupool.agent.report.ANN_GPU_INVENTORY`).
+* :func:`inventory_doc`: the per-GPU inventory annotation (:data:`gpupool.k8s.objects.agent_report.ANN_GPU_INVENTORY`).
 
 Where gpupool differs from GFD, on purpose:
 

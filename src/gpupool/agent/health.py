@@ -1,7 +1,7 @@
 """Per-GPU health from a backend's samples and events, and the node condition ``GpuHealthy``.
 
 :class:`HealthTracker` turns :class:`~gpupool.agent.backend.GpuSample` readings and
-:class:`~gpupool.agent.backend.GpuEvent` driver events into one :class:`~gpupool.agent.report.GpuHealth` per
+:class:`~gpupool.agent.backend.GpuEvent` driver events into one :class:`~gpupool.k8s.objects.agent_report.GpuHealth` per
 GPU. Rules (sources: NVIDIA "XID Errors" catalogue, docs.nvidia.com/deploy/xid-errors; "GPU Memory Error
 Management" / row remapping, docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt; the k8s-device-plugin's health
 check, which marks a GPU unhealthy on every critical XID except the application ones):

@@ -1,13 +1,14 @@
-"""Writes a :class:`~gpupool.agent.report.NodeReport` onto the agent's own Node, and only what changed.
+"""Writes a :class:`~gpupool.k8s.objects.agent_report.NodeReport` onto the agent's own Node, and only what changed.
 
-* **Labels**: the agent owns the keys listed in the Node's :data:`~gpupool.agent.report.ANN_OWNED_LABELS`
+* **Labels**: the agent owns the keys listed in the Node's :data:`~gpupool.k8s.objects.agent_report.ANN_OWNED_LABELS`
   annotation (comma-separated). It sets and updates those, and removes an owned key the report no longer has.
   Only keys under ``nvidia.com/`` and ``gpupool.io/`` (:data:`AGENT_PREFIXES`) are ever set or removed: a key
   with another prefix in the annotation (corrupted, or edited by hand) is not the agent's and is left alone
   (and dropped from the annotation); a report label with another prefix is dropped as invalid.
   A key the report has that is already on the Node but *not* owned (GPU Feature Discovery set it, or a person)
   is left as it is, value included, and not claimed: the agent never duplicates or overrides another owner.
-* **Annotations**: :data:`~gpupool.agent.report.ANN_GPU_INVENTORY` (:func:`~gpupool.agent.report.inventory_json`,
+* **Annotations**: :data:`~gpupool.k8s.objects.agent_report.ANN_GPU_INVENTORY`
+  (:func:`~gpupool.k8s.objects.agent_report.inventory_json`,
   compact with sorted keys; an inventory that differs from the Node's only in its top-level ``time`` is not
   written, so ``time`` says when the inventory last changed) and the owned-labels list.
   Both go in one JSON merge patch on ``/api/v1/nodes/NAME`` with ``metadata.resourceVersion`` as a
@@ -17,11 +18,11 @@
   ``nodes/NAME/status`` subresource (NodeCondition lists merge by ``type``: the kubelet's own conditions are
   untouched). A condition is written when its status, reason or message changed, or when its
   ``lastHeartbeatTime`` is older than ``heartbeat_s``; ``lastTransitionTime`` is kept while the status is
-  unchanged (:meth:`~gpupool.agent.report.Condition.to_api`).
+  unchanged (:meth:`~gpupool.k8s.objects.agent_report.Condition.to_api`).
 
 Errors: 409, 429, 5xx answers and transport errors (refused, reset, timeout) are retried with exponential
 backoff and jitter (``retries`` attempts in all; urllib3 also retries connection errors underneath, see
-:func:`gpupool.k8s.wire.configure`); 403 / 404 / 422 are not retried. :meth:`NodePublisher.publish` never
+:func:`gpupool.k8s.api.wire.configure`); 403 / 404 / 422 are not retried. :meth:`NodePublisher.publish` never
 raises: a failed publish is logged, counted in :attr:`NodePublisher.failures` and returns False, and the
 agent loop tries again next round. A refused metadata patch (403 from an admission policy, 422 for an
 annotation too large) does not hold back the conditions: the status patch is still sent (the publish counts
@@ -196,7 +197,7 @@ def _without_time(inventory: Any) -> Any:
 
 class NodePublisher:
     """Publishes :class:`NodeReport` objects on Node ``node_name`` through ``api_client`` (the official
-    ``kubernetes.client.ApiClient``; requests go through :func:`gpupool.k8s.wire.call`).
+    ``kubernetes.client.ApiClient``; requests go through :func:`gpupool.k8s.api.wire.call`).
 
     ``retries``: attempts per publish (>= 1); ``backoff_s`` / ``max_backoff_s``: the first wait and the cap
     (seconds; doubled each attempt, +-50 % jitter); ``heartbeat_s``: rewrite an unchanged condition this

@@ -10,7 +10,7 @@
   no samples when the sample failed: they are never dropped); after each discovery the tracker's
   ``set_devices(devices)`` (where it has one) tells it the node's GPUs; the Node is read
   once (``publisher.refresh()``) for its allocatable; the validator (:mod:`gpupool.agent.validate`) checks the
-  stack; the :class:`~gpupool.agent.report.NodeReport` (GFD labels + ``gpupool.io/gpu-stack-ready``, the
+  stack; the :class:`~gpupool.k8s.objects.agent_report.NodeReport` (GFD labels + ``gpupool.io/gpu-stack-ready``, the
   inventory annotation, conditions ``GpuHealthy`` and ``GpuStackReady``) is built and published; the metrics
   exporter (:mod:`gpupool.agent.exporter`) is updated;
 * between rounds the driver's events are polled with a short timeout (``event_poll_s``, 1 s): an XID, an ECC

@@ -6,13 +6,21 @@ here, so the scheduler, the extender and the tests agree on one spelling (source
 source of NVIDIA KAI-Scheduler, HAMi, Volcano, Kueue, kubernetes-sigs/scheduler-plugins, NVIDIA
 k8s-device-plugin / GPU Feature Discovery, dcgm-exporter and Alibaba's FGD simulator).
 
-* :mod:`gpupool.k8s.requests`: a pod (as the API returns it, a dict) -> :class:`~gpupool.model.PodRequest`,
-  its gang and its queue; :class:`~gpupool.k8s.requests.RequestParseError` names the field at fault.
-* :mod:`gpupool.k8s.inventory`: a node -> :class:`~gpupool.model.NodeSpec`; nodes + pods ->
-  :class:`~gpupool.cluster.ClusterState` with the pods already bound counted.
-* :mod:`gpupool.k8s.snapshot`: a cluster snapshot (nodes, pods, PodGroups, Queues) and the pure
-  planning cycle shared by the live scheduler and ``gpupool scheduler --dry-run``.
-* :mod:`gpupool.k8s.scheduler`: the live scheduler (list/watch, bind, events, conditions).
+Layers, each importing only those below it (docs/architecture.md; checked by ``lint-imports``):
+
+* :mod:`gpupool.k8s.scheduler`, :mod:`~gpupool.k8s.extender`, :mod:`~gpupool.k8s.autoscaler` and their CLIs:
+  the components (the live scheduler's loop: list/watch, bind, events, conditions);
+* :mod:`gpupool.k8s.cycle`: one planning cycle, no I/O (``plan``, ``units``, ``planner``: the cycle shared by
+  the live scheduler and ``gpupool scheduler --dry-run``; ``pool``: the pool scheduler's driver);
+* :mod:`gpupool.k8s.cache`: kube-scheduler's cache (records changed by events, assume/forget, the
+  :class:`~gpupool.cluster.ClusterState` with the pods already bound counted, node eligibility), beside
+  :mod:`gpupool.k8s.api` (talks to the API server: watch, calls, client, events, status, leader election);
+* :mod:`gpupool.k8s.objects`: Kubernetes objects to values, parsed once (a pod -> :class:`~gpupool.model.PodRequest`,
+  its gang and queue; a node -> :class:`~gpupool.model.NodeSpec`; the snapshot file format);
+  :class:`~gpupool.k8s.objects.fields.RequestParseError` names the field at fault.
+
+``requests``, ``inventory``, ``snapshot``, ``state``, ``pool``, ``wire``, ``events``, ``status`` and ``leader`` at
+this level are facades for one release over the modules that now hold their names.
 """
 
 from __future__ import annotations

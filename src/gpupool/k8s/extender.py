@@ -18,7 +18,7 @@ preemption does not try it.
 
 :class:`NodeCache` is the extender's own view of the cluster (that is what ``nodeCacheCapable`` promises):
 nodes and bound pods listed every ``resync`` seconds and turned into a
-:class:`~gpupool.cluster.ClusterState` by :func:`gpupool.k8s.inventory.build_state`, plus the pods this
+:class:`~gpupool.cluster.ClusterState` by :func:`gpupool.k8s.cache.model.build_state`, plus the pods this
 extender bound itself and the list does not show yet ("assumed", as kube-scheduler's cache does), so two
 pods bound in quick succession never get the same GPU share.
 """

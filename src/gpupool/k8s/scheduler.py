@@ -6,7 +6,7 @@ Pieces, each on its own thread:
   list's ``resourceVersion`` with bookmarks; a ``410 Gone`` (watch expired) makes it list again, any other
   failure makes it reconnect after an exponential backoff. It keeps :class:`ClusterCache` in step.
 * The scheduling loop wakes on every change (batched), takes a snapshot of the cache and runs one
-  planning cycle (:func:`gpupool.k8s.snapshot.plan`, no I/O) on it; pods it is still binding count as
+  planning cycle (:func:`gpupool.k8s.cycle.planner.plan`, no I/O) on it; pods it is still binding count as
   bound ("assumed", as in kube-scheduler's cache), so a GPU is never handed out twice.
 * Binder workers carry out the plan: write the device assignment as annotations on the pod
   (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``), then POST the ``pods/binding``
@@ -14,17 +14,17 @@ Pieces, each on its own thread:
   Event. A pod that cannot be placed gets a ``FailedScheduling`` Event and ``PodScheduled=False``
   (reason ``Unschedulable``), each posted once per distinct message.
 
-Pool mode (the pool scheduler decides evictions): each :class:`~gpupool.k8s.snapshot.Preemption` of a plan is
+Pool mode (the pool scheduler decides evictions): each :class:`~gpupool.k8s.cycle.plan.Preemption` of a plan is
 carried out off the scheduling thread (:meth:`Scheduler._preempt`): an Eviction dry run for every victim first
 (all or nothing: one refusal, e.g. a PodDisruptionBudget's 429, and nothing is evicted; the model is told
-through :meth:`~gpupool.k8s.state.ClusterModel.preemption_refused`), then per victim a ``DisruptionTarget``
+through :meth:`~gpupool.k8s.cache.model.ClusterModel.preemption_refused`), then per victim a ``DisruptionTarget``
 condition and the real eviction. A nominated placement (held while its victims terminate) is not bound: the pod's
 ``status.nominatedNodeName`` is set instead (:meth:`Scheduler._nominate`).
 
 Failure handling: ``409`` on binding (another scheduler or replica bound the pod) -> the pod is taken
 as bound where the API says and its GPUs are counted from there; ``404`` (pod deleted mid-cycle) -> the
 assumption is dropped; a node gone before binding -> the pod is planned again. Only the leader binds
-(``leader`` callback, e.g. :class:`gpupool.k8s.leader.LeaderElector`); on becoming leader, every
+(``leader`` callback, e.g. :class:`gpupool.k8s.api.leader.LeaderElector`); on becoming leader, every
 reflector lists again so the state is rebuilt from the API before the first binding.
 """
 
@@ -69,10 +69,10 @@ from gpupool.k8s.api.status import StatusWriter
 from gpupool.k8s.api.watch import Backoff, ClusterCache, Reflector, list_all
 from gpupool.k8s.api.wire import Outage, api_reason, ensure_pool
 from gpupool.k8s.api.wire import log_event as _log
-from gpupool.k8s.cycle.plan import assignment_annotations
-from gpupool.k8s.pool import PoolDriver
-from gpupool.k8s.requests import annotations_of, node_name_of, pod_key
-from gpupool.k8s.snapshot import ClusterSnapshot, Placement, Plan, Preemption
+from gpupool.k8s.cycle.plan import Placement, Plan, Preemption, assignment_annotations
+from gpupool.k8s.cycle.pool import PoolDriver
+from gpupool.k8s.objects.fields import annotations_of, node_name_of, pod_key
+from gpupool.k8s.objects.snapshots import ClusterSnapshot
 from gpupool.k8s.state import ClusterModel
 from gpupool.policies import DEFAULT_POLICY
 
@@ -104,7 +104,7 @@ class SchedulerConfig:
     gc_freeze: bool = False  # after the first cycle, move the listed objects out of the GC's scans (gc.freeze);
     # process-wide, so `gpupool scheduler` turns it on and library users decide for themselves
     pool: bool = True  # the pool scheduler runs the cluster (fair share, gangs, reclaim, preemption): gpupool.k8s.pool
-    pool_config: Any = None  # its gpupool.engine.pool.PoolConfig (None: gpupool.k8s.pool.live_config())
+    pool_config: Any = None  # its gpupool.engine.pool.PoolConfig (None: gpupool.k8s.cycle.pool.driver.live_config())
     default_queue: str = "default"  # the leaf queue of pods that name none
     rereport_s: float = 60.0  # a reason whose only change is a figure (GPUs held, seconds waited) is re-posted at
     # most this often: the pool's reasons carry live numbers, and a write per change would flood the API
@@ -129,7 +129,7 @@ class Scheduler:
     """The live scheduler; :meth:`start` / :meth:`stop`, or :meth:`run` until stopped.
 
     ``leader``: a callable telling whether this replica may bind now (None: always), e.g.
-    ``lambda: elector.is_leader`` with :class:`gpupool.k8s.leader.LeaderElector`. ``metrics``: a
+    ``lambda: elector.is_leader`` with :class:`gpupool.k8s.api.leader.LeaderElector`. ``metrics``: a
     :class:`gpupool.k8s.metrics.SchedulerMetrics` (or anything with some of its methods: each is looked up
     with getattr). ``prepare_state``: run on the engine's state each cycle before placing (e.g. GPU health
     from :class:`gpupool.k8s.telemetry.GpuTelemetry`).
@@ -340,7 +340,7 @@ class Scheduler:
     def run_cycle(self) -> Plan:
         """One cycle: apply what changed to the model, plan its pending pods, dispatch bindings and reports.
 
-        Costs what the pending pods and the changes cost (:class:`~gpupool.k8s.state.ClusterModel`), not what
+        Costs what the pending pods and the changes cost (:class:`~gpupool.k8s.cache.model.ClusterModel`), not what
         the cluster costs; the time is kept in ``cycle_seconds``.
         """
         t0 = time.perf_counter()
@@ -399,7 +399,7 @@ class Scheduler:
     # -- Queue and PodGroup status
     def _write_status(self, force: bool = False) -> None:
         """PATCH the status of the Queues and PodGroups whose status changed (leader only, at most every
-        ``queue_status_s``, off the scheduling thread; :class:`gpupool.k8s.status.StatusWriter`):
+        ``queue_status_s``, off the scheduling thread; :class:`gpupool.k8s.api.status.StatusWriter`):
         ``kubectl get queues`` shows allocation, fair share and borrowing, ``kubectl get podgroups`` the phase."""
         fair = self.pool_driver.fair_shares() if self.pool_driver is not None else None
         self.status_writer.update(self.model, fair or None, force=force)
@@ -419,7 +419,7 @@ class Scheduler:
         The ``pods/binding`` POST carries the device annotations and the pod's UID (precondition): the API server
         sets ``spec.nodeName`` and copies the Binding's annotations onto the pod in one atomic update, so a pod
         is never annotated by a scheduler that did not bind it. The ``Scheduled`` Event is queued on the
-        recorder (:class:`gpupool.k8s.events.EventRecorder`) and never delays the next binding.
+        recorder (:class:`gpupool.k8s.api.events.EventRecorder`) and never delays the next binding.
         """
         key = a.placement.pod
         node = a.placement.node or ""
@@ -616,13 +616,13 @@ class Scheduler:
            every victim. Any refusal (``429`` from a PodDisruptionBudget, ``409``, ``500``, a transport error)
            blocks the victim; ``404`` means it is gone already (not a refusal). If one is blocked, nothing is
            evicted: ``("refused", id, {victim: why})`` is queued for the model
-           (:meth:`~gpupool.k8s.state.ClusterModel.preemption_refused`, on the scheduling thread) and each
+           (:meth:`~gpupool.k8s.cache.model.ClusterModel.preemption_refused`, on the scheduling thread) and each
            waiting pod gets a ``PreemptionBlocked`` Warning naming the blocked victims and why.
         2. Otherwise, per victim: ``DisruptionTarget=True`` (reason ``PreemptionByScheduler``, message
            ``pre.reason``) through ``pods/status``, then the real eviction (UID precondition, the pod's own grace
            period) and a ``Preempted`` Event on the victim. A refusal now (a PodDisruptionBudget changed since
            the dry run, the API failing) queues ``("evict_failed", victim, why)``
-           (:meth:`~gpupool.k8s.state.ClusterModel.eviction_failed`).
+           (:meth:`~gpupool.k8s.cache.model.ClusterModel.eviction_failed`).
 
         A replica that is not (or no longer) the leader evicts nothing and reports the preemption refused, so that
         the model drops what it holds for it. Metrics: ``inc_preemption(action)`` once a dry run passed,

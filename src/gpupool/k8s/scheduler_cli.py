@@ -63,9 +63,10 @@ class Settings:
     default_queue: str = "default"
 
     def pool_config(self) -> Any:
-        """The :class:`~gpupool.engine.pool.PoolConfig` these settings give (:func:`gpupool.k8s.pool.live_config`)."""
+        """The :class:`~gpupool.engine.pool.PoolConfig` these settings give
+        (:func:`gpupool.k8s.cycle.pool.driver.live_config`)."""
         from gpupool.engine.pool.ordering import SIZE_ORDERS  # the pool package loads only when it runs
-        from gpupool.k8s.pool import live_config
+        from gpupool.k8s.cycle.pool import live_config
 
         knob = {"promote_knob": 1.0} if self.job_order in SIZE_ORDERS else {}  # as the simulator's gittins policy
         return live_config(order=self.job_order, reserve_after_s=self.reserve_after_s, min_run_s=self.min_runtime_s,
@@ -174,7 +175,9 @@ def _fail(message: str) -> None:
 
 def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings, seed: int,
             kubeconfig: Path | None, context: str | None, dcgm_files: Sequence[Path] = ()) -> None:
-    from gpupool.k8s.snapshot import SnapshotError, format_plan, load_snapshot, plan
+    from gpupool.k8s.cycle.plan import format_plan
+    from gpupool.k8s.cycle.planner import plan
+    from gpupool.k8s.objects.snapshots import SnapshotError, load_snapshot
 
     telemetry = None
     if dcgm_files:

@@ -11,7 +11,7 @@
   entries); if the Event has gone meanwhile (404: Events expire, by default after 1 h), a new one is created
   with the count carried on. The cache is per process: a restarted scheduler starts with an empty one, as
   client-go does.
-* Failures are logged once per outage (:class:`gpupool.k8s.wire.Outage`), never per event.
+* Failures are logged once per outage (:class:`gpupool.k8s.api.wire.Outage`), never per event.
 
 Events of one key always go to the same worker, so a key is never written by two threads at once.
 """

@@ -1,7 +1,7 @@
 """Status written back on gpupool's Queues and on PodGroups, so that ``kubectl get queues`` / ``kubectl get
 podgroups`` show allocation against quota and each gang's phase.
 
-Two pure functions compute the bodies from a :class:`~gpupool.k8s.state.ClusterModel` (read only, on the
+Two pure functions compute the bodies from a :class:`~gpupool.k8s.cache.model.ClusterModel` (read only, on the
 scheduling thread):
 
 * :func:`queue_statuses`: per Queue, what :meth:`ClusterModel.queue_status` says (``usedGPUs``,
@@ -28,7 +28,8 @@ from typing import Any
 
 from gpupool.k8s import POD_GROUP_API, QUEUE_API, VOLCANO_POD_GROUP_API
 from gpupool.k8s.api.wire import MERGE_PATCH, call
-from gpupool.k8s.requests import RequestParseError, parse_pod_group, pod_group_of
+from gpupool.k8s.objects.fields import RequestParseError
+from gpupool.k8s.objects.pods import parse_pod_group, pod_group_of
 from gpupool.model import MILLI
 
 _logger = logging.getLogger("gpupool.k8s.status")
@@ -64,7 +65,7 @@ def _gpus(milli: float) -> float:
 def queue_statuses(model: Any, fair_shares: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """What each Queue's ``status`` should say now, by Queue name (no ``lastTransitionTime``: the writer adds it).
 
-    From :meth:`~gpupool.k8s.state.ClusterModel.queue_status` (``usedGPUs``: GPUs held by the queue's and its
+    From :meth:`~gpupool.k8s.cache.model.ClusterModel.queue_status` (``usedGPUs``: GPUs held by the queue's and its
     children's pods; ``allocatedPods``; ``pendingPods``: its own pods waiting for gpupool; condition ``Valid``),
     plus:
 

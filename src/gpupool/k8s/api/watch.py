@@ -59,7 +59,7 @@ class ClusterCache:
     """Objects by kind, as the watches last reported them; ``changed`` is set on every change.
 
     Every change is also queued in ``changes`` (``(kind, event type, object)``, ``(kind, "RELIST", items)``
-    for a list) for the scheduling thread, which applies them to its :class:`~gpupool.k8s.state.ClusterModel`
+    for a list) for the scheduling thread, which applies them to its :class:`~gpupool.k8s.cache.model.ClusterModel`
     at the start of each cycle (:meth:`drain`): reflectors never touch the model.
     """
 
@@ -96,7 +96,7 @@ class ClusterCache:
         self.changed.set()
 
     def drain(self, model: Any) -> int:
-        """Apply the queued changes to ``model`` (a :class:`~gpupool.k8s.state.ClusterModel`); returns how many.
+        """Apply the queued changes to ``model`` (a :class:`~gpupool.k8s.cache.model.ClusterModel`); returns how many.
 
         A relist supersedes the queued events of its kind before it, so they are skipped."""
         with self.lock:

@@ -7,7 +7,7 @@ Pieces, as in the live scheduler (:mod:`gpupool.k8s.scheduler`):
   a CRD not installed yet is looked for again later;
 * one reconcile thread: every ``sync_period_s`` (15 s, the HPA controller's default ``--horizontal-pod-autoscaler-
   sync-period``) every object, and at once an object that is new or whose ``spec`` changed (``generation``); only
-  the leader (``leader`` callable, e.g. :class:`gpupool.k8s.leader.LeaderElector`) reconciles, a standby keeps
+  the leader (``leader`` callable, e.g. :class:`gpupool.k8s.api.leader.LeaderElector`) reconciles, a standby keeps
   its cache warm;
 * per object (:meth:`AutoscalerController.reconcile`): parse the spec (:mod:`.crd`), read the target's ``scale``
   subresource (``AppsV1Api.read_namespaced_deployment_scale`` / ``..._stateful_set_scale``), run each metric's

@@ -6,7 +6,7 @@ records, each Kubernetes object parsed once per ``resourceVersion``:
 
 * :class:`NodeRecord`: the node's :class:`~gpupool.model.NodeSpec`, time-slicing replicas, MIG capacity
   and the fields that decide eligibility (labels, taints, cordon, Ready);
-* :class:`PodRecord`: the pod's :class:`~gpupool.k8s.requests.PodInfo` (or why it cannot be read), where
+* :class:`PodRecord`: the pod's :class:`~gpupool.k8s.objects.pods.PodInfo` (or why it cannot be read), where
   it is bound, and what it holds in the engine's state;
 * PodGroups and Queues (parsed when they change).
 
@@ -100,7 +100,7 @@ class ClusterModel:
 
     ``scheduler_name``: pods naming another scheduler are counted where bound, never placed.
     ``policy``/``seed``: the engine's placement policy and tie-break seed. ``describe`` reads a pod
-    (default :func:`~gpupool.k8s.requests.describe_pod`), once per resourceVersion.
+    (default :func:`~gpupool.k8s.objects.pods.describe_pod`), once per resourceVersion.
     """
 
     def __init__(self, scheduler_name: str = DEFAULT_SCHEDULER_NAME, policy: str = DEFAULT_POLICY, seed: int = 0,
@@ -138,7 +138,7 @@ class ClusterModel:
         self._dirty = True  # the node set or a node's capacity changed: rebuild before the next cycle
         self._reshaped = True  # ... and the incremental books cannot be compared with the rebuilt ones
         self._check = False  # compare the rebuilt books with the incremental ones (after a relist)
-        self.pool: Any = None  # a gpupool.k8s.pool.PoolDriver when the pool scheduler runs the cluster
+        self.pool: Any = None  # a gpupool.k8s.cycle.pool.driver.PoolDriver when the pool scheduler runs the cluster
         self.count_log: list[str] = []  # pods counted, uncounted or forgotten since the pool last looked
         self.stats = {"events": 0, "parsed_pods": 0, "parsed_nodes": 0, "rebuilds": 0, "drift": 0,
                       "incremental": 0, "skipped_unchanged": 0}
@@ -146,7 +146,8 @@ class ClusterModel:
     # ------------------------------------------------------------------ feeding
     @classmethod
     def from_snapshot(cls, snapshot: Any, **kwargs: Any) -> ClusterModel:
-        """A model holding the objects of a :class:`~gpupool.k8s.snapshot.ClusterSnapshot` (a file's objects)."""
+        """A model holding the objects of a :class:`~gpupool.k8s.objects.snapshots.ClusterSnapshot` (a file's
+        objects)."""
         model = cls(**kwargs)
         model.replace(NODES, snapshot.nodes)
         model.replace(PODS, snapshot.pods)
@@ -692,7 +693,7 @@ class ClusterModel:
             self._epoch += 1
 
     def queue_book(self) -> Any:
-        """A :class:`~gpupool.k8s.snapshot.QueueBook` with every counted and assumed pod charged."""
+        """A :class:`~gpupool.k8s.cache.queues.QueueBook` with every counted and assumed pod charged."""
         specs, errors, known = self.queue_specs()
         book = QueueBook(specs, errors, known, blocked=self.queues_blocked)
         for queue, milli in self.queue_used.items():
@@ -712,7 +713,7 @@ class ClusterModel:
         fraction of the card; pods being bound included); ``allocatedPods``: its and its children's pods holding
         GPUs or counted; ``pendingPods``: its own pods waiting for gpupool; condition ``Valid`` (False with
         reason ``InvalidSpec`` when the spec cannot be read). The pool's figures (fair share, borrowed GPUs) are
-        added by :func:`gpupool.k8s.status.queue_statuses`.
+        added by :func:`gpupool.k8s.api.status.queue_statuses`.
         """
         if self.queues is None:
             return {}
@@ -743,7 +744,7 @@ class ClusterModel:
         return out
 
     def inventory(self) -> InventoryInfo:
-        """What :func:`~gpupool.k8s.inventory.build_state` reports, from the records (O(cluster): dry runs, tests)."""
+        """What :func:`~gpupool.k8s.cache.model.build_state` reports, from the records (O(cluster): dry runs, tests)."""
         state = self.state
         pods: dict[str, PodInfo] = {}
         assignments: dict[str, Assignment] = {}
@@ -775,7 +776,7 @@ class ClusterModel:
 
     # ------------------------------------------------------------------ preemption outcomes (pool mode)
     def preemption_refused(self, pid: int, blocked: Mapping[str, str]) -> None:
-        """The API refused to evict some victims of :class:`~gpupool.k8s.snapshot.Preemption` ``pid`` in the dry
+        """The API refused to evict some victims of :class:`~gpupool.k8s.cycle.plan.Preemption` ``pid`` in the dry
         run (``blocked``: pod key -> why, e.g. a PodDisruptionBudget's 429): nothing was evicted. The victims
         are counted again where they run, the preemptor's held placements are dropped (it waits again) and
         the blocked victims are not chosen again for a while (the next cycle chooses other victims)."""
@@ -795,7 +796,7 @@ def build_state(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, 
     """The engine's state for ``nodes`` with every bound, unfinished pod in ``pods`` counted.
 
     The same books as the live scheduler's and the dry run's: the objects go through a
-    :class:`~gpupool.k8s.state.ClusterModel` (one code path). Nodes gpupool cannot read are left out
+    :class:`~gpupool.k8s.cache.model.ClusterModel` (one code path). Nodes gpupool cannot read are left out
     (``skipped_nodes``); raises :class:`NoUsableNodeError` (a ValueError) when no node is left. On a node
     whose GPUs are time-sliced (``nvidia.com/gpu.replicas``), a pod bound with ``nvidia.com/gpu: k`` counts
     ``k / replicas`` of one GPU. ``describe`` reads a pod. Returns (state, :class:`InventoryInfo`).

@@ -54,7 +54,7 @@ class Preemption:
     """Pods to evict so that a waiting job can start: all or nothing (the pool's victim solver chose them).
 
     * ``id``: unique per model; outcomes are reported back by it
-      (:meth:`~gpupool.k8s.state.ClusterModel.preemption_refused`);
+      (:meth:`~gpupool.k8s.cache.model.ClusterModel.preemption_refused`);
     * ``action``: ``reclaim`` (a queue below its fair share takes GPUs back), ``preempt`` (a higher-order job
       of the same queue), ``shrink`` (an elastic job gives extra workers back), ``consolidate`` (moved to
       defragment);

@@ -21,6 +21,7 @@ from gpupool.cluster import ClusterState
 from gpupool.k8s.cache.eligibility import constraints_of
 from gpupool.k8s.cache.model import ClusterModel
 from gpupool.k8s.cycle.plan import Placement, Plan
+from gpupool.k8s.cycle.pool import PoolDriver
 from gpupool.k8s.cycle.units import Unit, identity_problem, place_unit, unsupported_constraint
 from gpupool.k8s.objects.pods import PodInfo, describe_pod
 from gpupool.k8s.objects.snapshots import ClusterSnapshot
@@ -34,7 +35,7 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
          describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod, pool: Any = None) -> Plan:
     """One scheduling cycle on ``snapshot``: a :class:`Placement` for every pending pod of ``scheduler_name``.
 
-    The snapshot's objects are fed to a :class:`~gpupool.k8s.state.ClusterModel` as the live scheduler's
+    The snapshot's objects are fed to a :class:`~gpupool.k8s.cache.model.ClusterModel` as the live scheduler's
     watch events are, and one cycle of it runs: the dry run and the live scheduler share one code path.
     ``prepare_state`` runs on the state before any placement (e.g. GPU health from telemetry:
     :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod. ``pool``: a
@@ -45,20 +46,18 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
     model = ClusterModel.from_snapshot(snapshot, scheduler_name=scheduler_name, policy=policy, seed=seed,
                                        describe=describe)
     if pool is not None:
-        from gpupool.k8s.pool import PoolDriver  # lazy until k8s/cycle/pool imports k8s.cycle, not the facades
-
         PoolDriver(model, pool)
     return run_cycle(model, prepare_state, full_inventory=True)
 
 
 def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] | None = None,
               full_inventory: bool = False) -> Any:
-    """One scheduling cycle: a :class:`~gpupool.k8s.snapshot.Placement` for every pending pod.
+    """One scheduling cycle: a :class:`~gpupool.k8s.cycle.plan.Placement` for every pending pod.
 
     Placed pods are assumed (they hold their devices and leave the pending set) until :meth:`forget`
     or the watch shows them bound. ``prepare_state`` runs on the state first (GPU health from telemetry).
     ``full_inventory``: fill ``Plan.inventory`` (O(cluster); the dry run does, the live loop does not).
-    Returns a :class:`~gpupool.k8s.snapshot.Plan`.
+    Returns a :class:`~gpupool.k8s.cycle.plan.Plan`.
     """
     model.expire()
     model.refresh()

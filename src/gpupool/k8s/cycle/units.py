@@ -92,7 +92,7 @@ def place_unit(unit: Unit, engine: Engine, pol: Any, book: QueueBook, policy: st
     """Place one unit (a single pod, or a gang) within its queues' limits.
 
     The limit check is exact: a pod is placed, charged what it occupies there (a memory-sized share as its
-    memory's fraction of the GPU, :func:`gpupool.k8s.state.queue_charge`), and released again if that breaks
+    memory's fraction of the GPU, :func:`gpupool.k8s.cache.records.queue_charge`), and released again if that breaks
     a limit. A gang needs its minMember within the limits (all or nothing); members beyond the minimum are
     kept one by one, in order, while the limits hold.
     """

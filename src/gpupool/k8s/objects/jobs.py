@@ -9,7 +9,8 @@ from typing import Any
 
 from gpupool.cluster import slice_ask
 from gpupool.k8s import LABEL_NVLINK_DOMAIN
-from gpupool.k8s.requests import PodInfo, annotations_of, labels_of
+from gpupool.k8s.objects.fields import annotations_of, labels_of
+from gpupool.k8s.objects.pods import PodInfo
 
 ANN_MAX_MEMBER = "gpupool.io/max-member"
 """PodGroup (or pod) annotation: most pods of an elastic gang that may run (default: every pod it has)."""

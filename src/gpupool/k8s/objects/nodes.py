@@ -40,6 +40,7 @@ from gpupool.k8s import (
     RES_GPU,
     RES_MIG_PREFIX,
 )
+from gpupool.k8s.objects.agent_report import read_inventory
 from gpupool.k8s.objects.fields import (
     MIB,
     MIG_PROFILE,
@@ -210,8 +211,6 @@ def _gpu_memory_label(name: str, labels: Mapping[str, str]) -> int:
 
 def _agent_gpus(node: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The GPUs of gpupool's node agent inventory annotation (index order), [] when absent or unreadable."""
-    from gpupool.agent.report import read_inventory
-
     meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
     doc = read_inventory(meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else None)
     if doc is None:

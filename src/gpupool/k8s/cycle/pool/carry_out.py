@@ -14,8 +14,9 @@ import numpy as np
 
 from gpupool.engine.pool import PoolJob
 from gpupool.engine.pool.job import RUNNING
-from gpupool.k8s import snapshot as snap
+from gpupool.k8s.cycle.plan import Placement, Preemption
 from gpupool.k8s.cycle.pool.records import Evicting, Held
+from gpupool.k8s.cycle.units import success_reason
 from gpupool.k8s.objects.jobs import gang_of, grace_s
 from gpupool.model import Assignment
 
@@ -62,7 +63,7 @@ class CarryOutMixin:
             pre = by_preemptor.get(pname + "|" + act)
             if pre is None:
                 self._pid += 1
-                pre = snap.Preemption(self._pid, act, pname, self._message(act, victim, preemptor), [],
+                pre = Preemption(self._pid, act, pname, self._message(act, victim, preemptor), [],
                                       grace_s=0.0)
                 by_preemptor[pname + "|" + act] = pre
                 groups[pre.id] = pre
@@ -96,7 +97,7 @@ class CarryOutMixin:
                     reason = (self._held_reason(a.node_name) if a.node_name in evicting_nodes else
                               f"nominated to node {a.node_name}: held with the rest of its job, which waits for "
                               f"preempted pods to terminate on node {busy}")
-                    p = snap.Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
+                    p = Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
                                        reason, a.gpu_memory_mib, (), gang_of(rec), nominated=True)
                     if pid is not None and pid in groups:
                         groups[pid].nominated.append(p)
@@ -105,9 +106,9 @@ class CarryOutMixin:
                 engine = model.engine
                 mask = engine.feasible_mask(engine.policy.effective(rec.info.request))  # after the placement
                 feasible = int(mask.sum()) + int(not mask[a.node])
-                why = (snap._success_reason(model.policy_name, a, feasible, gang_of(rec), ()) +
+                why = (success_reason(model.policy_name, a, feasible, gang_of(rec), ()) +
                        f"; queue {pool.tree.names[job.q]}")
-                placements.append(snap.Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0, why,
+                placements.append(Placement(a.pod, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0, why,
                                                  a.gpu_memory_mib, (), gang_of(rec)))
             if busy_nodes and job.status == RUNNING and all(a.pod in self.held for a in job.placed):
                 job.run_since = math.inf  # held whole while victims terminate: its run begins when it binds
@@ -172,7 +173,7 @@ class CarryOutMixin:
                 self.jobs.pop(name, None)
                 self._mark_evicted(name, keys, job.attained, now)
             self._pid += 1
-            pre = snap.Preemption(self._pid, "heal", "", f"gpupool self-healing: {why[0]}; the pod is evicted so "
+            pre = Preemption(self._pid, "heal", "", f"gpupool self-healing: {why[0]}; the pod is evicted so "
                                   "that its controller re-creates it on healthy GPUs", [], grace_s=0.0)
             for key in keys:
                 rec = model.pods.get(key)

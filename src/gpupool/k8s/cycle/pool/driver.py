@@ -3,16 +3,16 @@
 The job simulator and the live scheduler run the very same :class:`~gpupool.engine.pool.PoolScheduler`
 cycle (queue order by fair share, job order, gangs all or nothing, reservation and backfill, reclaim,
 preemption, elastic grow and shrink); this module is the Kubernetes driver of it. It feeds the scheduler
-from the :class:`~gpupool.k8s.state.ClusterModel` (one :class:`~gpupool.cluster.ClusterState`, one
+from the :class:`~gpupool.k8s.cache.model.ClusterModel` (one :class:`~gpupool.cluster.ClusterState`, one
 :class:`~gpupool.engine.core.Engine`, shared) and turns each cycle's decisions into what the live
 scheduler carries out:
 
 * a pending pod belongs to a *job*: its PodGroup (scheduler-plugins, Volcano, KAI spellings), else itself;
   a job to a leaf *queue* (``Queue`` CRs; the Kueue, KAI and Volcano queue labels), else the ``default``
   queue. Only pods naming this scheduler join the pool; other pods only take capacity.
-* started / grown jobs -> :class:`~gpupool.k8s.snapshot.Placement` (bound by the scheduler);
+* started / grown jobs -> :class:`~gpupool.k8s.cycle.plan.Placement` (bound by the scheduler);
 * evictions (reclaim, preemption, elastic shrink, consolidation) ->
-  :class:`~gpupool.k8s.snapshot.Preemption`, one per preemptor, carried out through the Eviction API;
+  :class:`~gpupool.k8s.cycle.plan.Preemption`, one per preemptor, carried out through the Eviction API;
 * a placement on a node where victims are still terminating is *nominated*
   (``status.nominatedNodeName``) and bound only when they are gone; if they do not go within their grace
   period (plus ``slack_s``), or the API refuses to evict one (a PodDisruptionBudget), the nomination lapses,
@@ -39,14 +39,15 @@ from typing import Any
 from gpupool.engine.pool import PoolConfig, PoolJob, PoolScheduler, QueueConfigError, QueueTree
 from gpupool.engine.pool import QueueSpec as PoolQueueSpec
 from gpupool.engine.pool.job import RUNNING
-from gpupool.k8s import snapshot as snap
+from gpupool.k8s.cycle.plan import Placement, Plan
 from gpupool.k8s.cycle.pool.carry_out import CarryOutMixin
 from gpupool.k8s.cycle.pool.holds import HoldsMixin
 from gpupool.k8s.cycle.pool.reasons import ReasonsMixin
 from gpupool.k8s.cycle.pool.reconcile import ReconcileMixin
 from gpupool.k8s.cycle.pool.records import Evicting, Held, JobInfo
+from gpupool.k8s.cycle.units import Unit, place_unit
 from gpupool.k8s.objects.jobs import is_whole_gpu
-from gpupool.k8s.requests import PodInfo
+from gpupool.k8s.objects.pods import PodInfo
 from gpupool.model import MILLI
 from gpupool.policies import make_policy
 
@@ -72,7 +73,7 @@ def live_config(**overrides: Any) -> PoolConfig:
 
 
 class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
-    """Runs :class:`PoolScheduler` over a :class:`~gpupool.k8s.state.ClusterModel` (sets ``model.pool``).
+    """Runs :class:`PoolScheduler` over a :class:`~gpupool.k8s.cache.model.ClusterModel` (sets ``model.pool``).
 
     ``config``: the pool's :class:`PoolConfig` (default :func:`live_config`); ``clock``: wall-clock seconds
     (pod ages, reservations, minimum runtimes); ``slack_s``: how long past its grace period a victim may take
@@ -264,7 +265,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
     def cycle(self, out: list[Any], units: Sequence[Any]) -> Any:
         """Plan one cycle. ``out``: placements already decided (unreadable pods); ``units``: the pending
         units the model grouped (single pods and gangs with their minMember complete). Returns a
-        :class:`~gpupool.k8s.snapshot.Plan` with placements, nominations and preemptions."""
+        :class:`~gpupool.k8s.cycle.plan.Plan` with placements, nominations and preemptions."""
         model = self.model
         state, engine = model.state, model.engine
         now = self.clock()
@@ -288,7 +289,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
             queues = {info.queue for _, info in unit.members}
             why = self._queue_problem(next(iter(queues))) if len(queues) == 1 and not book.blocked else ""
             if why:
-                placements.extend(snap.Placement(i.key, None, reason=why, gang=unit.gang) for _, i in unit.members)
+                placements.extend(Placement(i.key, None, reason=why, gang=unit.gang) for _, i in unit.members)
                 continue
             name = self._unit_job(unit, book)
             if name is None:
@@ -323,15 +324,15 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
         # the part-1 path for shared-GPU pods and gang repairs, after the pool
         elig = model.elig
         busy = self._evicting_nodes()  # nodes where preempted pods still terminate (no change below)
-        for unit in sorted(repair, key=snap._Unit.order) + sorted(legacy, key=snap._Unit.order):
+        for unit in sorted(repair, key=Unit.order) + sorted(legacy, key=Unit.order):
             for _, pi in unit.members:
                 if pi.mig and elig is not None:  # MIG devices being placed count against the node's devices
                     elig.pending_mig[pi.key] = pi.mig
             try:
-                placed = snap._place_unit(unit, engine, engine.policy, book, model.policy_name, state)
+                placed = place_unit(unit, engine, engine.policy, book, model.policy_name, state)
             except Exception as exc:  # noqa: BLE001 - a unit that trips the engine fails alone
                 log.error("placement failed", exc_info=True)
-                placed = [snap.Placement(i.key, None, gang=unit.gang,
+                placed = [Placement(i.key, None, gang=unit.gang,
                                          reason=f"gpupool could not place this pod: {type(exc).__name__}: {exc}")
                           for _, i in unit.members]
             for p in placed:
@@ -342,7 +343,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
                     model.count_log.append(p.pod)  # a repaired gang's pod joins its job's books
                     if p.node in busy:
                         self.held[p.pod] = Held(p.node, now, None)
-                        p = snap.Placement(p.pod, p.node, p.gpus, p.gpu_milli, self._held_reason(p.node),
+                        p = Placement(p.pod, p.node, p.gpus, p.gpu_milli, self._held_reason(p.node),
                                            p.gpu_memory_mib, p.mig, p.gang, nominated=True)
                 placements.append(p)
         placements.extend(self._place_riders(now))
@@ -350,7 +351,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
         decided = {p.pod for p in placements}
         placements.extend(p for p in self._waiting(pool_units, now) if p.pod not in decided)
         book = model.queue_book()
-        return snap.Plan(placements, None, model.policy_name, state, book, preemptions=preemptions,
+        return Plan(placements, None, model.policy_name, state, book, preemptions=preemptions,
                          denominated=denominated)
 
     def _unit_job(self, unit: Any, book: Any) -> str | None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpupool.engine.pool.job import RUNNING
-from gpupool.k8s import snapshot as snap
+from gpupool.k8s.cycle.plan import Placement
 from gpupool.k8s.cycle.pool.records import Evicting, JobInfo
 from gpupool.k8s.objects.jobs import gang_of
 
@@ -49,7 +49,7 @@ class HoldsMixin:
                 continue
             del self.held[key]
             rec = model.pods.get(key)
-            out.append(snap.Placement(key, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
+            out.append(Placement(key, a.node_name, a.gpus, a.gpu_milli if a.gpus else 0,
                                       f"victims gone from node {a.node_name}: binding", a.gpu_memory_mib, (),
                                       gang_of(rec) if rec is not None else None, waited_s=max(0.0, now - h.since)))
             bound.add(h.job)

@@ -10,8 +10,8 @@ from typing import Any
 from gpupool.engine.pool import PoolJob
 from gpupool.engine.pool.job import RUNNING
 from gpupool.k8s import LABEL_NVLINK_DOMAIN, LABEL_RACK, LABEL_SWITCH
-from gpupool.k8s import snapshot as snap
-from gpupool.k8s.snapshot import _gpus
+from gpupool.k8s.cache.queues import gpus
+from gpupool.k8s.cycle.plan import Placement
 from gpupool.model import MILLI
 
 
@@ -32,7 +32,7 @@ class ReasonsMixin:
             if not waiting:
                 continue
             why = self._why(job, unit, now)
-            out.extend(snap.Placement(k, None, reason=why, gang=unit.gang) for k in waiting)
+            out.extend(Placement(k, None, reason=why, gang=unit.gang) for k in waiting)
         return out
 
     def _why(self, job: PoolJob | None, unit: Any, now: float) -> str:
@@ -52,8 +52,8 @@ class ReasonsMixin:
             for a in pool.paths[job.q]:
                 need = job.min_pods * job.gpus_per_pod
                 if pool.alloc[a][0] + need > pool.limit_g[a] + 1e-6:
-                    return (f"queue {tree.names[a]} would exceed its limit: {_gpus(round(pool.alloc[a][0] * MILLI))} "
-                            f"of {_gpus(round(pool.limit_g[a] * MILLI))} GPU in use, {_gpus(round(need * MILLI))} "
+                    return (f"queue {tree.names[a]} would exceed its limit: {gpus(round(pool.alloc[a][0] * MILLI))} "
+                            f"of {gpus(round(pool.limit_g[a] * MILLI))} GPU in use, {gpus(round(need * MILLI))} "
                             "more asked")
             return (f"non-preemptible job (priority {job.priority}) waits for room within the quota of queue {q}")
         d = model.engine.schedule(job.pods[0])

@@ -10,10 +10,10 @@ from typing import Any
 
 from gpupool.engine.pool import PoolJob
 from gpupool.engine.pool.job import PENDING, RUNNING
-from gpupool.k8s import snapshot as snap
+from gpupool.k8s.cycle.plan import Placement
 from gpupool.k8s.cycle.pool.records import EVICTED_BOOKS_S, Held, JobInfo
 from gpupool.k8s.objects.jobs import job_identity, job_topology, max_member, run_time_limit, started_at
-from gpupool.k8s.requests import PodInfo
+from gpupool.k8s.objects.pods import PodInfo
 from gpupool.model import PodRequest
 
 
@@ -229,7 +229,7 @@ class ReconcileMixin:
                     continue
                 d = engine.place(pi.request)
                 if d.assignment is None:
-                    out.append(snap.Placement(pi.key, None, reason=f"gang {name}: its GPU pods run; this pod waits: "
+                    out.append(Placement(pi.key, None, reason=f"gang {name}: its GPU pods run; this pod waits: "
                                               f"{d.reason}", gang=name))
                     continue
                 a = d.assignment
@@ -238,7 +238,7 @@ class ReconcileMixin:
                 nominated = a.node_name in busy
                 if nominated:
                     self.held[pi.key] = Held(a.node_name, now, None)
-                out.append(snap.Placement(pi.key, a.node_name, (), 0,
+                out.append(Placement(pi.key, a.node_name, (), 0,
                                           self._held_reason(a.node_name) if nominated else
                                           f"gang {name}: its GPU pods run; placed on {a.node_name}", gang=name,
                                           nominated=nominated))
