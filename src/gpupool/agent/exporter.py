@@ -125,8 +125,8 @@ class GpuExporter(Collector):
         ``samples``: one :class:`GpuSample` per GPU (``backend.sample()``); ``health``: by UUID, either the health
         tracker's :class:`~gpupool.k8s.objects.agent_report.GpuHealth` (its ``xid`` and ``healthy`` are printed)
         or the last XID as an int (healthy = no XID, or an application XID); None/absent: XID 0, healthy unless the
-        sample is ``lost``. ``devices``: the discovered GPUs, for ``pci_bus_id``, ``device`` and ``modelName`` (kept from the
-        last call when None). A GPU in ``samples`` but not in ``devices`` is labelled ``nvidia<index>``.
+        sample is ``lost``. ``devices``: the discovered GPUs, for ``pci_bus_id``, ``device`` and ``modelName`` (kept
+        from the last call when None). A GPU in ``samples`` but not in ``devices`` is labelled ``nvidia<index>``.
         ``discovery`` (its ``devices``, when ``devices`` is None) and ``driver`` (a ``DriverInfo``: sets the
         ``DCGM_FI_DRIVER_VERSION`` label when the exporter was made without one) are what the agent loop offers.
         """
