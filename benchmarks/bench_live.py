@@ -10,7 +10,7 @@ For each size (default 1,000 nodes / 6,000 bound pods and 5,000 nodes / 30,000 b
    (seeded): whole GPUs (1 or 2), KAI fractions (0.25, 0.5) and HAMi memory-sized shares, each with
    gpupool's device annotations, as a running cluster has them. Not timed.
 2. The objects go through the live scheduler's own path: :class:`~gpupool.k8s.scheduler.ClusterCache`
-   (as the reflectors fill it after their lists) drained into a :class:`~gpupool.k8s.state.ClusterModel`,
+   (as the reflectors fill it after their lists) drained into a :class:`~gpupool.k8s.cache.model.ClusterModel`,
    and one warm-up cycle (the first cycle builds the state: reported as ``build_s``).
 3. **Timed rounds** (default 200): each round, ``pending`` new pods arrive (``ADDED`` events; 1 or 100),
    plus churn as on a busy cluster: as many bound pods finish as were placed in the previous round, at least 2
@@ -66,8 +66,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import json_safe, machine_info  # noqa: E402
 from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_NODE  # noqa: E402
-from gpupool.k8s.scheduler import ClusterCache  # noqa: E402
-from gpupool.k8s.snapshot import ClusterSnapshot, plan  # noqa: E402
+from gpupool.k8s.api.watch import ClusterCache  # noqa: E402
+from gpupool.k8s.cycle.planner import plan  # noqa: E402
+from gpupool.k8s.objects.snapshots import ClusterSnapshot  # noqa: E402
 from gpupool.k8s.state import ClusterModel  # noqa: E402
 
 PRODUCTS = (("NVIDIA-H100-80GB-HBM3", 0.60, "81559"), ("NVIDIA-A100-SXM4-80GB", 0.25, "81920"),
@@ -181,7 +182,7 @@ def part_cycle(n_nodes: int, n_pods: int, pending: int, rounds: int, seed: int, 
     cache = ClusterCache()
     model = ClusterModel(seed=seed)
     if pool:  # the pool scheduler runs the cycle, as `gpupool scheduler` does by default
-        from gpupool.k8s.pool import PoolDriver
+        from gpupool.k8s.cycle.pool import PoolDriver
 
         PoolDriver(model)
     cache.replace("nodes", nodes)
