@@ -2,18 +2,31 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench bench-tiresias clean e2e
+# `make` alone installs everything (what scripts/gpu-check.sh runs when there is no .venv yet)
+.DEFAULT_GOAL := $(STAMP)
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+
+# what running needs (make run): gpupool and its dependencies, no test tools
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	@echo "make: installing gpupool and what it needs to run into $(VENV) (numpy, numba, matplotlib, kubernetes, ...)"
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+# what the tests need on top (make test, e2e, benchmarks)
+$(STAMP): $(RUN_STAMP) pyproject.toml
+	@echo "make: installing the test tools into $(VENV) (pytest, hypothesis, ruff, import-linter, kmock, highspy, ...)"
 	$(BIN)/python -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	touch $@
 
 ## run: compare the scheduling policies on the embedded openb trace (inflation protocol, seed 42)
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/gpupool compare --out results --json results/compare.json
 
 ## test: lint, the import contracts (.importlinter, docs/architecture.md) and the whole test suite
