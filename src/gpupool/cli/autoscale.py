@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 
 from gpupool.cli.common import RunProgress, check_outputs, print_table, split
+from gpupool.provenance import run_meta
 
 app = typer.Typer(
     name="autoscale",
@@ -125,7 +126,7 @@ def simulate_cmd(
         raise _fail(str(exc), code=1) from None
     except ValueError as exc:
         raise _fail(str(exc), code=1) from None
-    doc = to_json(run)
+    doc = {"meta": run_meta(), **to_json(run)}
     if to_stdout:
         typer.echo(json.dumps(doc, indent=2))
     else:

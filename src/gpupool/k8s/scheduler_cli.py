@@ -30,6 +30,7 @@ import yaml
 from gpupool.k8s import DEFAULT_SCHEDULER_NAME
 from gpupool.k8s.api.client import ConfigError, host_port, load_api_client, parse_duration
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
+from gpupool.provenance import run_meta
 
 DEFAULT_LEASE = "gpupool-scheduler"
 DEFAULT_LEASE_NAMESPACE = "gpupool-system"
@@ -234,7 +235,7 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
                    + (f"{len(sick)} GPU(s) marked unhealthy ({', '.join(sick[:10])})" if sick else
                       "no GPU marked unhealthy") + " (GPU numbers are gpupool's device indices on the node)",
                    err=True)
-    payload = json.dumps(result.to_json(), indent=2)
+    payload = json.dumps({"meta": run_meta(), **result.to_json()}, indent=2)
     if json_out == "-":
         typer.echo(payload)
         return

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from gpupool.provenance import run_meta
 from gpupool.report.plots import (
     OTHER_COLOR,
     PALETTE,
@@ -145,7 +146,7 @@ def jobs_table(summary: Sequence[dict[str, Any]], title: str = "", *, wide: bool
 def jobs_json_document(jobs: str, cluster: str, queues: str | None, runs: Sequence[JobRun],
                        summary: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The ``--json`` document of a job-level run: inputs, one record per policy and seed, summary."""
-    return jsonable({"protocol": "jobs", "jobs": jobs, "cluster": cluster, "queues": queues,
+    return jsonable({"meta": run_meta(), "protocol": "jobs", "jobs": jobs, "cluster": cluster, "queues": queues,
                      "results": [r.record for r in runs], "summary": list(summary)})
 
 

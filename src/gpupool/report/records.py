@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gpupool.provenance import run_meta
+
 NAN = float("nan")
 
 METRIC_KEYS = (
@@ -234,6 +236,7 @@ def json_document(protocol: str, nodes: str, pods: str, ratio: float | None, run
                   summary: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The ``--json`` document: run parameters, one result per policy and seed, the per-policy summary."""
     return jsonable({
+        "meta": run_meta(),
         "protocol": protocol,
         "nodes": nodes,
         "pods": pods,
