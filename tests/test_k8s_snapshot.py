@@ -227,10 +227,11 @@ def test_help_lists_the_flags_deploy_uses():
 
 
 def test_readme_dry_run_commands_run_as_written(tmp_path, monkeypatch):
-    """Every `gpupool scheduler --dry-run ...` line of the README runs, from the repository root, as written."""
+    """Every `gpupool scheduler --dry-run ...` line of the README and docs/ runs, from the repository root, as
+    written."""
     import shlex
 
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     lines, joined = [], ""
     for raw in text.splitlines():
         line = raw.split("#", 1)[0].rstrip() if "#" in raw and not raw.lstrip().startswith("#") else raw.rstrip()
