@@ -518,3 +518,14 @@ def test_cli_usage_errors_exit_2(args: list[str], message: str) -> None:
 
     result = CliRunner().invoke(app, ["autoscaler", *args])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_the_autoscalers_watch_logs_under_its_own_logger(world: World, caplog) -> None:
+    """Its reflector's lines (listed, watch expired, outages) carry the autoscaler's logger, not the scheduler's."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        world.controller(start=True, sync_period_s=0.3)
+        wait_for(lambda: any(r.getMessage() == "listed" for r in caplog.records), 10, "the first list logged")
+    listed = [r for r in caplog.records if r.getMessage() == "listed"]
+    assert {r.name for r in listed} == {"gpupool.k8s.autoscaler"}

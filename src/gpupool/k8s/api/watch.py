@@ -143,9 +143,12 @@ class Reflector(threading.Thread):
     """
 
     def __init__(self, kind: str, list_fn: Callable[..., Any], cache: ClusterCache, config: WatchConfig,
-                 optional: bool = False) -> None:
+                 optional: bool = False, log: Callable[..., None] | None = None) -> None:
         super().__init__(name=f"reflector-{kind}", daemon=True)
         self.kind, self.list_fn, self.cache, self.config, self.optional = kind, list_fn, cache, config, optional
+        # the owning component's structured logger (``log(level, event, **fields)``), so that its watch lines carry
+        # its logger name; default: the scheduler's
+        self._log = log if log is not None else _log
         self.resource_version: str | None = None
         self.lists = 0  # completed lists (tests and the leader hand-over read it)
         self.listed_at = -1e9  # time.monotonic() of the last completed list
@@ -155,7 +158,7 @@ class Reflector(threading.Thread):
         self._watch: _RawWatch | None = None
         self._resp: Any = None  # the open watch response (urllib3), for _interrupt
         self._backoff = Backoff(config.backoff_initial_s, config.backoff_max_s)
-        self._outage = Outage(_log, "api", kind=kind)
+        self._outage = Outage(self._log, "api", kind=kind)
         self.absent_reported = False  # the "not installed / not granted" line was logged
 
     # -- control
@@ -208,7 +211,7 @@ class Reflector(threading.Thread):
         self.lists += 1
         self.listed_at = time.monotonic()
         self.synced.set()
-        _log(logging.INFO, "listed", kind=self.kind, items=len(items), resource_version=self.resource_version)
+        self._log(logging.INFO, "listed", kind=self.kind, items=len(items), resource_version=self.resource_version)
 
     def _watch_once(self) -> None:
         w = self._watch = _RawWatch()
@@ -266,7 +269,7 @@ class Reflector(threading.Thread):
                 if self._halt.is_set():
                     break
                 if exc.status == 410:
-                    _log(logging.INFO, "watch_expired", kind=self.kind, resource_version=self.resource_version,
+                    self._log(logging.INFO, "watch_expired", kind=self.kind, resource_version=self.resource_version,
                          action="relist")
                     need_list = True
                     continue
@@ -293,17 +296,17 @@ class Reflector(threading.Thread):
                 if self._backoff.failures > 5:
                     need_list = True  # a long outage: do not trust the resourceVersion any more
                 self._sleep(delay)
-        _log(logging.INFO, "reflector_stopped", kind=self.kind)
+        self._log(logging.INFO, "reflector_stopped", kind=self.kind)
 
     def _absent(self, status: int) -> None:
         """An optional kind never listed answered 404 (CRD not installed) or 403 (not granted): run without it."""
         if not self.absent_reported:
             self.absent_reported = True
             if status == 404:
-                _log(logging.INFO, "resource_absent", kind=self.kind, status=status,
+                self._log(logging.INFO, "resource_absent", kind=self.kind, status=status,
                      note="CRD not installed: running without it", retry_s=self.config.optional_retry_s)
             else:
-                _log(logging.WARNING, "resource_forbidden", kind=self.kind, status=status,
+                self._log(logging.WARNING, "resource_forbidden", kind=self.kind, status=status,
                      note="list/watch not granted to this service account (see deploy/rbac.yaml): running without "
                           "it, so what it would enforce is not enforced", retry_s=self.config.backoff_max_s)
         if status == 404:

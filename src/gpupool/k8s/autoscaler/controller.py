@@ -225,7 +225,7 @@ class AutoscalerController:
         self.recorder = EventRecorder(api_client, COMPONENT, self.config.identity,
                                       on_drop=self.metrics.events_dropped.inc)
         self.reflector = Reflector("gpuautoscalers", self._lister(), self.cache, self.config,  # type: ignore[arg-type]
-                                   optional=True)
+                                   optional=True, log=_log)
         self.states: dict[str, _State] = {}
         self.outcomes: collections.deque[Outcome] = collections.deque(maxlen=1000)
         self.heartbeat = time.monotonic()
