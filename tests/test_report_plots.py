@@ -152,3 +152,33 @@ def test_plot_context_parts():
         "trace openb_gpu · seeds 1, 2, 3 · ratio 1.5 · inflation protocol")
     assert report.plot_context(None, range(1, 11)) == "seeds 1–10"
     assert report.plot_context() == ""
+
+
+def legend_inside_figure(fig) -> bool:
+    """The legend is drawn whole: no part of it is cut off at the figure's edges."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box, page = fig.legends[0].get_window_extent(renderer), fig.bbox
+    return box.x0 >= page.x0 - 1 and box.x1 <= page.x1 + 1 and box.y0 >= page.y0 - 1 and box.y1 <= page.y1 + 1
+
+
+@pytest.mark.parametrize("policies", [3, 4, 12])
+def test_unallocated_legend_is_whole_with_few_or_many_policies(policies):
+    """With 3-4 policies the figure is narrow and the long "held but unused" label cut the legend off."""
+    summary = summary_of(inflation_runs())
+    keep = ["k8s-default", *[e["policy"] for e in summary if e["policy"] != "k8s-default"]][:policies]
+    fig = report.unallocated_figure([e for e in summary if e["policy"] in keep], trace="p.csv")
+    assert legend_inside_figure(fig) and legend_outside_axes(fig)
+
+
+def test_zoom_panel_has_a_y_label_and_ticks_that_do_not_collide():
+    fig = report.allocation_vs_arrived_figure(inflation_runs()[:3], trace="p.csv", ratio=1.3)
+    fig.canvas.draw()
+    zoom = fig.axes[1]
+    assert zoom.get_ylabel()
+    renderer = fig.canvas.get_renderer()
+    lo, hi = zoom.get_xlim()
+    labels = [t for t, v in zip(zoom.get_xticklabels(), zoom.get_xticks(), strict=True) if lo <= v <= hi]
+    boxes = [t.get_window_extent(renderer) for t in labels if t.get_text()]
+    assert len(boxes) >= 3
+    assert all(a.x1 + 2 < b.x0 for a, b in zip(boxes, boxes[1:], strict=False))  # a gap between neighbours

@@ -80,9 +80,13 @@ def legend_outside(fig: Any, handles: Sequence[Any], labels: Sequence[str], titl
     """One figure legend outside every axes: at the right, or ``below`` the axes in columns."""
     if not handles:
         return
-    if below:
+    if below:  # side by side while they fit the figure's width (about 11 characters an inch at size 8)
+        width_chars = 11 * fig.get_figwidth()
+        ncol = min(3, len(handles))
+        while ncol > 1 and sum(sorted((len(str(x)) + 6 for x in labels), reverse=True)[:ncol]) > width_chars:
+            ncol -= 1
         fig.legend(handles, labels, loc="outside lower center", fontsize=8, title=title, title_fontsize=8,
-                   ncol=min(3, len(handles)))
+                   ncol=ncol)
     else:
         fig.legend(handles, labels, loc="outside right upper", fontsize=8, title=title, title_fontsize=8,
                    ncol=2 if len(handles) > 24 else 1)
@@ -135,6 +139,11 @@ def allocation_vs_arrived_figure(runs: Sequence[Run], *, trace: str | Path | Non
         zoom.set_ylim(max(0.0, ylo - pad), min(101.0, yhi + pad))
     zoom.axvline(100, color="grey", linewidth=0.8)
     zoom.set_xlabel("arrived GPU demand (%)")
+    zoom.set_ylabel("GPU allocation (%)")
+    from matplotlib.ticker import FormatStrFormatter, MaxNLocator  # matplotlib loads only when a plot is drawn
+
+    zoom.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
+    zoom.xaxis.set_major_formatter(FormatStrFormatter("%g"))
     zoom.set_title(f"zoom: {lo_x:.0f}–{hi_x:.0f}% arrived", fontsize=9)
     figure_title(fig, "GPU allocation vs arrived demand", plot_context(trace, run_seeds(runs), ratio, "inflation"))
     handles, labels = ax.get_legend_handles_labels()
