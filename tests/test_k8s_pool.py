@@ -47,7 +47,7 @@ def test_dry_run_of_kueue_5289_reclaims_from_the_borrowing_sibling():
     assert placed["pod"] == "team-b/train-b-0" and placed["node"] == "gpu-0" and len(placed["gpus"]) == 2
 
 
-@pytest.mark.parametrize("limit", [None])
+@pytest.mark.parametrize("limit", [None, 4])
 def test_reclaim_from_a_sibling_under_the_same_parent_queue(limit):
     """Kueue #5289 live: team-a and team-b (quota 2 each) under team-ab (quota 4, optionally limit 4) on one 4-GPU
     node; team-a runs two 2-GPU pods, borrowing team-b's quota; team-b's 2-GPU pod reclaims one of them and runs.

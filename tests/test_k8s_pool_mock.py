@@ -383,10 +383,11 @@ def test_large_gang_gets_a_reservation_under_a_stream_of_small_pods(h, kubelet):
 
 
 
-@pytest.mark.parametrize("limit", [None])
+@pytest.mark.parametrize("limit", [None, 4])
 def test_reclaim_from_a_sibling_under_the_same_parent_queue(h, kubelet, limit):
-    """Kueue #5289 on the live scheduler: a and b (quota 2 each) under ab (quota 4) on one 4-GPU node. a runs two
-    2-GPU pods, borrowing b's quota; b's 2-GPU pod reclaims one of them (evicted through the API) and runs."""
+    """Kueue #5289 on the live scheduler: a and b (quota 2 each) under ab (quota 4, optionally limit 4) on one 4-GPU
+    node. a runs two 2-GPU pods, borrowing b's quota; b's 2-GPU pod reclaims one of them (evicted through the API)
+    and runs."""
     nodes(h, 1, 4)
     make_queue(h, "ab", 4, limit=limit)
     make_queue(h, "a", 2, parent="ab")

@@ -153,13 +153,15 @@ def _starts(res) -> dict[str, float]:
     return {j["job_id"]: j["start"] for j in res.jobs}
 
 
+@pytest.mark.parametrize("limit", [None, 4.0])
 @pytest.mark.parametrize(("submit", "start"), [(1000.0, 1000.0), (300.0, 600.0)])
-def test_sibling_under_quota_reclaims_from_a_borrowing_sibling(submit, start):
-    """Kueue #5289: a and b (quota 2 each) under ab (quota 4), one 4-GPU node. a runs two 2-GPU jobs from t=0,
-    borrowing b's quota; b asks for 2 GPUs: its own quota, so one of a's jobs is reclaimed and b starts at once,
-    or, when a's jobs are younger than the reclaim minimum runtime (600 s), as soon as they pass it. Before, b
-    waited for a's jobs to end (t=10,000): its parent ab, at its share, counted b's job as growth."""
-    queues = QueueTree([QueueSpec(name="ab", quota=4), QueueSpec(name="a", parent="ab", quota=2),
+def test_sibling_under_quota_reclaims_from_a_borrowing_sibling(submit, start, limit):
+    """Kueue #5289: a and b (quota 2 each) under ab (quota 4, optionally limit 4), one 4-GPU node. a runs two 2-GPU
+    jobs from t=0, borrowing b's quota; b asks for 2 GPUs: its own quota, so one of a's jobs is reclaimed and b
+    starts at once, or, when a's jobs are younger than the reclaim minimum runtime (600 s), as soon as they pass
+    it. Before, b waited for a's jobs to end (t=10,000): its parent ab, at its share, counted b's job as growth
+    (and, with the limit, ab's CPU scaled down with its GPUs cut a's and b's fair shares to 1.33 GPUs each)."""
+    queues = QueueTree([QueueSpec(name="ab", quota=4, limit=limit), QueueSpec(name="a", parent="ab", quota=2),
                         QueueSpec(name="b", parent="ab", quota=2)])
     jobs = [JobSpec(f"a{k}", 0.0, 10_000.0, 2, queue="a") for k in range(2)]
     jobs.append(JobSpec("b0", submit, 1000.0, 2, queue="b"))
