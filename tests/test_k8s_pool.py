@@ -4,6 +4,8 @@ the live model, with evictions, nominations, PodDisruptionBudget refusals and el
 
 from __future__ import annotations
 
+import pytest
+
 from gpupool.k8s.pool import job_topology, live_config, max_member
 from k8s_pool_harness import Cluster, node, pod, pod_group, queue
 
@@ -23,6 +25,44 @@ def test_reclaim_to_fair_share_evicts_the_borrower():
     assert len(c.running("default/b")) == 8
     assert len(evicted(c, "reclaim")) == 8
     assert c.driver.fair_shares()["a"] == 8.0
+
+
+def test_dry_run_of_kueue_5289_reclaims_from_the_borrowing_sibling():
+    """The case's snapshot (``../shared/cases/reports-2026-12/kueue-5289``): team-a borrows team-b's quota under
+    team-ab (limit 4); the dry run evicts one of team-a's pods (reclaim) and nominates team-b's pod. Before, it
+    planned nothing: "queue team-ab would exceed its limit"."""
+    from pathlib import Path
+
+    from gpupool.k8s.snapshot import load_snapshot, plan
+
+    case = Path(__file__).parents[1] / "../shared/cases/reports-2026-12/kueue-5289/snapshot.yaml"
+    if not case.exists():
+        pytest.skip(f"{case} not found")
+    out = plan(load_snapshot(case), pool=live_config()).to_json()
+    assert out["summary"]["evictions"] == 1 and out["summary"]["nominated"] == 1
+    (pre,) = out["preemptions"]
+    assert pre["action"] == "reclaim" and pre["preemptor"] == "team-b/train-b-0"
+    assert len(pre["victims"]) == 1 and pre["victims"][0].startswith("team-a/train-a-")
+    (placed,) = out["placements"]
+    assert placed["pod"] == "team-b/train-b-0" and placed["node"] == "gpu-0" and len(placed["gpus"]) == 2
+
+
+@pytest.mark.parametrize("limit", [None, 4])
+def test_reclaim_from_a_sibling_under_the_same_parent_queue(limit):
+    """Kueue #5289 live: team-a and team-b (quota 2 each) under team-ab (quota 4, optionally limit 4) on one 4-GPU
+    node; team-a runs two 2-GPU pods, borrowing team-b's quota; team-b's 2-GPU pod reclaims one of them and runs.
+    With the limit, the reclaim must evict under team-ab (evicting elsewhere would leave team-ab above it)."""
+    c = Cluster([node("n1", gpus=4)], [queue("team-ab", quota=4, limit=limit),
+                                       queue("team-a", quota=2, parent="team-ab"),
+                                       queue("team-b", quota=2, parent="team-ab")], reclaim_min_run_s=0)
+    c.add(*[pod(f"a{i}", 2, queue="team-a") for i in range(2)])
+    c.run(2)
+    assert len(c.running("default/a")) == 2
+    c.add(pod("b0", 2, queue="team-b", created=10))
+    c.run(3)
+    assert c.running("default/b") == ["default/b0"]
+    assert len(evicted(c, "reclaim")) == 1 and len(c.running("default/a")) == 1
+    assert c.driver.fair_shares()["team-b"] == 2.0
 
 
 def test_borrower_not_evicted_before_its_minimum_runtime():

@@ -203,10 +203,16 @@ def create(h: Harness, *pods: dict[str, Any]) -> None:
         h.create_pod(p)
 
 
-def make_queue(h: Harness, name: str, quota: float, priority: int = 0) -> None:
+def make_queue(h: Harness, name: str, quota: float, priority: int = 0, parent: str | None = None,
+               limit: float | None = None) -> None:
+    spec: dict[str, Any] = {"quota": quota, "weight": 1, "priority": priority}
+    if parent is not None:
+        spec["parent"] = parent
+    if limit is not None:
+        spec["limit"] = limit
     wire.drain(client.CustomObjectsApi(h.api).create_cluster_custom_object("gpupool.io", "v1alpha1", "queues", {
-        "apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": name},
-        "spec": {"quota": quota, "weight": 1, "priority": priority}}, _preload_content=False))
+        "apiVersion": "gpupool.io/v1alpha1", "kind": "Queue", "metadata": {"name": name}, "spec": spec},
+        _preload_content=False))
 
 
 def make_group(h: Harness, name: str, min_member: int) -> None:
@@ -375,6 +381,28 @@ def test_large_gang_gets_a_reservation_under_a_stream_of_small_pods(h, kubelet):
     assert not evicted(h)
     assert_books(kubelet)
 
+
+
+@pytest.mark.parametrize("limit", [None, 4])
+def test_reclaim_from_a_sibling_under_the_same_parent_queue(h, kubelet, limit):
+    """Kueue #5289 on the live scheduler: a and b (quota 2 each) under ab (quota 4, optionally limit 4) on one 4-GPU
+    node. a runs two 2-GPU pods, borrowing b's quota; b's 2-GPU pod reclaims one of them (evicted through the API)
+    and runs."""
+    nodes(h, 1, 4)
+    make_queue(h, "ab", 4, limit=limit)
+    make_queue(h, "a", 2, parent="ab")
+    make_queue(h, "b", 2, parent="ab")
+    start(h)
+    create(h, *[pod(f"a-{i}", 2, "a", created=-30 + i * 0.01) for i in range(2)])
+    wait_for(lambda: len(running(h, "a-")) == 2, what="a borrows all 4 GPUs")
+    create(h, pod("b-0", 2, "b"))
+    wait_for(lambda: running(h, "b-") == ["b-0"], what="b reclaims its quota")
+    victims = evicted(h)
+    assert len(victims) == 1 and victims[0].startswith("a-")
+    (ev,) = wait_for(lambda: events(h, victims[0], "Preempted"), what="Preempted event")
+    assert "reclaimed by" in ev["message"]
+    hold(1.0, lambda: len(evicted(h)) == 1 and running(h, "b-") == ["b-0"], "a took its GPUs back")
+    assert_books(kubelet)
 
 
 def test_reclaim_goes_up_to_fair_share_and_stops(h, kubelet):

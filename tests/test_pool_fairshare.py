@@ -73,6 +73,18 @@ def test_inner_limit_caps_children():
     assert fs[:, 0] == pytest.approx([4.0, 2.0, 2.0, 6.0])
 
 
+def test_inner_limit_keeps_the_childrens_quotas_whole():
+    """Kueue #5289: a and b (quota 2 each) under ab (quota 4, limit 4) on 16 GPUs; a asks 4 GPUs, b 2, their pods
+    one core each (so CPU is not in proportion to quota). ab's demand is capped at 4 GPUs; its CPU stays the
+    children's 3 cores, so each child gets its quota: 2 + 2. Scaling ab's CPU down with its GPUs (to 2 cores) cut
+    both quotas by 2/3 (1.33 + 1.33, 1.33 GPUs of ab's 4 given to no one)."""
+    t = tree(dict(name="ab", quota=4, limit=4), dict(name="a", parent="ab", quota=2),
+             dict(name="b", parent="ab", quota=2))
+    demand = np.array([[0.0, 0.0, 0.0], [4.0, 2000.0, 0.0], [2.0, 1000.0, 0.0]])
+    fs = fair_shares(t, np.array([16.0, 64000.0, 1e6]), demand, t.quota_vectors(16000.0, 65536.0))
+    assert fs[:, 0] == pytest.approx([4.0, 2.0, 2.0])
+
+
 def test_drf_equalizes_dominant_shares_across_resources():
     # 10 GPUs and 100 CPU units. A asks 10 GPUs + 10 CPU (dominant: GPU); B asks 100 CPU (dominant: CPU).
     # At water level t: A holds (10t GPU, 10t CPU), B (0, 100t CPU); CPU runs out at 10t + 100t = 100,

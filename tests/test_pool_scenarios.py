@@ -145,6 +145,85 @@ def test_reclaim_to_quota_only_would_stop_at_four():
     assert res.metrics["preemptions"] == 4
 
 
+# ------------------------------------------------------------------------------- reclaim in a queue tree
+# The fair-share rule at every level (KAI's queue hierarchy, Kueue's cohorts): a leaf below its share reclaims
+# from a leaf above its own, the two compared where their paths meet (the sibling subtrees under their lowest
+# common ancestor); the reclaimer ends within its share there, the victim's subtree is not pushed below its own.
+def _starts(res) -> dict[str, float]:
+    return {j["job_id"]: j["start"] for j in res.jobs}
+
+
+@pytest.mark.parametrize("limit", [None, 4.0])
+@pytest.mark.parametrize(("submit", "start"), [(1000.0, 1000.0), (300.0, 600.0)])
+def test_sibling_under_quota_reclaims_from_a_borrowing_sibling(submit, start, limit):
+    """Kueue #5289: a and b (quota 2 each) under ab (quota 4, optionally limit 4), one 4-GPU node. a runs two 2-GPU
+    jobs from t=0, borrowing b's quota; b asks for 2 GPUs: its own quota, so one of a's jobs is reclaimed and b
+    starts at once, or, when a's jobs are younger than the reclaim minimum runtime (600 s), as soon as they pass
+    it. Before, b waited for a's jobs to end (t=10,000): its parent ab, at its share, counted b's job as growth
+    (and, with the limit, ab's CPU scaled down with its GPUs cut a's and b's fair shares to 1.33 GPUs each)."""
+    queues = QueueTree([QueueSpec(name="ab", quota=4, limit=limit), QueueSpec(name="a", parent="ab", quota=2),
+                        QueueSpec(name="b", parent="ab", quota=2)])
+    jobs = [JobSpec(f"a{k}", 0.0, 10_000.0, 2, queue="a") for k in range(2)]
+    jobs.append(JobSpec("b0", submit, 1000.0, 2, queue="b"))
+    res, by_id = run(nodes(1, 4), jobs, queues=queues)
+    assert by_id["b0"]["start"] == pytest.approx(start)
+    assert res.metrics["preemptions_by_action"].get("reclaimed") == 1
+    assert res.metrics["deadlocks"] == 0 and res.metrics["finished_jobs"] == 3
+
+
+def test_reclaim_three_levels_deep_meets_at_each_common_ancestor():
+    """org (8) > d1 (4) > {a (2), b (2)} and org > d2 (4) > c (4); 2 nodes x 4 GPUs. a borrows the whole cluster
+    (four 2-GPU jobs). At t=1,000 b asks for 2 GPUs and c for 2 x 2: b meets a under d1 (a holds 8, its share
+    with b's demand is 2), c meets a under org (d2 below its share 4, d1 above it). Three of a's jobs are
+    reclaimed; b and c start at once; a keeps one job (its share)."""
+    queues = QueueTree([QueueSpec(name="org", quota=8),
+                        QueueSpec(name="d1", parent="org", quota=4), QueueSpec(name="d2", parent="org", quota=4),
+                        QueueSpec(name="a", parent="d1", quota=2), QueueSpec(name="b", parent="d1", quota=2),
+                        QueueSpec(name="c", parent="d2", quota=4)])
+    jobs = [JobSpec(f"a{k}", 0.0, 10_000.0, 2, queue="a") for k in range(4)]
+    jobs += [JobSpec("b0", 1000.0, 1000.0, 2, queue="b")] + [JobSpec(f"c{k}", 1000.0, 1000.0, 2, queue="c")
+                                                              for k in range(2)]
+    res, by_id = run(nodes(2, 4), jobs, queues=queues, order="fifo")
+    assert [_starts(res)[k] for k in ("b0", "c0", "c1")] == [1000.0] * 3
+    assert res.metrics["preemptions_by_action"] == {"reclaimed": 3}
+    assert sum(by_id[f"a{k}"]["preemptions"] for k in range(4)) == 3
+
+
+def test_reclaim_under_a_parent_over_its_quota_and_from_it():
+    """ab (quota 2) > {a (1), b (1)} and c (quota 2); one 4-GPU node. a runs four one-GPU jobs: ab borrows c's
+    idle quota. At t=1,000 b asks for 2: ab is over its quota but, c idle, its share is 4, split 2 + 2 under it:
+    b reclaims 2 of a's jobs. At t=2,000 c asks for 2: ab's share falls to 2 (1 + 1): c reclaims 2 from ab's
+    subtree, one each from a and b, neither pushed below its share of 1 (never two from one of them)."""
+    queues = QueueTree([QueueSpec(name="ab", quota=2), QueueSpec(name="a", parent="ab", quota=1),
+                        QueueSpec(name="b", parent="ab", quota=1), QueueSpec(name="c", quota=2)])
+    jobs = [JobSpec(f"a{k}", 0.0, 10_000.0, 1, queue="a") for k in range(4)]
+    jobs += [JobSpec(f"b{k}", 1000.0, 5000.0, 1, queue="b") for k in range(2)]
+    jobs += [JobSpec(f"c{k}", 2000.0, 1000.0, 1, queue="c") for k in range(2)]
+    res, by_id = run(nodes(1, 4), jobs, queues=queues, order="fifo")
+    starts = _starts(res)
+    assert [starts[k] for k in ("b0", "b1", "c0", "c1")] == [1000.0, 1000.0, 2000.0, 2000.0]
+    assert res.metrics["preemptions_by_action"] == {"reclaimed": 4}
+    assert sum(by_id[f"a{k}"]["preemptions"] for k in range(4)) == 3
+    assert sum(by_id[f"b{k}"]["preemptions"] for k in range(2)) == 1
+
+
+def test_no_reclaim_from_a_queue_within_its_share_in_a_tree():
+    """d1 (quota 2) > a (2) and d2 (quota 2) > {b (1), c (1)}; one 4-GPU node. a holds 2 (its share), b holds 2
+    (borrowing c's quota). At t=1,000 c asks for two one-GPU jobs: c's share is 1, so it takes one back from its
+    sibling b, and never from a (within its share: where c's and a's paths meet, d1 holds its share); c's second
+    job waits for the first (t=2,000)."""
+    queues = QueueTree([QueueSpec(name="d1", quota=2), QueueSpec(name="a", parent="d1", quota=2),
+                        QueueSpec(name="d2", quota=2), QueueSpec(name="b", parent="d2", quota=1),
+                        QueueSpec(name="c", parent="d2", quota=1)])
+    jobs = [JobSpec(f"{q}{k}", 0.0, 10_000.0, 1, queue=q) for q in "ab" for k in range(2)]
+    jobs += [JobSpec(f"c{k}", 1000.0, 1000.0, 1, queue="c") for k in range(2)]
+    res, by_id = run(nodes(1, 4), jobs, queues=queues, order="fifo")
+    assert [_starts(res)[k] for k in ("c0", "c1")] == [1000.0, 2000.0]
+    assert res.metrics["preemptions"] == 1
+    assert [by_id[k]["preemptions"] for k in ("a0", "a1")] == [0, 0]
+    assert sum(by_id[f"b{k}"]["preemptions"] for k in range(2)) == 1
+
+
 # ------------------------------------------------------------------------------ priority starvation
 def priority_jobs(long_priority: int = 0) -> list[JobSpec]:
     """2 nodes x 4 GPUs. Queue lo fills n0 at t=0 (lo0-lo3) and n1 at t=1 (lo4-lo7) with one-GPU jobs;

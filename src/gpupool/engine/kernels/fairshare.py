@@ -183,15 +183,27 @@ def _fair_shares_kernel(order, child_ptr, child_idx, top, is_leaf, limit, weight
             for r in range(3):
                 demand[i, r] = raw[i, r]
             _fs_cap_row(demand, i, limit[i])
+    within = np.zeros((n, 3))  # the children's division of a limit's GPUs
+    vbudget = np.empty(3)
     for jj in range(order.shape[0] - 1, -1, -1):
         i = order[jj]
         if child_ptr[i + 1] > child_ptr[i]:
+            kids = child_idx[child_ptr[i]:child_ptr[i + 1]]
             for r in range(3):
                 s = 0.0
-                for c in child_idx[child_ptr[i]:child_ptr[i + 1]]:
+                for c in kids:
                     s += demand[c, r]
                 demand[i, r] = s
-            _fs_cap_row(demand, i, limit[i])
+            if demand[i, 0] > limit[i]:  # what the children would get of the limit's GPUs
+                vbudget[0] = limit[i]
+                vbudget[1] = cap[1]
+                vbudget[2] = cap[2]
+                _fs_divide(kids, vbudget, quota, demand, weight, prio, norm, within)
+                for r in range(3):
+                    s = 0.0
+                    for c in kids:
+                        s += within[c, r]
+                    demand[i, r] = s
     out[:, :] = 0.0
     _fs_divide(top, cap, quota, demand, weight, prio, norm, out)
     budget = np.empty(3)

@@ -8,7 +8,11 @@ Division among the children of one parent (the top-level queues share the cluste
 
 1. **Demand** of a queue: what its running and pending jobs ask for, capped by its ``limit`` (GPUs; the
    whole vector is scaled down so its GPU part meets the limit). An inner queue's demand is the sum of
-   its children's, capped by its own limit.
+   its children's; above its own limit, it is what its children would get of the limit's GPUs (with the
+   cluster's CPU and memory), by the division below: the sum of their shares. Scaling the sum down instead
+   took CPU and memory in the proportion of the whole demand, not of the pods that fit, and the division
+   among the children then cut their quotas for want of it (children of quota 2 + 2 under a limit of 4, one
+   asking 4 GPUs: 1.33 + 1.33 GPUs instead of 2 + 2, Kueue #5289).
 2. **Quota phase**: each queue gets ``min(quota, demand)``, higher ``priority`` first. When what is left
    cannot cover every quota of one priority level (e.g. failures shrank the cluster), that level is
    scaled down proportionally (by the tightest resource) and lower levels get nothing.
@@ -179,7 +183,11 @@ def fair_shares(tree: QueueTree, capacity: np.ndarray, leaf_demand: np.ndarray, 
         kids = tree.children[i]
         if kids:
             row = [sum(demand[c][r] for c in kids) for r in range(3)]
-            demand[i] = _cap_row(row, limit[i])
+            if row[0] > limit[i]:  # what the children would get of the limit's GPUs
+                rows = _divide([limit[i], cap[1], cap[2]], [quota_l[c] for c in kids], [demand[c] for c in kids],
+                               [weight[c] for c in kids], [prio[c] for c in kids], norm)
+                row = [sum(x[r] for x in rows) for r in range(3)]
+            demand[i] = row
     share = [[0.0, 0.0, 0.0] for _ in range(n)]
 
     def split(members: list[int], budget: list[float]) -> None:
@@ -205,7 +213,7 @@ def jain_index(x: np.ndarray) -> float:
     return float(x.sum() ** 2 / (len(x) * (x**2).sum()))
 
 
-FAIRSHARE_FINGERPRINT = "50a2958a6ad8ec74"
+FAIRSHARE_FINGERPRINT = "9087dbc3621ce928"
 """Hash of the source of the fair-share code :func:`_fair_shares_kernel` copies (``fairshare.fair_shares``,
 ``_divide``, ``_waterfill``, ``_dom``, ``_cap_row``); when it does not match, the Python code runs."""
 

@@ -30,7 +30,8 @@ A cycle runs the actions in the order Volcano and KAI use:
    afterwards, and every reclaim strictly lowers the total excess of the queues above their shares,
    which cannot go on forever while the shares stay put. A queue of higher priority still within its
    quota may also evict *preemptible* in-quota work of strictly lower-priority queues (KAI #2064), so
-   lower-priority queues cannot starve it.
+   lower-priority queues cannot starve it. In a queue tree the rule holds where the two queues' paths meet:
+   the sibling subtrees under their lowest common ancestor are compared (KAI's queue hierarchy, Kueue's cohorts).
 4. **preempt**: within a queue, a waiting job evicts preemptible jobs of strictly lower order (lower
    priority, or a higher Tiresias level: more attained service); elastic jobs' extra workers are taken
    first from anyone.
@@ -169,7 +170,8 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         self.elastic_running: dict[int, PoolJob] = {}
         self._victim_cache: dict[tuple[int, bool], list[PoolJob]] = {}
         self._lca_paths: dict[tuple[int, int], list[int]] = {}
-        self._lca_pairs: dict[int, list[tuple[int, list[int], bool]]] = {}  # EvictionActions._reclaim_pairs
+        self._lca_pairs: dict[int, list[tuple[int, list[int], list[int], bool]]] = {}  # for _reclaim_pairs
+        self._own_paths: dict[int, list[int]] = {}  # EvictionActions._own_path
         self.qnode = np.zeros((nq, state.n_nodes), dtype=np.int64)  # GPUs of preemptible running jobs per node
         self.knode: list[dict[tuple, np.ndarray]] = [{} for _ in range(nq)]  # the same per order class (-prio, level)
         self.jobs_by_name: dict[str, PoolJob] = {}

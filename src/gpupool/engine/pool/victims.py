@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["select_victims"]
+__all__ = ["select_victims", "top_up_victims"]
 
 
 def select_victims(free_gpus: np.ndarray, g: int, n: int, holdings: Sequence[Sequence[tuple[int, int]]],
@@ -122,3 +122,34 @@ def select_victims(free_gpus: np.ndarray, g: int, n: int, holdings: Sequence[Seq
                 pot[node] += gpus
                 fits += pot[node] // g - before
     return chosen
+
+
+def top_up_victims(chosen: list[int], gpus: Sequence[float], must_free: float,
+                   costs: Sequence[Sequence[tuple[int, float]]] | None = None,
+                   budget: Sequence[float] | None = None) -> list[int] | None:
+    """``chosen`` (from :func:`select_victims`) with more candidates, in preference order, until together they give
+    up at least ``must_free`` GPUs (``gpus[i]``: what candidate ``i`` gives up), under the same budget guard; None
+    when the candidates cannot. Used where a queue limit, not room on the nodes, needs the evictions."""
+    given = sum(gpus[i] for i in chosen)
+    if given >= must_free - 1e-9:
+        return chosen
+    left = list(budget) if budget is not None else []
+    if costs is not None:
+        for i in chosen:
+            for key, amount in costs[i]:
+                left[key] -= amount
+    out = list(chosen)
+    taken = set(chosen)
+    for i, amount in enumerate(gpus):
+        if i in taken or amount <= 0:
+            continue
+        if costs is not None:
+            if any(left[key] <= 1e-9 for key, _ in costs[i]):
+                continue
+            for key, spent in costs[i]:
+                left[key] -= spent
+        out.append(i)
+        given += amount
+        if given >= must_free - 1e-9:
+            return out
+    return None

@@ -153,11 +153,23 @@ class VictimCandidates:
             got = self._lca_paths[key] = [b for b in self.paths[r] if b not in above_q]
         return got
 
-    def _reclaim_pairs(self, q: int) -> list[tuple[int, list[int], bool]]:
-        """For leaf ``q``: every other leaf ``r`` with its path below their lowest common ancestor and
-        whether ``r``'s priority is below ``q``'s (fixed by the queue tree; cached)."""
+    def _reclaim_pairs(self, q: int) -> list[tuple[int, list[int], list[int], bool]]:
+        """For leaf ``q``: every other leaf ``r`` with its path below their lowest common ancestor, ``q``'s path
+        below it (the two sibling subtrees where their paths meet, each from its leaf up) and whether ``r``'s
+        priority is below ``q``'s (fixed by the queue tree; cached)."""
         pairs = self._lca_pairs.get(q)
         if pairs is None:
-            pairs = self._lca_pairs[q] = [(r, self._path_below_lca(r, q), self.qprio[r] < self.qprio[q])
+            pairs = self._lca_pairs[q] = [(r, self._path_below_lca(r, q), self._path_below_lca(q, r),
+                                           self.qprio[r] < self.qprio[q])
                                           for r in self.tree.leaves.tolist() if r != q]
         return pairs
+
+    def _own_path(self, q: int) -> list[int]:
+        """The queues of leaf ``q``'s path below its lowest common ancestor with every other leaf: those a reclaim
+        by ``q`` always adds to, whichever leaf gives (all of the path when ``q`` is the only leaf of its top-level
+        subtree, as in a flat tree; cached)."""
+        got = self._own_paths.get(q)
+        if got is None:
+            sides = [side for _, _, side, _ in self._reclaim_pairs(q)]
+            got = self._own_paths[q] = min(sides, key=len) if sides else list(self.paths[q])
+        return got

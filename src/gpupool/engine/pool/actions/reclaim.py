@@ -1,12 +1,21 @@
 """Reclaim (:class:`ReclaimAction`, a mixin of :class:`~gpupool.engine.pool.scheduler.PoolScheduler`): a queue below
-its fair share takes GPUs back from queues above theirs. Never imports the scheduler."""
+its fair share takes GPUs back from queues above theirs. Never imports the scheduler.
+
+In a queue tree the rule holds at every level, as in KAI's queue hierarchy and Kueue's cohorts: leaf ``q`` may
+take from leaf ``r`` where their paths meet, i.e. comparing the sibling subtrees under their lowest common
+ancestor. Every queue of ``q``'s path below that ancestor must stay within its fair share with the job (the
+reclaimer ends at or below its share), and every queue of ``r``'s path below it must be above its share when a
+victim is taken (the victim's subtree is not pushed below its share by more than that one job). The common
+ancestors keep their allocation (GPUs move inside their subtree), so only their limits count: a reclaim may
+take a job past an ancestor's limit only by evicting enough under that ancestor to stay within it.
+"""
 
 from __future__ import annotations
 
 import math
 
 from gpupool.engine.pool.actions.solver import SCAN, Candidate
-from gpupool.engine.pool.job import PENDING, RUNNING
+from gpupool.engine.pool.job import PENDING, RUNNING, PoolJob
 from gpupool.engine.pool.result import CycleResult
 
 __all__ = ["ReclaimAction"]
@@ -33,7 +42,7 @@ class ReclaimAction:
         if alloc_q + least <= self.quota_g[q] + _EPS:
             return False
         alloc = self.alloc
-        for a in self.paths[q]:
+        for a in self._own_path(q):  # on every pair's path of q below the common ancestor
             if not alloc[a][0] + least <= fs[a] + _EPS:
                 return True
         return False
@@ -70,45 +79,57 @@ class ReclaimAction:
             if not any(job.retry_at <= due for job in scan):
                 continue  # every one is backing off: nothing below can act (a shortcut, no other effect)
             # queues that may give GPUs: by priority (to an in-quota job), by fair share (to an in-share job)
-            by_prio: list[int] = []
-            by_fs: list[tuple[int, list[int]]] = []
-            for r, path_r, lower in self._reclaim_pairs(q):
+            # (r, r's path below the common ancestor, and the length of q's: an index into paths[q])
+            by_prio: list[tuple[int, int]] = []
+            by_fs: list[tuple[int, list[int], int]] = []
+            for r, path_r, side_q, lower in self._reclaim_pairs(q):
                 if not running[r]:
                     continue
                 if lower:
-                    by_prio.append(r)
+                    by_prio.append((r, len(side_q)))
                 if any_over:
                     for b in path_r:
                         if over[b] <= _EPS:
                             break
                     else:
-                        by_fs.append((r, path_r))
+                        by_fs.append((r, path_r, len(side_q)))
             if not by_prio and not by_fs:
                 continue
             attempts = 0
             tried: set[tuple[int, int]] = set()
-            in_fs_by_need: dict[int, bool] = {}  # within-share test per GPU count (until an action moves alloc)
+            # within-share test per (GPU count, length of q's path below the common ancestor): q's path up to there
+            # stays within its share with the job (until an action moves alloc)
+            in_fs_by_need: dict[tuple[int, int], bool] = {}
             for job in scan:
                 if attempts >= self.cfg.max_attempts:
                     break
                 if job.status != PENDING or job.retry_at > due or self._held_back(job, now):
                     continue
                 need = job.min_pods * job.gpus_per_pod
-                in_fs = in_fs_by_need.get(need)
-                if in_fs is None:
-                    in_fs = in_fs_by_need[need] = bool(by_fs) and all(
-                        self.alloc[a][0] + need <= fs[a] + _EPS for a in path_q)
                 in_quota = bool(by_prio) and self.alloc[q][0] + need <= self.quota_g[q] + _EPS
                 shape = (job.gpus_per_pod, job.min_pods)
-                if not (in_fs or in_quota) or shape in tried or not self._admissible(job, job.min_pods):
+                if shape in tried:
                     continue
+                room = self._reclaim_room(job, need)
+                if room is None:
+                    continue
+                under, must_free = room  # victims must come from under paths[q][under] and free must_free GPUs
                 # eligible queues (guarded by their share unless taken by priority), and an O(1) bound
-                eligible: list[tuple[int, list[int]]] = [(r, []) for r in by_prio] if in_quota else []
-                if in_fs:
-                    seen = {r for r, _ in eligible}
-                    eligible += [(r, path_r) for r, path_r in by_fs if r not in seen]
+                eligible: list[tuple[int, list[int]]] = [(r, []) for r, k in by_prio if k <= under] if in_quota else []
+                seen = {r for r, _ in eligible}
+                for r, path_r, k in by_fs:
+                    if k > under or r in seen:
+                        continue
+                    in_fs = in_fs_by_need.get((need, k))
+                    if in_fs is None:
+                        in_fs = in_fs_by_need[(need, k)] = all(self.alloc[a][0] + need <= fs[a] + _EPS
+                                                                for a in path_q[:k])
+                    if in_fs:
+                        eligible.append((r, path_r))
+                if not eligible:
+                    continue
                 budget = sum(self.alloc[r][0] for r, _ in eligible)  # victims only need their queue above its share
-                if self.free_gpus + budget < need - _EPS:
+                if self.free_gpus + budget < need - _EPS or budget < must_free - _EPS:
                     self._failed_search(job, now)
                     tried.add(shape)
                     continue
@@ -142,8 +163,8 @@ class ReclaimAction:
                 done = False
                 if bound:
                     self.stats["reclaim_attempts"] += 1
-                    done = self._solve(job, cands, (costs, over), allowed, now, res, "reclaimed")
-                if not done and self.cfg.consolidate:  # evict and move others aside (node shapes)
+                    done = self._solve(job, cands, (costs, over), allowed, now, res, "reclaimed", must_free)
+                if not done and self.cfg.consolidate and must_free <= 0:  # evict and move others aside (node shapes)
                     self.stats["consolidation_attempts"] += 1
                     done = self._make_room(job, now, res, cands, costs, over, "reclaimed")
                 if done:
@@ -156,3 +177,22 @@ class ReclaimAction:
                     self._failed_search(job, now)
                     tried.add(shape)  # a job of the same shape would fail the same way
         return acted
+
+    def _reclaim_room(self, job: PoolJob, need: float) -> tuple[int, float] | None:
+        """Where victims must come from for ``job`` (``need`` GPUs) to start within the limits of its queue's path:
+        ``(k, gpus)``: evictions under ``paths[q][k]`` must give up at least ``gpus`` GPUs (``(len(path), 0.0)``:
+        none needed, any victim will do), or None when no reclaim can admit it (a limit of its own leaf, or, for
+        a non-preemptible job, a quota: evicting preemptible work frees neither)."""
+        path = self.paths[job.q]
+        under, must_free = len(path), 0.0
+        alloc = self.alloc
+        for k in range(len(path) - 1, -1, -1):  # from the top, so that ``under`` ends at the lowest ancestor
+            a = path[k]
+            if not job.preemptible and self.np_alloc[a] + need > self.quota_g[a] + _EPS:
+                return None
+            excess = alloc[a][0] + need - self.limit_g[a]
+            if excess > _EPS:
+                if k == 0:
+                    return None
+                under, must_free = k, max(must_free, excess)
+        return under, must_free

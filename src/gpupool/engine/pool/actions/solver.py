@@ -10,7 +10,7 @@ import numpy as np
 
 from gpupool.engine.pool.job import PoolJob
 from gpupool.engine.pool.result import CycleResult
-from gpupool.engine.pool.victims import select_victims
+from gpupool.engine.pool.victims import select_victims, top_up_victims
 from gpupool.model import MILLI, AllocationError, Assignment
 
 __all__ = ["SCAN", "Candidate", "VictimSolver"]
@@ -41,8 +41,11 @@ class VictimSolver:
         return list(out.items())
 
     def _solve(self, job: PoolJob, cands: list[Candidate], guard: tuple[list, list] | None,
-               allowed: np.ndarray | None, now: float, res: CycleResult, reason: str) -> bool:
-        """Evict a subset of ``cands`` so that ``job`` starts now; all or nothing. True if it started."""
+               allowed: np.ndarray | None, now: float, res: CycleResult, reason: str, must_free: float = 0.0) -> bool:
+        """Evict a subset of ``cands`` so that ``job`` starts now; all or nothing. True if it started.
+
+        ``must_free``: GPUs the evictions must give up together even when the job would fit without them (a limit
+        of a queue above the job's that every candidate is under: the job may start only within it)."""
         if not cands:
             return False
         g = job.gpus_per_pod
@@ -52,6 +55,8 @@ class VictimSolver:
         holdings = [self._holdings(p, allowed) for _, p, _ in cands]
         costs, budget = guard if guard is not None else (None, None)
         chosen = select_victims(free, max(g, 1), job.min_pods, holdings, costs, budget)
+        if chosen is not None and must_free > 0:
+            chosen = top_up_victims(chosen, [len(p) * v.gpus_per_pod for v, p, _ in cands], must_free, costs, budget)
         if not chosen:
             return False
         # an elastic job's extra workers are candidates of their own and part of the job's candidate:
@@ -62,9 +67,12 @@ class VictimSolver:
         if placed is None:
             return False
         evicted = []
-        for i in reversed(chosen):  # keep the victims the placement did not need
-            if self._restore(cands[i][0], cands[i][1], quiet=True):
+        given = sum(len(cands[i][1]) * cands[i][0].gpus_per_pod for i in chosen)
+        for i in reversed(chosen):  # keep the victims the placement did not need (and must_free does not)
+            gpus = len(cands[i][1]) * cands[i][0].gpus_per_pod
+            if given - gpus >= must_free - 1e-9 and self._restore(cands[i][0], cands[i][1], quiet=True):
                 self.stats["victim_restores"] += 1
+                given -= gpus
             else:
                 evicted.append(i)
         self._give_up(job, cands, list(reversed(evicted)), (), now, res, reason)
