@@ -40,7 +40,9 @@ A cycle runs the actions in the order Volcano and KAI use:
    their allocation.
 6. **elastic grow**: when nothing waits, elastic jobs grow into idle GPUs, one worker at a time.
 
-Non-preemptible jobs (``priority >= 100``) run only within their queue's quota and are never victims.
+Non-preemptible jobs (``priority >= PoolConfig.nonpreemptible_priority``, 100) are never victims and run only
+within the quota of each queue on their path that has one; in a queue without a quota (0: the default queue)
+they take free capacity, as any job, but cannot be taken back.
 Evicted jobs return to their queue and, when the driver checkpoints on eviction, lose no progress.
 
 All victims are chosen by one solver (:func:`~gpupool.engine.pool.victims.select_victims`) and the
@@ -129,6 +131,8 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         if self.cfg.max_preemptions is not None or self.cfg.protect_after_s is not None:
             self._victim_ok = self._bounded_victim_ok  # type: ignore[method-assign]
         self._now = 0.0
+        npp = self.cfg.nonpreemptible_priority
+        self._np_from = npp if npp is not None else 2**63  # jobs at or above this priority are not preemptible
         self.preemptive_order = isinstance(self.order, TiresiasOrder) and self.cfg.preempt
         nq = len(queues)
         self.paths = [queues.ancestors(i) for i in range(nq)]
@@ -276,6 +280,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         driver that learns of a job late: its wait, for reservations, counts from then). KeyError for an unknown
         or non-leaf queue."""
         job.q = self.tree.leaf_index(job.queue)
+        job.nonpreemptible_from = self._np_from
         job.seq = self.seq
         self.seq += 1
         job.make_pods()
@@ -419,6 +424,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
             self._dequeue(job)
         else:
             job.q = self.tree.leaf_index(job.queue)
+            job.nonpreemptible_from = self._np_from
             if job.seq < 0:
                 job.seq = self.seq
                 self.seq += 1
@@ -535,18 +541,21 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         for a in self.paths[self.tree.leaf_index(job.queue)]:
             if n * g > self.limit_g[a] + _EPS:
                 return f"needs {n * g} GPUs, above the limit {self.limit_g[a]:g} of queue {self.tree.names[a]!r}"
-            if not job.preemptible and n * g > self.quota_g[a] + _EPS:
+            if not job.preemptible and self.quota_g[a] > _EPS and n * g > self.quota_g[a] + _EPS:
                 return (f"non-preemptible (priority {job.priority}) job of {n * g} GPUs above the quota "
                         f"{self.quota_g[a]:g} of queue {self.tree.names[a]!r}")
         return ""
 
     def _admissible(self, job: PoolJob, pods: int) -> bool:
-        """Within every limit on the queue's path (and, if non-preemptible, within quota)?"""
+        """Within every limit on the queue's path and, if non-preemptible, within the quota of every queue on
+        the path that has one (a queue without a quota, 0, puts no such bound: its non-preemptible work takes
+        free capacity)?"""
         need = pods * job.gpus_per_pod
         for a in self.paths[job.q]:
             if self.alloc[a][0] + need > self.limit_g[a] + _EPS:
                 return False
-            if not job.preemptible and self.np_alloc[a] + need > self.quota_g[a] + _EPS:
+            if (not job.preemptible and self.quota_g[a] > _EPS
+                    and self.np_alloc[a] + need > self.quota_g[a] + _EPS):
                 return False
         return True
 
