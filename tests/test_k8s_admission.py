@@ -214,3 +214,29 @@ def test_nonpreemptible_priority_setting(tmp_path):
              *[pod(f"a{i}", 1000, queue_name="team-a", gpus=1, second=1 + i) for i in range(3)]]
     by_pod = dry_run(write(tmp_path, items), "--nonpreemptible-priority", "100000")
     assert all(p["node"] for p in by_pod.values())
+
+
+def share_then_whole(tmp_path: Path) -> Path:
+    """A non-preemptible 0.6 share runs in research (quota 1); a non-preemptible and a preemptible 1-GPU pod."""
+    running = pod("np-frac", 100, ns="research", queue_name="research", annotations={"gpu-fraction": "0.6"})
+    running["spec"]["nodeName"] = "h100-0"
+    running["status"] = {"phase": "Running"}
+    return write(tmp_path, [h100(), queue("research", 1), running,
+                            pod("np-whole", 100, ns="research", queue_name="research", gpus=1, second=5),
+                            pod("pre-whole", 0, ns="research", queue_name="research", gpus=1, second=6)],
+                 "share-then-whole.yaml")
+
+
+def test_kai1369_np_whole_gpu_counts_next_to_a_running_np_share(tmp_path):
+    """The other way round: the non-preemptible 1-GPU pod (a pool job) waits, its reason naming the share's
+    0.6 GPU (before: placed, 1.6 GPUs of non-preemptible work under a quota of 1); the preemptible one runs."""
+    by_pod = dry_run(share_then_whole(tmp_path))
+    assert by_pod["research/pre-whole"]["node"] == "h100-0"
+    p = by_pod["research/np-whole"]
+    assert p["node"] is None and "queue research holds 0.6 of its quota 1" in p["reason"]
+
+
+def test_kai1369_np_whole_gpu_next_to_a_running_np_share_live(h, tmp_path):
+    live, _ = run_live(h, share_then_whole(tmp_path))
+    assert set(live) == {"research/pre-whole"}
+    assert any("holds 0.6 of its quota 1" in e["message"] for e in h.events_for("np-whole"))

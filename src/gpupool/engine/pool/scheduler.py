@@ -54,7 +54,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -146,6 +146,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         self.alloc = [[0.0, 0.0, 0.0] for _ in range(nq)]  # running (GPUs, milli-CPU, MiB), inner queues too
         self.pend = [[0.0, 0.0, 0.0] for _ in range(nq)]  # waiting jobs' minimum asks
         self.np_alloc = [0.0] * nq  # GPUs of non-preemptible running jobs
+        self.np_outside = [0.0] * nq  # GPUs of non-preemptible work the pool does not run (set_outside_nonpreemptible)
         self.n_groups = nq if self.cfg.fair_share else 1
         self.pending: list[Pending] = [Pending() for _ in range(self.n_groups)]
         self.shapes: list[Counter] = [Counter() for _ in range(self.n_groups)]  # pending (g, n, tier) per group
@@ -470,6 +471,18 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
             if finished:
                 self._learn_size(job)
 
+    def set_outside_nonpreemptible(self, gpus: Mapping[str, float]) -> None:
+        """GPUs (fractional) held by non-preemptible work that is no job of the pool (a driver's GPU shares), by
+        queue name: counted with each queue's, and its parents', non-preemptible GPUs in the quota check. Replaces
+        the figures of the last call; names not in the tree are ignored."""
+        out = [0.0] * len(self.np_outside)
+        for name, g in gpus.items():
+            i = self.tree.index.get(name)
+            if i is not None and g:
+                for a in self.paths[i]:
+                    out[a] += g
+        self.np_outside = out
+
     def resync_free(self) -> None:
         """Recount the free whole healthy GPUs from the state (a driver that also places or counts pods
         the scheduler does not know calls this before each cycle)."""
@@ -555,7 +568,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
             if self.alloc[a][0] + need > self.limit_g[a] + _EPS:
                 return False
             if (not job.preemptible and self.quota_g[a] > _EPS
-                    and self.np_alloc[a] + need > self.quota_g[a] + _EPS):
+                    and self.np_alloc[a] + self.np_outside[a] + need > self.quota_g[a] + _EPS):
                 return False
         return True
 
