@@ -166,22 +166,27 @@ def test_kai1369_fraction_shares_live(h, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- priority trap
 def trap(tmp_path: Path) -> Path:
-    """No Queue objects; an empty GPU node; a 1-GPU pod at priority 1000 and one of system-cluster-critical."""
+    """No Queue objects; an empty GPU node; a 1-GPU pod at priority 1000 and one of system-cluster-critical;
+    a third of that class without spec.priority (not through admission: it takes the class's value)."""
+    unadmitted = pod("critical-unadmitted", 0, gpus=1, class_name="system-cluster-critical", second=3)
+    del unadmitted["spec"]["priority"]
     return write(tmp_path, [h100("gpu-0", 8),
                             pod("common", 1000, gpus=1, class_name="common-1000"),
-                            pod("critical", 2000000000, gpus=1, class_name="system-cluster-critical", second=2)],
-                 "trap.yaml")
+                            pod("critical", 2000000000, gpus=1, class_name="system-cluster-critical", second=2),
+                            unadmitted], "trap.yaml")
 
 
 def test_priority_trap_dry_run(tmp_path):
     """Before: neither ran ("waits for room within the quota of queue default", a queue without a quota)."""
     by_pod = dry_run(trap(tmp_path))
-    assert {k: p["node"] for k, p in by_pod.items()} == {"default/common": "gpu-0", "default/critical": "gpu-0"}
+    assert {k: p["node"] for k, p in by_pod.items()} == {"default/common": "gpu-0", "default/critical": "gpu-0",
+                                                         "default/critical-unadmitted": "gpu-0"}
 
 
 def test_priority_trap_live(h, tmp_path):
     live, _ = run_live(h, trap(tmp_path))
-    assert {k: v[0] for k, v in live.items()} == {"default/common": "gpu-0", "default/critical": "gpu-0"}
+    assert {k: v[0] for k, v in live.items()} == {"default/common": "gpu-0", "default/critical": "gpu-0",
+                                                  "default/critical-unadmitted": "gpu-0"}
 
 
 def test_priority_trap_queue_without_quota_takes_free_gpus_only(tmp_path):
