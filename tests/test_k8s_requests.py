@@ -86,6 +86,14 @@ def test_request_fields_and_name():
     assert r.creation_time == pytest.approx(1735787045.0)
 
 
+def test_priority_of_a_builtin_class_without_spec_priority():
+    """spec.priority wins; without it (no admission) the built-in classes keep their values, others are 0."""
+    assert parse_pod(pod(priorityClassName="system-cluster-critical")).priority == 2_000_000_000
+    assert parse_pod(pod(priorityClassName="system-node-critical")).priority == 2_000_001_000
+    assert parse_pod(pod(priorityClassName="system-cluster-critical", priority=7)).priority == 7
+    assert parse_pod(pod(priorityClassName="team-high")).priority == 0
+
+
 def test_effective_request_follows_kube_scheduler():
     p = pod(requests={"cpu": "1", "memory": "1Gi"}, limits={"nvidia.com/gpu": "1"})
     p["spec"]["containers"].append({"name": "side", "resources": {"requests": {"cpu": "500m"}}})

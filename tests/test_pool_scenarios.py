@@ -602,3 +602,33 @@ def test_an_elastic_job_grows_within_its_required_tier(tier):
         assert max(n for _, _, n in seen) == 2  # it grew, onto the other node of its switch
     else:  # these nodes have no NVLink domain: the job's one node
         assert all(k == 1 for _, k, _ in seen)
+
+
+# ---------------------------------------------------------------------------------------------- non-preemptible
+def test_nonpreemptible_job_in_a_queue_without_quota_takes_free_gpus():
+    """The priority trap: a job at priority 1000 (a common PriorityClass) in a queue without a quota ran never
+    (non-preemptible work ran only within a quota of 0). It takes free GPUs now; a queue with a quota keeps
+    the within-quota rule (B's second job waits for the first although 8 GPUs are free); a leaf without a quota
+    under a parent with one is held to the parent's (C1's second job waits too)."""
+    queues = QueueTree([QueueSpec(name="A"), QueueSpec(name="B", quota=4), QueueSpec(name="C", quota=4),
+                        QueueSpec(name="C1", parent="C")])
+    jobs = [JobSpec("a", 0.0, 100.0, 8, queue="A", n_pods=1, priority=1000),
+            JobSpec("b1", 0.0, 100.0, 4, queue="B", n_pods=1, priority=1000),
+            JobSpec("b2", 0.0, 100.0, 4, queue="B", n_pods=1, priority=1000),
+            JobSpec("c1", 0.0, 100.0, 4, queue="C1", n_pods=1, priority=1000),
+            JobSpec("c2", 0.0, 100.0, 4, queue="C1", n_pods=1, priority=1000)]
+    res, by_id = run(nodes(4, 8), jobs, queues=queues)
+    assert res.metrics["finished_jobs"] == 5 and res.metrics["deadlocks"] == 0
+    assert by_id["a"]["start"] == pytest.approx(0.0)
+    assert sorted((by_id["b1"]["start"], by_id["b2"]["start"])) == pytest.approx([0.0, 100.0])
+    assert sorted((by_id["c1"]["start"], by_id["c2"]["start"])) == pytest.approx([0.0, 100.0])
+
+
+def test_nonpreemptible_threshold_is_configurable():
+    """``nonpreemptible_priority``: above the jobs' priority (or None) they are preemptible and not held to
+    quota: both of B's jobs start at once; at 1000 they are held to B's quota of 4."""
+    queues = QueueTree([QueueSpec(name="B", quota=4)])
+    jobs = [JobSpec(f"b{i}", 0.0, 100.0, 4, queue="B", n_pods=1, priority=1000) for i in range(2)]
+    for threshold, starts in ((2000, [0.0, 0.0]), (None, [0.0, 0.0]), (1000, [0.0, 100.0])):
+        _, by_id = run(nodes(1, 8), jobs, queues=queues, nonpreemptible_priority=threshold)
+        assert sorted(j["start"] for j in by_id.values()) == pytest.approx(starts), threshold

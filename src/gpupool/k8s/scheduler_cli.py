@@ -62,6 +62,9 @@ class Settings:
     reclaim: bool = True
     elastic: bool = True
     default_queue: str = "default"
+    # pods at or above this priority are never evicted and run only within the quota of a queue that has one
+    # (KAI's 100); in a queue without a quota (the default queue) they take free capacity. None: none is so.
+    nonpreemptible_priority: int | None = 100
 
     def pool_config(self) -> Any:
         """The :class:`~gpupool.engine.pool.PoolConfig` these settings give
@@ -72,12 +75,13 @@ class Settings:
         knob = {"promote_knob": 1.0} if self.job_order in SIZE_ORDERS else {}  # as the simulator's gittins policy
         return live_config(order=self.job_order, reserve_after_s=self.reserve_after_s, min_run_s=self.min_runtime_s,
                            reclaim_min_run_s=self.min_runtime_s, consolidate=self.consolidate,
-                           preempt=self.preemption, reclaim=self.reclaim, elastic=self.elastic, **knob)
+                           preempt=self.preemption, reclaim=self.reclaim, elastic=self.elastic,
+                           nonpreemptible_priority=self.nonpreemptible_priority, **knob)
 
 
 CONFIG_KEYS = {"apiVersion", "kind", "leaderElection", "profiles", "metrics", "logging", "telemetry", "pool"}
 POOL_KEYS = {"enabled", "jobOrder", "reserveAfter", "minRuntime", "consolidate", "preemption", "reclaim", "elastic",
-             "defaultQueue"}
+             "defaultQueue", "nonPreemptiblePriority"}
 
 
 def load_config(path: Path, settings: Settings | None = None) -> Settings:
@@ -166,7 +170,26 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
         s.min_runtime_s = 0.0 if raw in (0, "0", "0s") else parse_duration(raw, f"{path}: pool.minRuntime")
     if "defaultQueue" in pool:
         s.default_queue = str(pool["defaultQueue"] or "default")
+    if "nonPreemptiblePriority" in pool:
+        s.nonpreemptible_priority = nonpreemptible_priority(pool["nonPreemptiblePriority"],
+                                                            f"{path}: pool.nonPreemptiblePriority")
     return s
+
+
+def nonpreemptible_priority(raw: Any, where: str) -> int | None:
+    """``pool.nonPreemptiblePriority`` / ``--nonpreemptible-priority``: a whole number (a pod priority, int32), or
+    ``none`` / ``off`` / null (every pod is preemptible). Raises :class:`ConfigError` naming ``where``."""
+    if raw is None or str(raw).strip().lower() in ("none", "off", "never"):
+        return None
+    if isinstance(raw, bool):
+        raise ConfigError(f"{where}: expected a whole number or none, got {raw!r}")
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ConfigError(f"{where}: expected a whole number or none, got {raw!r}") from None
+    if not -(2**31) <= value < 2**31:
+        raise ConfigError(f"{where}: {value} is outside a pod priority's range (int32)")
+    return value
 
 
 def _fail(message: str) -> None:
@@ -412,6 +435,11 @@ def register(app: typer.Typer) -> None:
             "--consolidate/--no-consolidate", show_default=False,
             help="Move running pods (evict, they restart elsewhere) to defragment for a waiting job. "
                  "Default: off.")] = None,
+        nonpreemptible: Annotated[str | None, typer.Option(
+            "--nonpreemptible-priority", metavar="PRIORITY", show_default=False,
+            help="Pods at or above this priority are never evicted and run only within the quota of a queue "
+                 "that has one; in a queue without a quota (the default queue) they take free GPUs. 'none': "
+                 "every pod is preemptible. Default: 100 (KAI's build and inference classes).")] = None,
     ) -> None:
         """Schedule the pods whose schedulerName is gpupool's: GPU-aware placement, gangs, queues.
 
@@ -449,6 +477,12 @@ def register(app: typer.Typer) -> None:
             settings.min_runtime_s = min_runtime
         if consolidate is not None:
             settings.consolidate = consolidate
+        if nonpreemptible is not None:
+            try:
+                settings.nonpreemptible_priority = nonpreemptible_priority(nonpreemptible,
+                                                                           "--nonpreemptible-priority")
+            except ConfigError as exc:
+                _fail(str(exc))
         from gpupool.engine.pool.ordering import ORDERS
 
         if settings.job_order not in ORDERS:

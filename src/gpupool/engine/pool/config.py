@@ -43,6 +43,11 @@ class PoolConfig:
       ``scored_levels``: only the first this many levels are ordered by score, the others stay FIFO as
       in Tiresias-L (None: every level); ``victims_by_score``: evict the running jobs of worst score first
       (else, within a level, the latest submitted first, as Tiresias-L).
+    * ``nonpreemptible_priority``: jobs at or above this priority are never evicted (KAI: 100, its ``build`` and
+      ``inference`` classes) and start only within the quota of every queue on their path that has one (quota
+      above 0); in a queue without a quota (the default queue) they take free capacity like any job, so a
+      cluster whose PriorityClasses are 1000 or ``system-cluster-critical`` runs them. None: every job is
+      preemptible.
     * ``max_preemptions``: a job evicted this many times (preempt, reclaim or consolidate) is no victim any
       more (None: no bound); ``protect_after_s``: nor is a job that has run this many seconds in all (it
       finishes undisturbed; None: no bound); with ``min_run_s`` they bound how often and how soon a job is
@@ -75,6 +80,7 @@ class PoolConfig:
     protect_after_s: float | None = None
     scored_levels: int | None = None
     victims_by_score: bool = True
+    nonpreemptible_priority: int | None = 100
 
 
 JOB_POLICIES: dict[str, tuple[str, PoolConfig, str]] = {

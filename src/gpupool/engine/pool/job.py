@@ -6,7 +6,9 @@ A job of ``N`` GPUs on nodes of at most ``G`` GPUs becomes ``n_pods`` pods of ``
 idle GPUs up to ``max_pods`` and shrinks back toward ``min_pods`` when others need the GPUs.
 
 Priority follows KAI's classes: ``priority >= NONPREEMPTIBLE_PRIORITY`` (100: build 100, inference 125)
-is non-preemptible and only runs within its queue's quota; lower (train 50, or 0) is preemptible.
+is non-preemptible; lower (train 50, or 0) is preemptible. The scheduler sets each job's threshold from its
+config (``PoolConfig.nonpreemptible_priority``). Non-preemptible work runs only within the quota of each
+queue on its path that has one; in a queue without a quota (0, the default queue) it takes free capacity.
 
 Topology (KAI ``required``/``preferred``, Volcano ``hard``/``soft``): ``topology`` is ``"preferred"``
 (default), ``"required"`` or ``"none"``; ``topology_tier`` the slowest tier the gang should cross
@@ -25,7 +27,8 @@ from gpupool.model import Assignment, PodRequest
 __all__ = ["NONPREEMPTIBLE_PRIORITY", "PoolJob", "split_gpus", "PENDING", "RUNNING", "DONE", "REMOVED"]
 
 NONPREEMPTIBLE_PRIORITY = 100
-"""Jobs at or above this priority are never preempted and run only within quota (KAI convention)."""
+"""Jobs at or above this priority are never preempted (KAI convention); the default of
+``PoolConfig.nonpreemptible_priority``."""
 
 PENDING, RUNNING, DONE, REMOVED = "pending", "running", "done", "removed"
 
@@ -96,6 +99,7 @@ class PoolJob:
     protected_until: float = -math.inf  # not a victim before then (a driver could not evict it)
     evicted_at: float = -math.inf  # when it was last evicted
     backoff: float = 0.0
+    nonpreemptible_from: int = NONPREEMPTIBLE_PRIORITY  # priority from which it is not preemptible (set on submit)
 
     def __post_init__(self) -> None:
         if self.n_pods < 1 or self.gpus_per_pod < 0:
@@ -134,7 +138,8 @@ class PoolJob:
 
     @property
     def preemptible(self) -> bool:
-        return self.priority < NONPREEMPTIBLE_PRIORITY
+        """May the job be evicted: its priority is below ``nonpreemptible_from`` (the scheduler's threshold)."""
+        return self.priority < self.nonpreemptible_from
 
     def attained_at(self, now: float) -> float:
         """GPU-seconds of service up to ``now`` (the current run included)."""

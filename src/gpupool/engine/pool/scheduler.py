@@ -41,7 +41,9 @@ A cycle runs the actions in the order Volcano and KAI use:
    their allocation.
 6. **elastic grow**: when nothing waits, elastic jobs grow into idle GPUs, one worker at a time.
 
-Non-preemptible jobs (``priority >= 100``) run only within their queue's quota and are never victims.
+Non-preemptible jobs (``priority >= PoolConfig.nonpreemptible_priority``, 100) are never victims and run only
+within the quota of each queue on their path that has one; in a queue without a quota (0: the default queue)
+they take free capacity, as any job, but cannot be taken back.
 Evicted jobs return to their queue and, when the driver checkpoints on eviction, lose no progress.
 
 All victims are chosen by one solver (:func:`~gpupool.engine.pool.victims.select_victims`) and the
@@ -53,7 +55,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -130,6 +132,8 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         if self.cfg.max_preemptions is not None or self.cfg.protect_after_s is not None:
             self._victim_ok = self._bounded_victim_ok  # type: ignore[method-assign]
         self._now = 0.0
+        npp = self.cfg.nonpreemptible_priority
+        self._np_from = npp if npp is not None else 2**63  # jobs at or above this priority are not preemptible
         self.preemptive_order = isinstance(self.order, TiresiasOrder) and self.cfg.preempt
         nq = len(queues)
         self.paths = [queues.ancestors(i) for i in range(nq)]
@@ -143,6 +147,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         self.alloc = [[0.0, 0.0, 0.0] for _ in range(nq)]  # running (GPUs, milli-CPU, MiB), inner queues too
         self.pend = [[0.0, 0.0, 0.0] for _ in range(nq)]  # waiting jobs' minimum asks
         self.np_alloc = [0.0] * nq  # GPUs of non-preemptible running jobs
+        self.np_outside = [0.0] * nq  # GPUs of non-preemptible work the pool does not run (set_outside_nonpreemptible)
         self.n_groups = nq if self.cfg.fair_share else 1
         self.pending: list[Pending] = [Pending() for _ in range(self.n_groups)]
         self.shapes: list[Counter] = [Counter() for _ in range(self.n_groups)]  # pending (g, n, tier) per group
@@ -278,6 +283,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         driver that learns of a job late: its wait, for reservations, counts from then). KeyError for an unknown
         or non-leaf queue."""
         job.q = self.tree.leaf_index(job.queue)
+        job.nonpreemptible_from = self._np_from
         job.seq = self.seq
         self.seq += 1
         job.make_pods()
@@ -421,6 +427,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
             self._dequeue(job)
         else:
             job.q = self.tree.leaf_index(job.queue)
+            job.nonpreemptible_from = self._np_from
             if job.seq < 0:
                 job.seq = self.seq
                 self.seq += 1
@@ -465,6 +472,18 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
             self.jobs_by_name.pop(job.name, None)
             if finished:
                 self._learn_size(job)
+
+    def set_outside_nonpreemptible(self, gpus: Mapping[str, float]) -> None:
+        """GPUs (fractional) held by non-preemptible work that is no job of the pool (a driver's GPU shares), by
+        queue name: counted with each queue's, and its parents', non-preemptible GPUs in the quota check. Replaces
+        the figures of the last call; names not in the tree are ignored."""
+        out = [0.0] * len(self.np_outside)
+        for name, g in gpus.items():
+            i = self.tree.index.get(name)
+            if i is not None and g:
+                for a in self.paths[i]:
+                    out[a] += g
+        self.np_outside = out
 
     def resync_free(self) -> None:
         """Recount the free whole healthy GPUs from the state (a driver that also places or counts pods
@@ -537,18 +556,21 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         for a in self.paths[self.tree.leaf_index(job.queue)]:
             if n * g > self.limit_g[a] + _EPS:
                 return f"needs {n * g} GPUs, above the limit {self.limit_g[a]:g} of queue {self.tree.names[a]!r}"
-            if not job.preemptible and n * g > self.quota_g[a] + _EPS:
+            if not job.preemptible and self.quota_g[a] > _EPS and n * g > self.quota_g[a] + _EPS:
                 return (f"non-preemptible (priority {job.priority}) job of {n * g} GPUs above the quota "
                         f"{self.quota_g[a]:g} of queue {self.tree.names[a]!r}")
         return ""
 
     def _admissible(self, job: PoolJob, pods: int) -> bool:
-        """Within every limit on the queue's path (and, if non-preemptible, within quota)?"""
+        """Within every limit on the queue's path and, if non-preemptible, within the quota of every queue on
+        the path that has one (a queue without a quota, 0, puts no such bound: its non-preemptible work takes
+        free capacity)?"""
         need = pods * job.gpus_per_pod
         for a in self.paths[job.q]:
             if self.alloc[a][0] + need > self.limit_g[a] + _EPS:
                 return False
-            if not job.preemptible and self.np_alloc[a] + need > self.quota_g[a] + _EPS:
+            if (not job.preemptible and self.quota_g[a] > _EPS
+                    and self.np_alloc[a] + self.np_outside[a] + need > self.quota_g[a] + _EPS):
                 return False
         return True
 

@@ -61,6 +61,7 @@ from gpupool.k8s.objects.fields import (
     pod_key,
     spec_unreadable,
 )
+from gpupool.k8s.objects.jobs import is_whole_gpu
 from gpupool.k8s.objects.nodes import mig_capacity, mig_strategy, node_labels, node_name
 from gpupool.k8s.objects.pods import PodInfo, QueueSpec, describe_pod, parse_pod_group
 from gpupool.model import MILLI, Assignment
@@ -123,6 +124,8 @@ class ClusterModel:
         self.queues: dict[str, Mapping[str, Any]] | None = None
         self.queues_blocked = ""  # why Queues cannot be read (403 before any list), else ""
         self.queue_used: dict[str, int] = {}  # queue -> milli-GPU of its own counted pods (children not added)
+        # queue -> (pod priority, whole GPUs) -> milli-GPU: queue_used split by priority and by whole-GPU pods or not
+        self.queue_used_at: dict[str, dict[tuple[int, bool], int]] = {}
         self.queue_pods: dict[str, int] = {}  # queue -> its own counted pods
         self.group_counted: dict[str, int] = {}  # PodGroup key -> counted pods
         self.mig_used: dict[str, dict[str, int]] = {}
@@ -436,6 +439,12 @@ class ClusterModel:
     def _book(self, rec: PodRecord, info: PodInfo, sign: int) -> None:
         if info.queue:
             self.queue_used[info.queue] = self.queue_used.get(info.queue, 0) + sign * rec.charge
+            at = self.queue_used_at.setdefault(info.queue, {})
+            # whole GPUs or a share as the pod asks (its own request: the same when it is counted and uncounted)
+            kind = (info.request.priority, rec.info is None or is_whole_gpu(rec.info))
+            at[kind] = at.get(kind, 0) + sign * rec.charge
+            if not at[kind]:
+                del at[kind]
             self.queue_pods[info.queue] = self.queue_pods.get(info.queue, 0) + sign
         if info.pod_group:
             self.group_counted[info.pod_group] = self.group_counted.get(info.pod_group, 0) + sign
@@ -563,6 +572,7 @@ class ClusterModel:
         specs = [r.spec for r in self.nodes.values() if r.spec is not None]
         self.skipped_pods.clear()
         self.queue_used.clear()
+        self.queue_used_at.clear()
         self.queue_pods.clear()
         self.group_counted.clear()
         self.mig_used.clear()
@@ -693,18 +703,40 @@ class ClusterModel:
             self._epoch += 1
 
     def queue_book(self) -> Any:
-        """A :class:`~gpupool.k8s.cache.queues.QueueBook` with every counted and assumed pod charged."""
+        """A :class:`~gpupool.k8s.cache.queues.QueueBook` with every counted and assumed pod charged; in pool mode
+        (``pool`` set) it holds non-preemptible pods to quota with the pool's ``nonpreemptible_priority``."""
         specs, errors, known = self.queue_specs()
-        book = QueueBook(specs, errors, known, blocked=self.queues_blocked)
+        npp = self.pool.config.nonpreemptible_priority if self.pool is not None else None
+        book = QueueBook(specs, errors, known, blocked=self.queues_blocked, nonpreemptible_priority=npp)
         for queue, milli in self.queue_used.items():
             if milli:
-                book.charge(queue, milli)
+                np_milli = 0 if npp is None else sum(m for (p, _), m in self.queue_used_at.get(queue, {}).items()
+                                                     if p >= npp)
+                book.charge(queue, milli, np_milli)
         state = self.state
         for key in self.assumed:
             rec = self.pods.get(key)
             if rec is not None and rec.info is not None and rec.info.queue and state is not None:
-                book.charge(rec.info.queue, queue_charge(rec.info, state.assignments.get(key), state))
+                milli = queue_charge(rec.info, state.assignments.get(key), state)
+                book.charge(rec.info.queue, milli, milli if book.nonpreemptible(rec.info.request.priority) else 0)
         return book
+
+    def nonpreemptible_shares(self, priority: int) -> dict[str, int]:
+        """{queue: milli-GPU} its own pods at or above ``priority`` that ask no whole GPUs (shares, GPU memory,
+        MIG) hold, counted and assumed: non-preemptible work the pool scheduler does not run as jobs."""
+        out: dict[str, int] = {}
+        for queue, at in self.queue_used_at.items():
+            milli = sum(m for (p, whole), m in at.items() if p >= priority and not whole)
+            if milli:
+                out[queue] = milli
+        state = self.state
+        for key in self.assumed:
+            rec = self.pods.get(key)
+            info = rec.info if rec is not None else None
+            if (info is not None and info.queue and state is not None and info.request.priority >= priority
+                    and not is_whole_gpu(info)):
+                out[info.queue] = out.get(info.queue, 0) + queue_charge(info, state.assignments.get(key), state)
+        return out
 
     def queue_status(self) -> dict[str, dict[str, Any]]:
         """What each Queue object's ``status`` should say now (the CRD's fields), by Queue name.

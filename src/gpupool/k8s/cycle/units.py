@@ -76,29 +76,42 @@ def identity_problem(pod: Mapping[str, Any], key: str, pending_count: Mapping[st
     return ""
 
 
-def _charges(members: Sequence[tuple[Any, PodInfo]], state: ClusterState | None = None,
-             assignments: Mapping[str, Assignment] | None = None) -> dict[str, int]:
-    """{queue: milli-GPU} the members are charged: exact where placed (``assignments``), else a lower bound."""
+def _charges(members: Sequence[tuple[Any, PodInfo]], book: QueueBook, state: ClusterState | None = None,
+             assignments: Mapping[str, Assignment] | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """({queue: milli-GPU} the members are charged, {queue: milli-GPU} of that held by non-preemptible members
+    (``book.nonpreemptible``)): exact where placed (``assignments``: milli-GPU x devices, a memory-sized share as
+    its fraction of the card), else a lower bound."""
     out: dict[str, int] = {}
+    np_out: dict[str, int] = {}
     for _, info in members:
         if info.queue:
             a = assignments.get(info.key) if assignments is not None else None
-            out[info.queue] = out.get(info.queue, 0) + queue_charge(info, a, state)
-    return out
+            milli = queue_charge(info, a, state)
+            out[info.queue] = out.get(info.queue, 0) + milli
+            if book.nonpreemptible(info.request.priority):
+                np_out[info.queue] = np_out.get(info.queue, 0) + milli
+    return out, np_out
+
+
+def _charge(book: QueueBook, charges: tuple[dict[str, int], dict[str, int]]) -> None:
+    every, np_part = charges
+    for queue, milli in every.items():
+        book.charge(queue, milli, np_part.get(queue, 0))
 
 
 def place_unit(unit: Unit, engine: Engine, pol: Any, book: QueueBook, policy: str,
                 state: ClusterState | None = None) -> list[Placement]:
     """Place one unit (a single pod, or a gang) within its queues' limits.
 
-    The limit check is exact: a pod is placed, charged what it occupies there (a memory-sized share as its
+    The limit check (and, in pool mode, the quota check of non-preemptible pods) is exact: a pod is placed,
+    charged what it occupies there (a memory-sized share as its
     memory's fraction of the GPU, :func:`gpupool.k8s.cache.records.queue_charge`), and released again if that breaks
     a limit. A gang needs its minMember within the limits (all or nothing); members beyond the minimum are
     kept one by one, in order, while the limits hold.
     """
     state = engine.state if state is None else state
     minimum = unit.members[: max(1, unit.need)] if unit.gang is not None else unit.members
-    refused = book.admit(_charges(minimum, state))  # a lower bound of the exact charge
+    refused = book.admit(*_charges(minimum, book, state))  # a lower bound of the exact charge
     if refused:
         return [Placement(i.key, None, reason=refused, gang=unit.gang) for _, i in unit.members]
     feasible_of: dict[str, int] = {}
@@ -121,21 +134,20 @@ def place_unit(unit: Unit, engine: Engine, pol: Any, book: QueueBook, policy: st
     over: dict[str, str] = {}
     if unit.gang is not None and unit.need > 0:  # the minimum all at once, or nothing starts
         need = [info_of[a.pod] for a in assignments[: unit.need]]
-        why = book.admit(_charges(need, state, by_key))
+        charges = _charges(need, book, state, by_key)
+        why = book.admit(*charges)
         if why:
             for b in reversed(assignments):
                 engine.release(b.pod)
             return [Placement(i.key, None, reason=why, gang=unit.gang) for _, i in unit.members]
         kept = need
-        for queue, milli in _charges(need, state, by_key).items():
-            book.charge(queue, milli)
+        _charge(book, charges)
     for a in assignments[len(kept):]:  # then one by one, each charged as it is kept
-        charge = _charges([info_of[a.pod]], state, by_key)
-        why = book.admit(charge)
+        charges = _charges([info_of[a.pod]], book, state, by_key)
+        why = book.admit(*charges)
         if not why:
             kept.append(info_of[a.pod])
-            for queue, milli in charge.items():
-                book.charge(queue, milli)
+            _charge(book, charges)
             continue
         engine.release(a.pod)
         over[a.pod] = why

@@ -45,6 +45,11 @@ number in (0, 1]``. The pod then stays pending with that message; nothing else i
 CPU, memory and extended resources follow kube-scheduler's effective request: the sum over
 containers (plus sidecar init containers), or the largest init container if that is more, plus the
 pod overhead; a resource given only as a limit counts as its request.
+
+Priority is ``spec.priority``, which the API server's Priority admission plugin sets from the pod's
+PriorityClass; a pod without it (a manifest or snapshot that did not pass admission) naming one of the two
+built-in classes takes its value (``system-cluster-critical`` 2000000000, ``system-node-critical``
+2000001000), else 0.
 """
 
 from __future__ import annotations
@@ -144,6 +149,10 @@ def hami_devices(pod: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
+BUILTIN_PRIORITY_CLASSES = {"system-cluster-critical": 2_000_000_000, "system-node-critical": 2_000_001_000}
+"""The PriorityClasses every Kubernetes cluster has, and their values."""
+
+
 def _with_pod(exc: Exception, pod: Mapping[str, Any]) -> RequestParseError:
     return RequestParseError(f"pod {pod_key(pod)}: {exc}")
 
@@ -158,7 +167,9 @@ def describe_pod(pod: Mapping[str, Any]) -> PodInfo:
         cpu = math.ceil(res.get("cpu", Decimal(0)) * 1000)
         mem = math.ceil(res.get("memory", Decimal(0)) / MIB)
         spec = spec_of(pod)
-        priority = spec.get("priority") or 0
+        priority = spec.get("priority")
+        if priority is None:  # not through admission: a built-in class still has its value
+            priority = BUILTIN_PRIORITY_CLASSES.get(str(spec.get("priorityClassName") or ""), 0)
         if not isinstance(priority, int):
             raise RequestParseError(f"spec.priority={priority!r}: not an integer")
         labels = labels_of(pod)

@@ -317,6 +317,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
         self._pending_names = set(pool_units)
 
         healing = self._heal(now)
+        self._outside_nonpreemptible()
         pool.fair_share(now)
         self._before = ([a[0] for a in pool.alloc], list(pool._fs_g))  # queue figures as the cycle found them
         res = pool.cycle(now)
@@ -353,6 +354,19 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
         book = model.queue_book()
         return Plan(placements, None, model.policy_name, state, book, preemptions=preemptions,
                          denominated=denominated)
+
+    def _outside_nonpreemptible(self) -> None:
+        """Tell the pool the GPUs its queues' non-preemptible shares hold (fractions, GPU memory, MIG: no pool
+        jobs, but held to the same quotas), so that a non-preemptible whole-GPU job counts them."""
+        pool, npp = self.pool, self.config.nonpreemptible_priority
+        assert pool is not None
+        held: dict[str, float] = {}
+        if npp is not None:
+            for queue, milli in self.model.nonpreemptible_shares(npp).items():
+                leaf = self._leaf(queue)
+                if leaf is not None:
+                    held[leaf] = held.get(leaf, 0.0) + milli / MILLI
+        pool.set_outside_nonpreemptible(held)
 
     def _unit_job(self, unit: Any, book: Any) -> str | None:
         queues = {info.queue for _, info in unit.members}

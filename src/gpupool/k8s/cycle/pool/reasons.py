@@ -55,6 +55,16 @@ class ReasonsMixin:
                     return (f"queue {tree.names[a]} would exceed its limit: {gpus(round(pool.alloc[a][0] * MILLI))} "
                             f"of {gpus(round(pool.limit_g[a] * MILLI))} GPU in use, {gpus(round(need * MILLI))} "
                             "more asked")
+            need = job.min_pods * job.gpus_per_pod
+            for a in pool.paths[job.q]:
+                quota = pool.quota_g[a]
+                held = pool.np_alloc[a] + pool.np_outside[a]
+                if quota > 1e-6 and held + need > quota + 1e-6:
+                    q = tree.names[a]
+                    return (f"non-preemptible job (priority {job.priority}, at or above the pool's "
+                            f"nonPreemptiblePriority {job.nonpreemptible_from}) runs only within quota: queue {q} "
+                            f"holds {round(held, 3):g} of its quota {quota:g} GPU in non-preemptible work, "
+                            f"{need:g} more asked")
             return (f"non-preemptible job (priority {job.priority}) waits for room within the quota of queue {q}")
         d = model.engine.schedule(job.pods[0])
         held, share = pool.alloc[job.q][0], pool._fs_g[job.q]
