@@ -100,7 +100,8 @@ class SchedulerConfig:
     bind_timeout_s: float = 30.0  # read timeout of a binding, a status patch, a read-back (seconds)
     list_page: int = 500
     evict_workers: int = 2  # threads that carry out preemptions (eviction dry runs, conditions, evictions)
-    queue_status_s: float = 5.0  # write Queue status (usedGPUs, pods, Valid condition) at most this often; 0 = never
+    queue_status_s: float = 0.5  # Queue and PodGroup status: a change is written at most this long after it,
+    # rounds at least this far apart (a change within it waits for the next round, never skipped); 0 = never
     gc_freeze: bool = False  # after the first cycle, move the listed objects out of the GC's scans (gc.freeze);
     # process-wide, so `gpupool scheduler` turns it on and library users decide for themselves
     pool: bool = True  # the pool scheduler runs the cluster (fair share, gangs, reclaim, preemption): gpupool.k8s.pool
@@ -179,6 +180,7 @@ class Scheduler:
                                           pod_groups=self.config.pod_group_status)
         self._skipped: dict[str, str] = {}
         self.heartbeat = time.monotonic()
+        self._last_cycle = time.monotonic()  # when the last cycle began (resync_s counts from it)
         self.bindings: list[tuple[str, str]] = []  # (pod, node) bound by this replica, in order
         cfg = self.config
         self.reflectors = [
@@ -287,10 +289,16 @@ class Scheduler:
         self._set_ready(False)
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
-            self.cache.changed.wait(self.config.resync_s)
+            timeout = max(0.0, self._last_cycle + self.config.resync_s - self.heartbeat)
+            status_in = self.status_writer.due_in() if self._leading else None
+            woke = self.cache.changed.wait(timeout if status_in is None else min(timeout, status_in))
             self.heartbeat = time.monotonic()
             if self._stop.is_set():
                 break
+            if (not woke and status_in is not None and status_in < timeout
+                    and self.heartbeat - self._last_cycle < self.config.resync_s):
+                self._status_round()  # a status write was deferred (coalesced) and nothing else woke the loop
+                continue
             time.sleep(self.config.batch_s)
             self.cache.changed.clear()
             try:
@@ -344,6 +352,7 @@ class Scheduler:
         the cluster costs; the time is kept in ``cycle_seconds``.
         """
         t0 = time.perf_counter()
+        self._last_cycle = time.monotonic()
         self._sync_model()
         result = self.model.cycle(self.prepare_state)
         self.cycles += 1
@@ -398,11 +407,22 @@ class Scheduler:
 
     # -- Queue and PodGroup status
     def _write_status(self, force: bool = False) -> None:
-        """PATCH the status of the Queues and PodGroups whose status changed (leader only, at most every
-        ``queue_status_s``, off the scheduling thread; :class:`gpupool.k8s.api.status.StatusWriter`):
-        ``kubectl get queues`` shows allocation, fair share and borrowing, ``kubectl get podgroups`` the phase."""
+        """PATCH the status of the Queues and PodGroups whose status changed (leader only, off the scheduling
+        thread; :class:`gpupool.k8s.api.status.StatusWriter`): ``kubectl get queues`` shows allocation, fair share
+        and borrowing, ``kubectl get podgroups`` the phase. Rounds are ``queue_status_s`` apart at least; a change
+        within that is written when the next round is due (the loop wakes for it: :meth:`_status_round`)."""
         fair = self.pool_driver.fair_shares() if self.pool_driver is not None else None
         self.status_writer.update(self.model, fair or None, force=force)
+
+    def _status_round(self) -> None:
+        """The deferred status round, on the scheduling thread between cycles: the model as the last cycle left
+        it (changes since then wake the loop for a cycle, which writes them). Leader only."""
+        if not self._leading or not self._is_leader():
+            return
+        try:
+            self._write_status()
+        except Exception:  # pragma: no cover - status is best effort; a bug must not stop the scheduler
+            _log(logging.ERROR, "status_round_failed", exc_info=True)
 
     # -- binding
     def _forget(self, key: str, a: _Assumed) -> None:
