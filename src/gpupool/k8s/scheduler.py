@@ -56,6 +56,7 @@ from gpupool.k8s import (
 from gpupool.k8s.api.calls import (
     DISRUPTION_TARGET,
     PREEMPTION_BY_SCHEDULER,
+    clear_disruption_target,
     evict,
     mark_disruption_target,
     post_binding,
@@ -642,7 +643,8 @@ class Scheduler:
            ``pre.reason``) through ``pods/status``, then the real eviction (UID precondition, the pod's own grace
            period) and a ``Preempted`` Event on the victim. A refusal now (a PodDisruptionBudget changed since
            the dry run, the API failing) queues ``("evict_failed", victim, why)``
-           (:meth:`~gpupool.k8s.cache.model.ClusterModel.eviction_failed`).
+           (:meth:`~gpupool.k8s.cache.model.ClusterModel.eviction_failed`) and turns the victim's
+           ``DisruptionTarget`` False again (reason ``EvictionRefused``): it runs on.
 
         A replica that is not (or no longer) the leader evicts nothing and reports the preemption refused, so that
         the model drops what it holds for it. Metrics: ``inc_preemption(action)`` once a dry run passed,
@@ -682,14 +684,17 @@ class Scheduler:
         for key, uid in pre.victims:
             if key in gone:
                 continue
+            marked = True
             try:
                 self._mark_disruption_target(key, pre.reason)
             except ApiException as exc:
                 if exc.status == 404:
                     counts["gone"] += 1
                     continue
+                marked = False
                 _log(logging.INFO, "disruption_condition_failed", pod=key, reason=api_reason(exc))
             except Exception as exc:  # the condition is informative; the eviction decides
+                marked = False
                 _log(logging.INFO, "disruption_condition_failed", pod=key, reason=api_reason(exc))
             try:
                 self._evict(key, uid, dry_run=False)
@@ -697,10 +702,10 @@ class Scheduler:
                 if exc.status == 404:
                     counts["gone"] += 1
                     continue
-                self._eviction_failed(pre, key, api_reason(exc), counts)
+                self._eviction_failed(pre, key, api_reason(exc), counts, marked)
                 continue
             except Exception as exc:
-                self._eviction_failed(pre, key, api_reason(exc), counts)
+                self._eviction_failed(pre, key, api_reason(exc), counts, marked)
                 continue
             counts["evicted"] += 1
             _log(logging.INFO, "evicted", pod=key, preemption=pre.id, action=pre.action, preemptor=pre.preemptor)
@@ -710,11 +715,23 @@ class Scheduler:
         self.preemption_outcomes.append((pre.id, "evicted"))
         return "evicted"
 
-    def _eviction_failed(self, pre: Preemption, key: str, why: str, counts: dict[str, int]) -> None:
+    def _eviction_failed(self, pre: Preemption, key: str, why: str, counts: dict[str, int],
+                         marked: bool = False) -> None:
+        """The real eviction of victim ``key`` was refused (or did not answer): the model counts it again; the
+        ``DisruptionTarget=True`` set on it just before (``marked``) is turned False (reason ``EvictionRefused``),
+        since it runs on. Best effort: a failure is logged (Kubernetes' disruption controller clears a stale
+        condition after two minutes anyway)."""
         counts["failed"] += 1
         _log(logging.WARNING, "eviction_failed", pod=key, preemption=pre.id, reason=why)
         self._model_ops.append(("evict_failed", key, why))
         self.cache.changed.set()
+        if not marked:
+            return
+        try:
+            clear_disruption_target(self.api_client, key, f"gpupool's eviction ({pre.action}) was refused: {why}",
+                                    timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
+        except Exception as exc:  # informative only, as setting it
+            _log(logging.INFO, "disruption_condition_failed", pod=key, reason=api_reason(exc))
 
     def _nominate(self, pod: Mapping[str, Any], p: Placement) -> None:
         """``p`` is held on ``p.node`` while victims terminate: set the pod's ``status.nominatedNodeName`` (off the
