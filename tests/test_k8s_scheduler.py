@@ -863,6 +863,65 @@ def test_conflict_409_counts_the_pod_where_the_api_says(h):
     assert ("default/raced", taken[0]) not in s.bindings
 
 
+def test_binding_whose_reply_and_read_back_are_lost_keeps_its_gpu(h, monkeypatch):
+    """Issue 33 item 1: the apiserver dies while a Binding is answered. The Binding went through server-side, its
+    reply is cut and the read-back fails too, and the watch is silent meanwhile. The scheduler used to forget the
+    assumed pod and give its GPU to the next pod (two pods bound on one GPU). The assumption is kept until there is
+    evidence (a read-back answers, the watch shows the pod), so the next pod waits; once the API answers again the
+    first pod is taken as bound."""
+    import urllib3
+
+    from gpupool.k8s import scheduler as sched_mod
+
+    down = threading.Event()
+    real_post, real_read = sched_mod.post_binding, sched_mod.read_pod
+
+    def post_binding(api, ns, name, *args, **kwargs):
+        real_post(api, ns, name, *args, **kwargs)
+        if name == "first":  # committed, then the connection drops before the reply
+            down.set()
+            raise urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))
+
+    def read_pod(api, ns, name, *args, **kwargs):
+        if down.is_set():
+            raise urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionRefusedError(111, "refused"))
+        return real_read(api, ns, name, *args, **kwargs)
+
+    monkeypatch.setattr(sched_mod, "post_binding", post_binding)
+    monkeypatch.setattr(sched_mod, "read_pod", read_pod)
+    h.create_node(gpu_node("n1", gpus=1))
+    s = h.scheduler()
+    wait_for(lambda: s.synced, what="synced")
+    held: list[tuple[str, str, dict]] = []
+    apply = s.cache.apply
+
+    def silent_while_down(kind, event_type, obj):  # the watch lost first's binding (it relists later)
+        if down.is_set() and kind == "pods" and obj["metadata"]["name"] == "first":
+            held.append((kind, event_type, obj))
+            return
+        apply(kind, event_type, obj)
+
+    monkeypatch.setattr(s.cache, "apply", silent_while_down)
+    h.create_pod(gpu_pod("first", gpus=1))
+    wait_for(lambda: down.is_set(), what="the binding of first sent")
+    assert bound_node(h, "first") == "n1"  # it went through
+    second = gpu_pod("second", gpus=1)  # the next pod of the burst (placed before first if first waited again)
+    second["spec"]["priority"] = 50
+    h.create_pod(second)
+    time.sleep(1.0)  # cycles go on (resync 0.5 s) while the read-backs fail
+    assert not [a for a in h.server.bind_attempts if a[1] == "second"], "second was given first's GPU"
+    assert "default/first" in s.model.assumed
+    down.clear()  # the apiserver is back: the read-back answers, the watch delivers
+    for event in held:
+        apply(*event)
+    wait_for(lambda: ("default/first", "n1") in s.bindings, what="first taken as bound after the read-back")
+    wait_for(lambda: "default/first" not in s.assumed and s.model.pods["default/first"].counted,
+             what="first counted")
+    time.sleep(0.6)
+    assert not [a for a in h.server.bind_attempts if a[1] == "second"] and bound_node(h, "second") is None
+    assert not s.model.skipped_pods  # nothing miscounted
+
+
 def test_pod_deleted_before_binding(h):
     h.create_node(gpu_node("n1", gpus=1))
     h.create_pod(gpu_pod("doomed", gpus=1))

@@ -23,7 +23,10 @@ condition and the real eviction. A nominated placement (held while its victims t
 
 Failure handling: ``409`` on binding (another scheduler or replica bound the pod) -> the pod is taken
 as bound where the API says and its GPUs are counted from there; ``404`` (pod deleted mid-cycle) -> the
-assumption is dropped; a node gone before binding -> the pod is planned again. Only the leader binds
+assumption is dropped; a node gone before binding -> the pod is planned again; no answer (the reply lost, a
+``5xx``) -> the pod is read back, and while the read-back fails too the assumption is kept (the binding may
+have gone through) and read back again, until the API answers or ``bind_unknown_ttl_s`` passes: its GPUs are
+never handed out meanwhile (as kube-scheduler's cache keeps an assumed pod). Only the leader binds
 (``leader`` callback, e.g. :class:`gpupool.k8s.api.leader.LeaderElector`); on becoming leader, every
 reflector lists again so the state is rebuilt from the API before the first binding.
 """
@@ -97,6 +100,8 @@ class SchedulerConfig:
     batch_s: float = 0.05  # wait this long after a change so that a burst becomes one cycle
     resync_s: float = 30.0  # run a cycle at least this often
     assume_ttl_s: float = 60.0  # forget a binding the watch has not shown this long after it succeeded
+    bind_unknown_ttl_s: float = 600.0  # a binding whose outcome is unknown (no reply, no read-back) keeps its GPUs
+    # this long at most while it is read back again (an apiserver restart takes seconds to minutes)
     bind_workers: int = 8  # threads that POST bindings (nothing else); the client's pool is sized to fit
     bind_timeout_s: float = 30.0  # read timeout of a binding, a status patch, a read-back (seconds)
     list_page: int = 500
@@ -125,6 +130,8 @@ class _Assumed:
     annotations: dict[str, str]
     done_at: float | None = None
     started: float = field(default_factory=time.perf_counter)  # when the cycle that placed it began
+    unknown_since: float | None = None  # monotonic time its binding's outcome became unknown (None: known)
+    rechecks: int = 0  # read-backs scheduled since
 
 
 class Scheduler:
@@ -464,9 +471,14 @@ class Scheduler:
             elif exc.status == 409:
                 self._bind_outage.success()
                 result = self._on_conflict(ns, name, key, a)
+            elif exc.status is not None and exc.status >= 500:  # e.g. a timeout after etcd took it: maybe bound
+                self._bind_outage.failure(pod=key, status=exc.status, reason=exc.reason)
+                result = self._on_conflict(ns, name, key, a, why=f"{exc.status} {exc.reason}")
+                if result == "error":
+                    self._report_unschedulable(pod, f"Binding rejected: {exc.status} {exc.reason}", force=True)
             else:
                 result = "error"
-                if exc.status is None or exc.status in (403, 429) or exc.status >= 500:
+                if exc.status is None or exc.status in (403, 429):
                     self._bind_outage.failure(pod=key, status=exc.status, reason=exc.reason)
                 else:
                     _log(logging.WARNING, "bind_failed", pod=key, node=node, status=exc.status, reason=exc.reason)
@@ -510,7 +522,9 @@ class Scheduler:
         Bound where planned with exactly our annotations (an earlier attempt of ours went through) -> ``bound``.
         Bound elsewhere or by someone else -> ``conflict``: the assumption is dropped and the pod is counted where
         the API says, with the winner's annotations; the pod is never written to (its annotations are the
-        winner's). Gone -> ``deleted``. Unbound, or unreadable -> ``error`` (planned again next cycle).
+        winner's). Gone -> ``deleted``. Unbound -> ``error`` (planned again next cycle). Unreadable (the API
+        does not answer) -> ``unknown``: the assumption is kept, since the binding may have gone through, and
+        the pod is read back again later (:meth:`_keep_unconfirmed`).
         """
         node = a.placement.node or ""
         try:
@@ -524,9 +538,7 @@ class Scheduler:
         except Exception:  # network trouble while reading back
             current = None
         if current is None:
-            _log(logging.INFO, "bind_unknown", pod=key, planned=node, why=why, action="plan again")
-            self._forget(key, a)
-            return "error"
+            return self._keep_unconfirmed(ns, name, key, a, why)
         bound_to = node_name_of(current)
         cmeta = current.get("metadata") or {}
         ann = annotations_of(current)
@@ -542,6 +554,42 @@ class Scheduler:
              their_gpus=ann.get(ANN_GPU_INDEX, "?") if ann.get(ANN_NODE) == bound_to else "?")
         self._forget(key, a)
         return "conflict"
+
+    def _keep_unconfirmed(self, ns: str, name: str, key: str, a: _Assumed, why: str) -> str:
+        """Neither the binding of ``key`` nor its read-back answered: it may be bound. The assumption (its GPUs)
+        is kept and the pod read back again after a backoff (``backoff_initial_s`` doubling up to
+        ``backoff_max_s``), on a binder, until the API answers (:meth:`_on_conflict`), the assumption is settled
+        otherwise (a new leadership, a stop) or ``bind_unknown_ttl_s`` passed since the outcome became unknown;
+        then it is forgotten with a warning. Returns ``unknown`` (or ``error`` once expired)."""
+        node = a.placement.node or ""
+        now = time.monotonic()
+        if a.unknown_since is None:
+            a.unknown_since = now
+        waited = now - a.unknown_since
+        if waited > self.config.bind_unknown_ttl_s:
+            _log(logging.WARNING, "bind_unknown", pod=key, planned=node, why=why, waited_s=round(waited, 1),
+                 action="no answer for bind_unknown_ttl_s: forgotten, planned again")
+            self._forget(key, a)
+            return "error"
+        delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** min(a.rechecks, 20))
+        if a.rechecks == 0:
+            _log(logging.INFO, "bind_unknown", pod=key, planned=node, why=why,
+                 action="assumption kept (it may be bound); reading back again")
+        a.rechecks += 1
+        timer = threading.Timer(delay, self._read_back_again, (ns, name, key, a, why))
+        timer.daemon = True
+        timer.start()
+        return "unknown"
+
+    def _read_back_again(self, ns: str, name: str, key: str, a: _Assumed, why: str) -> None:
+        """Timer callback of :meth:`_keep_unconfirmed`: hand the read-back to a binder unless settled meanwhile."""
+        with self._lock:
+            if self._stop.is_set() or self.assumed.get(key) is not a:
+                return
+        try:
+            self._pool.submit(self._on_conflict, ns, name, key, a, why)
+        except RuntimeError:  # stopping
+            pass
 
     # -- reporting
     def _report_unschedulable(self, pod: Mapping[str, Any], message: str, force: bool = False) -> None:
