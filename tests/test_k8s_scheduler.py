@@ -863,6 +863,26 @@ def test_conflict_409_counts_the_pod_where_the_api_says(h):
     assert ("default/raced", taken[0]) not in s.bindings
 
 
+def test_the_loop_waits_resync_s_between_idle_passes_as_leader_and_as_standby(h):
+    """The loop's wait counts from its last full pass (so that deferred status rounds do not postpone the resync):
+    a standby, which never runs a cycle, and an idle leader still wait ``resync_s`` between passes, no busy loop."""
+    h.create_node(gpu_node("n1", gpus=1))
+    standby = h.scheduler(leader=lambda: False, identity="standby")
+    leader = h.scheduler(identity="leader")
+    wait_for(lambda: standby.synced and leader.synced, what="synced")
+    passes = {"standby": 0, "leader": 0}
+    for name, s in (("standby", standby), ("leader", leader)):
+        sync = s._sync_model
+
+        def counted(sync=sync, name=name):
+            passes[name] += 1
+            sync()
+
+        s._sync_model = counted
+    time.sleep(2.0)  # resync_s is 0.5 in the harness: about 4 passes each
+    assert 1 <= passes["standby"] <= 12 and passes["leader"] <= 40, passes
+
+
 def test_binding_whose_reply_and_read_back_are_lost_keeps_its_gpu(h, monkeypatch):
     """Issue 33 item 1: the apiserver dies while a Binding is answered. The Binding went through server-side, its
     reply is cut and the read-back fails too, and the watch is silent meanwhile. The scheduler used to forget the

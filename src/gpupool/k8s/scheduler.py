@@ -188,7 +188,7 @@ class Scheduler:
                                           pod_groups=self.config.pod_group_status)
         self._skipped: dict[str, str] = {}
         self.heartbeat = time.monotonic()
-        self._last_cycle = time.monotonic()  # when the last cycle began (resync_s counts from it)
+        self._last_cycle = time.monotonic()  # when the loop's last full pass began (resync_s counts from it)
         self.bindings: list[tuple[str, str]] = []  # (pod, node) bound by this replica, in order
         cfg = self.config
         self.reflectors = [
@@ -307,6 +307,7 @@ class Scheduler:
                     and self.heartbeat - self._last_cycle < self.config.resync_s):
                 self._status_round()  # a status write was deferred (coalesced) and nothing else woke the loop
                 continue
+            self._last_cycle = self.heartbeat  # a full pass (a cycle, or a standby's model update) restarts resync_s
             time.sleep(self.config.batch_s)
             self.cache.changed.clear()
             try:
@@ -360,7 +361,6 @@ class Scheduler:
         the cluster costs; the time is kept in ``cycle_seconds``.
         """
         t0 = time.perf_counter()
-        self._last_cycle = time.monotonic()
         self._sync_model()
         result = self.model.cycle(self.prepare_state)
         self.cycles += 1
@@ -426,6 +426,7 @@ class Scheduler:
         """The deferred status round, on the scheduling thread between cycles: the model as the last cycle left
         it (changes since then wake the loop for a cycle, which writes them). Leader only."""
         if not self._leading or not self._is_leader():
+            self.cache.changed.set()  # leadership changed: a full pass (it rechecks leadership) comes first
             return
         try:
             self._write_status()
