@@ -210,6 +210,37 @@ def test_eviction_refused_after_its_dry_run_and_victims_already_gone(h):
     assert sample(metrics, "gpupool_preemptions_total", action="reclaim") == 1
 
 
+def test_a_victim_whose_eviction_is_refused_is_no_disruption_target_any_more(h):
+    """Issue 29 (minor): the victim gets DisruptionTarget=True (PreemptionByScheduler) before its eviction, as
+    kube-scheduler does; when the eviction is then refused (a PodDisruptionBudget's 429 after the dry run passed,
+    or the API failing) the pod runs on and must not keep saying it is being disrupted: the condition goes to
+    False, as the disruption controller would do for a stale one, with the refusal as its message."""
+    h.create_node(gpu_node("n1", gpus=4))
+    for name in ("v1", "v2"):
+        h.create_pod(running(name))
+    s, script, _ = scripted(h)
+
+    async def refuse_v2(server, ns, name, dry):
+        if name == "v2" and not dry:
+            import kmock
+            raise kmock.KubernetesError(status=429, reason="TooManyRequests", message="Cannot evict pod as it "
+                                        "would violate the pod's disruption budget.")
+
+    h.server.on_evict = refuse_v2
+    pre = Preemption(12, "reclaim", "", "reclaimed by queue team-b",
+                     [("default/v1", uid(h, "v1")), ("default/v2", uid(h, "v2"))])
+    assert s._preempt(pre) == "evicted"
+    marked = [u for u in h.server.updates if u[2] == "v2" and u[3] == "status"
+              and cond(u[4], "DisruptionTarget").get("status") == "True"]
+    assert marked  # set before the eviction was tried, as kube-scheduler does
+    c = wait_for(lambda: cond(h.pod("v2"), "DisruptionTarget").get("status") == "False"
+                 and cond(h.pod("v2"), "DisruptionTarget"), what="DisruptionTarget cleared on v2")
+    assert "refused" in c["message"] and "429" in c["message"]
+    assert cond(h.pod("v2"), "Ready")["status"] == "True"  # the other conditions kept
+    assert cond(h.pod("v1"), "DisruptionTarget")["status"] == "True"  # evicted: it stays
+    assert not h.pod("v2")["metadata"].get("deletionTimestamp")
+
+
 def test_a_replica_that_does_not_lead_evicts_nothing(h):
     h.create_node(gpu_node("n1", gpus=1))
     h.create_pod(running("v1"))

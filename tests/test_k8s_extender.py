@@ -354,3 +354,46 @@ async def test_cli_serves_against_the_api(kmock, tmp_path: Path):
         output = proc.stdout.read().decode() if proc.stdout else ""
         proc.stdout and proc.stdout.close()
     assert "extender serving" in output, output
+
+
+@pytest.mark.asyncio
+async def test_bind_whose_outcome_is_unknown_keeps_the_devices(kmock):
+    """Issue 33 item 1 on the extender: the Binding commits but its answer is a 504 (the API server timed out
+    after etcd took it) and the read-back fails too. The extender used to release the reservation and take the
+    device annotations off a pod that is bound: the next pod got its GPU. Now it keeps both until it knows; a
+    read-back that answers "bound there" is a success."""
+    import kmock as km
+
+    seed(kmock)
+    down = {"on": True}
+
+    def bind(request):
+        stored = kmock.objects[PODS, request.namespace, request.name]
+        stored.patch({"spec": {"nodeName": request.data["target"]["name"]}, "status": {"phase": "Running"}})
+        raise km.KubernetesError(status=504, reason="Timeout", message="request did not complete in time")
+
+    def read(request):
+        if down["on"]:
+            raise km.KubernetesError(status=503, reason="ServiceUnavailable", message="apiserver restarting")
+        return dict(kmock.objects[PODS, request.namespace, request.name].raw)
+
+    kmock["post", PODS, km.subresource("binding")] << bind
+    kmock["get", PODS, km.name("w1")] << read
+    kmock["get", PODS, km.name("w3")] << read
+    for p in (pod("w1", ns="team-a", gpus=1), pod("w2", ns="team-a", gpus=1), pod("w3", ns="team-a", gpus=1)):
+        kmock.objects[PODS, p["metadata"]["namespace"], p["metadata"]["name"]] = p
+    async with Harness(kmock) as h:
+        await h.refresh()
+        for name, where in (("w1", "gpu-c"), ("w3", "gpu-b")):  # kube-scheduler filters first
+            _, f = await h.post("filter", args_for(pod(name, ns="team-a", gpus=1), [where]))
+            assert f["NodeNames"] == [where]
+        status, body = await h.post("bind", {"PodName": "w1", "PodNamespace": "team-a", "Node": "gpu-c"})
+        assert status == 200 and "outcome unknown" in body["Error"]
+        assert "team-a/w1" in h.cache.assumed  # the T4 stays taken ...
+        assert kmock.objects[PODS, "team-a", "w1"]["metadata"]["annotations"][ANN_GPU_INDEX] == "0"  # ... and named
+        status, body = await h.post("bind", {"PodName": "w2", "PodNamespace": "team-a", "Node": "gpu-c"})
+        assert "Insufficient GPU share" in body["Error"]  # not given to w2
+        # the API answers again: the next unknown outcome is read back and taken as the binding it was
+        down["on"] = False
+        status, body = await h.post("bind", {"PodName": "w3", "PodNamespace": "team-a", "Node": "gpu-b"})
+        assert body == {"Error": ""} and "team-a/w3" in h.cache.assumed

@@ -592,3 +592,36 @@ def test_a_reason_whose_figures_change_is_not_reposted_every_cycle(h):
         assert len(posted) == 3
     finally:
         s.stop()
+
+
+def test_a_restarted_scheduler_waits_for_the_victims_in_flight_and_evicts_no_more(h, kubelet):
+    """Issue 29: a leader killed during a reclaim. Two queues of quota 8 on 16 GPUs; b borrows all 16; a's 8 pods
+    arrive and 8 of b's pods are evicted, but they terminate slowly (held by the kubelet). The scheduler stops and a
+    fresh one starts over the cluster as it is: it must recognise the 8 victims in flight from the objects alone
+    (deletionTimestamp, DisruptionTarget, a's nominatedNodeName), not count them as b's usage nor choose them or
+    anyone else again: no second eviction for the same need. Once they are gone, a's pods bind."""
+    nodes(h, 2, 8)
+    make_queue(h, "a", 8)
+    make_queue(h, "b", 8)
+    first = start(h)
+    create(h, *[pod(f"b-{i:02d}", 1, "b", created=-30 + i * 0.01) for i in range(16)])
+    wait_for(lambda: len(running(h, "b-")) == 16, what="b borrows all 16 GPUs")
+    kubelet.stuck |= set(running(h, "b-"))
+    create(h, *[pod(f"a-{i}", 1, "a") for i in range(8)])
+    wait_for(lambda: len(evicted(h, "b-")) == 8, what="8 of b's pods evicted")
+    wait_for(lambda: all(h.pod(f"a-{i}")["status"].get("nominatedNodeName") for i in range(8)),
+             what="a's pods nominated")
+    first.stop()
+    victims = set(evicted(h))
+    assert all(h.pod(v)["metadata"].get("deletionTimestamp") for v in victims)
+    asked = len(h.server.evictions)  # dry runs included
+    second = start(h)
+    hold(2.0, lambda: len(h.server.evictions) == asked, "the restarted scheduler evicted again for the same need")
+    assert second.cycles >= 5 and not bind_attempts(h, "a-")
+    assert all((h.pod(v) or {}).get("metadata", {}).get("deletionTimestamp") for v in victims)  # still terminating
+    assert len(running(h, "b-")) == 8
+    kubelet.release()
+    wait_for(lambda: len(running(h, "a-")) == 8, what="a's pods bind once the victims are gone")
+    hold(0.5, lambda: set(evicted(h)) == victims, "more evictions")
+    assert sorted(running(h, "b-")) == sorted(f"b-{i:02d}" for i in range(16) if f"b-{i:02d}" not in victims)
+    assert_books(kubelet)

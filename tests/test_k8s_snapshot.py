@@ -263,3 +263,41 @@ def test_cli_snapshot_without_a_usable_node_is_an_error(tmp_path):
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"schedulerName": "gpupool"}}]}))
     bad = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(nameless)])
     assert bad.exit_code == 2 and "no usable node in the snapshot (" in bad.output and "metadata.name" in bad.output
+
+
+def test_cli_dry_run_waits_for_victims_in_flight_and_plans_no_second_eviction(tmp_path):
+    """Issue 29 on the dry-run path: a snapshot taken while a reclaim is under way (a's 8 pods nominated, 8 of b's
+    pods Terminating with DisruptionTarget) plans no eviction: the Terminating pods are leaving, not b's usage nor
+    victims; a's pods are placed where they free GPUs, nominated (not bound) until they are gone."""
+    import datetime as dt
+
+    from k8s_pool_harness import node, pod, queue
+
+    now = dt.datetime.now(dt.UTC)
+    objs: list[dict] = [node("n0", gpus=8), node("n1", gpus=8), queue("a", quota=8), queue("b", quota=8)]
+    for i in range(16):
+        p = pod(f"b-{i:02d}", 1, queue="b", created=now.timestamp() - 1_700_003_600 + i)
+        n = f"n{i // 8}"
+        p["spec"]["nodeName"] = n
+        p["metadata"]["annotations"] = {"gpupool.io/node": n, "gpupool.io/gpu-index": str(i % 8),
+                                        "gpupool.io/gpu-milli": "1000"}
+        p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        if i >= 8:  # the victims of the reclaim, terminating (grace 30 s from now)
+            p["metadata"]["deletionTimestamp"] = (now + dt.timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            p["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True",
+                                              "reason": "PreemptionByScheduler", "message": "reclaimed by a"})
+        objs.append(p)
+    for i in range(8):
+        p = pod(f"a-{i}", 1, queue="a", created=now.timestamp() - 1_700_000_010)
+        p["status"]["nominatedNodeName"] = "n1"
+        objs.append(p)
+    snap = tmp_path / "reclaim.json"
+    snap.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    result = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(snap), "--json", "-"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert "preemptions" not in data and "evictions" not in data["summary"], data.get("preemptions")
+    by_pod = {p["pod"]: p for p in data["placements"]}
+    assert sorted(by_pod) == [f"default/a-{i}" for i in range(8)]
+    assert {p["node"] for p in by_pod.values()} == {"n1"}  # the GPUs the victims free
+    assert all("terminate" in p["reason"] for p in by_pod.values()), [p["reason"] for p in by_pod.values()]

@@ -366,6 +366,40 @@ def test_writer_one_patch_in_flight_per_object(fake):
     assert w.update(m) == 0  # written, unchanged
 
 
+def test_writer_coalesces_a_change_within_the_interval_never_skips_it(fake):
+    """Issue 29: a round asked for within ``interval_s`` of the last one was dropped, and the change it carried
+    waited for whatever woke the caller next (the 30 s resync). It is deferred instead: ``due_in`` tells the
+    caller when to come back, and the change is written then."""
+    clock = Clock()
+    m = model_with([node("a", gpus=4)], [pod("r0", node_name="a", devices=(0,), queue="team")], [queue("team", 1)])
+    w = writer(clock)
+    assert w.due_in() is None
+    assert w.update(m) == 1 and fake.take()[Q.format("team")]["usedGPUs"] == 1.0
+    assert w.due_in() is None  # written: nothing waits
+    clock.t = 1.0
+    m.apply("pods", "ADDED", pod("r1", node_name="a", devices=(1,), queue="team"))
+    assert w.update(m) == 0 and not fake.calls  # within interval_s of the last round: deferred ...
+    assert w.due_in() == 4.0  # ... to last + interval_s
+    clock.t = 5.0
+    assert w.due_in() == 0.0
+    assert w.update(m) == 1  # ... and written then
+    assert fake.take() == {Q.format("team"): {"usedGPUs": 2.0, "allocatedPods": 2, "borrowedGPUs": 1.0}}
+    assert w.due_in() is None
+    # a PATCH still in flight: the object is compared again one interval later
+    pending: list[Callable[[], None]] = []
+    slow = StatusWriter(object(), pending.append, 0.5, clock=clock)
+    assert slow.update(m) == 1 and slow.due_in() is None
+    clock.t = 6.0
+    m.apply("pods", "ADDED", pod("r2", node_name="a", devices=(2,), queue="team"))
+    assert slow.update(m) == 0 and slow.due_in() == 0.5
+    pending.pop()()
+    clock.t = 6.5
+    assert slow.update(m) == 1
+    pending.pop()()
+    assert fake.calls[-1][1]["status"]["usedGPUs"] == 3.0
+    assert StatusWriter(object(), pending.append, 0, clock=clock).due_in() is None  # off: never due
+
+
 # ------------------------------------------------------------------ the writer, over HTTP (kmock)
 @pytest.fixture()
 def h():

@@ -20,7 +20,9 @@ preemption does not try it.
 nodes and bound pods listed every ``resync`` seconds and turned into a
 :class:`~gpupool.cluster.ClusterState` by :func:`gpupool.k8s.cache.model.build_state`, plus the pods this
 extender bound itself and the list does not show yet ("assumed", as kube-scheduler's cache does), so two
-pods bound in quick succession never get the same GPU share.
+pods bound in quick succession never get the same GPU share. A binding without an answer (no reply, a 5xx)
+is read back; bound there, it succeeded; when the read-back fails too, the reservation and the annotations
+are kept (it may be bound) until the list shows the pod or ``assume_ttl`` passes.
 """
 
 from __future__ import annotations
@@ -392,11 +394,22 @@ class Extender:
             # The response is a Status, not a Binding: read it raw (the typed client cannot decode it).
             self.core.create_namespaced_pod_binding(name, namespace, binding, _preload_content=False)
         except Exception as exc:
-            self.cache.forget(req.name)
-            self._unannotate(name, namespace)
-            self._count("error", start)
-            log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
-            return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
+            where = self._read_back_node(name, namespace) if _outcome_unknown(exc) else ""
+            if where is None:  # no answer, no read-back: it may be bound; its devices stay reserved and named
+                self._count("error", start)
+                log.warning("bind outcome unknown", extra={"pod": key, "node": node, "error": _api_error(exc),
+                                                           "action": "devices kept until the pod shows up or "
+                                                                     f"{self.cache.assume_ttl:.0f}s pass"})
+                return {"Error": f"bind {key} to {node}: outcome unknown ({_api_error(exc)}); gpupool keeps its "
+                                 "devices reserved until the API shows the pod"}
+            if where != node:
+                self.cache.forget(req.name)
+                self._unannotate(name, namespace)
+                self._count("error", start)
+                log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
+                return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
+            log.info("bind answered late", extra={"pod": key, "node": node, "error": _api_error(exc),
+                                                  "note": "read back: bound there"})
         self._count("scheduled", start)
         if self.metrics is not None and self.cache.state is not None:
             with self.cache.lock:
@@ -421,6 +434,19 @@ class Extender:
                     raise AllocationError(f"node {node} cannot take pod {req.name} now: {f.reason}")
             gpus = policy.select_gpus(state, eff, i)
             return self.cache.assume(req, node, gpus, eff.gpu_milli if req.num_gpu else 0)
+
+    def _read_back_node(self, name: str, namespace: str) -> str | None:
+        """The node the pod is bound to now ("" unbound or gone), read back after a binding without an answer;
+        None when the read-back fails too (the outcome stays unknown)."""
+        try:
+            pod = json.loads(self.core.read_namespaced_pod(name, namespace, _preload_content=False).data)
+        except client.ApiException as exc:
+            return "" if exc.status == 404 else None
+        except Exception:  # noqa: BLE001 - transport trouble: unknown
+            return None
+        spec = pod.get("spec") if isinstance(pod, Mapping) else None
+        bound_to = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        return str(bound_to or "")
 
     def _unannotate(self, name: str, namespace: str) -> None:
         """Best effort: take the device annotations off a pod whose binding failed."""
@@ -458,6 +484,14 @@ def _scale(scores: np.ndarray) -> np.ndarray:
     if hi - lo < 1e-12:
         return np.full(len(scores), float(MAX_EXTENDER_PRIORITY))
     return (scores - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY
+
+
+def _outcome_unknown(exc: Exception) -> bool:
+    """A binding that failed this way may still have gone through: no HTTP answer, or a 5xx (a timeout after
+    etcd took it). A 4xx is a refusal."""
+    if isinstance(exc, client.ApiException):
+        return exc.status is None or exc.status >= 500
+    return True
 
 
 def _api_error(exc: Exception) -> str:

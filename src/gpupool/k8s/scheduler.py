@@ -23,7 +23,10 @@ condition and the real eviction. A nominated placement (held while its victims t
 
 Failure handling: ``409`` on binding (another scheduler or replica bound the pod) -> the pod is taken
 as bound where the API says and its GPUs are counted from there; ``404`` (pod deleted mid-cycle) -> the
-assumption is dropped; a node gone before binding -> the pod is planned again. Only the leader binds
+assumption is dropped; a node gone before binding -> the pod is planned again; no answer (the reply lost, a
+``5xx``) -> the pod is read back, and while the read-back fails too the assumption is kept (the binding may
+have gone through) and read back again, until the API answers or ``bind_unknown_ttl_s`` passes: its GPUs are
+never handed out meanwhile (as kube-scheduler's cache keeps an assumed pod). Only the leader binds
 (``leader`` callback, e.g. :class:`gpupool.k8s.api.leader.LeaderElector`); on becoming leader, every
 reflector lists again so the state is rebuilt from the API before the first binding.
 """
@@ -56,6 +59,7 @@ from gpupool.k8s import (
 from gpupool.k8s.api.calls import (
     DISRUPTION_TARGET,
     PREEMPTION_BY_SCHEDULER,
+    clear_disruption_target,
     evict,
     mark_disruption_target,
     post_binding,
@@ -96,11 +100,14 @@ class SchedulerConfig:
     batch_s: float = 0.05  # wait this long after a change so that a burst becomes one cycle
     resync_s: float = 30.0  # run a cycle at least this often
     assume_ttl_s: float = 60.0  # forget a binding the watch has not shown this long after it succeeded
+    bind_unknown_ttl_s: float = 600.0  # a binding whose outcome is unknown (no reply, no read-back) keeps its GPUs
+    # this long at most while it is read back again (an apiserver restart takes seconds to minutes)
     bind_workers: int = 8  # threads that POST bindings (nothing else); the client's pool is sized to fit
     bind_timeout_s: float = 30.0  # read timeout of a binding, a status patch, a read-back (seconds)
     list_page: int = 500
     evict_workers: int = 2  # threads that carry out preemptions (eviction dry runs, conditions, evictions)
-    queue_status_s: float = 5.0  # write Queue status (usedGPUs, pods, Valid condition) at most this often; 0 = never
+    queue_status_s: float = 0.5  # Queue and PodGroup status: a change is written at most this long after it,
+    # rounds at least this far apart (a change within it waits for the next round, never skipped); 0 = never
     gc_freeze: bool = False  # after the first cycle, move the listed objects out of the GC's scans (gc.freeze);
     # process-wide, so `gpupool scheduler` turns it on and library users decide for themselves
     pool: bool = True  # the pool scheduler runs the cluster (fair share, gangs, reclaim, preemption): gpupool.k8s.pool
@@ -123,6 +130,8 @@ class _Assumed:
     annotations: dict[str, str]
     done_at: float | None = None
     started: float = field(default_factory=time.perf_counter)  # when the cycle that placed it began
+    unknown_since: float | None = None  # monotonic time its binding's outcome became unknown (None: known)
+    rechecks: int = 0  # read-backs scheduled since
 
 
 class Scheduler:
@@ -179,6 +188,7 @@ class Scheduler:
                                           pod_groups=self.config.pod_group_status)
         self._skipped: dict[str, str] = {}
         self.heartbeat = time.monotonic()
+        self._last_cycle = time.monotonic()  # when the loop's last full pass began (resync_s counts from it)
         self.bindings: list[tuple[str, str]] = []  # (pod, node) bound by this replica, in order
         cfg = self.config
         self.reflectors = [
@@ -287,10 +297,17 @@ class Scheduler:
         self._set_ready(False)
         while not self._stop.is_set():
             self.heartbeat = time.monotonic()
-            self.cache.changed.wait(self.config.resync_s)
+            timeout = max(0.0, self._last_cycle + self.config.resync_s - self.heartbeat)
+            status_in = self.status_writer.due_in() if self._leading else None
+            woke = self.cache.changed.wait(timeout if status_in is None else min(timeout, status_in))
             self.heartbeat = time.monotonic()
             if self._stop.is_set():
                 break
+            if (not woke and status_in is not None and status_in < timeout
+                    and self.heartbeat - self._last_cycle < self.config.resync_s):
+                self._status_round()  # a status write was deferred (coalesced) and nothing else woke the loop
+                continue
+            self._last_cycle = self.heartbeat  # a full pass (a cycle, or a standby's model update) restarts resync_s
             time.sleep(self.config.batch_s)
             self.cache.changed.clear()
             try:
@@ -398,11 +415,23 @@ class Scheduler:
 
     # -- Queue and PodGroup status
     def _write_status(self, force: bool = False) -> None:
-        """PATCH the status of the Queues and PodGroups whose status changed (leader only, at most every
-        ``queue_status_s``, off the scheduling thread; :class:`gpupool.k8s.api.status.StatusWriter`):
-        ``kubectl get queues`` shows allocation, fair share and borrowing, ``kubectl get podgroups`` the phase."""
+        """PATCH the status of the Queues and PodGroups whose status changed (leader only, off the scheduling
+        thread; :class:`gpupool.k8s.api.status.StatusWriter`): ``kubectl get queues`` shows allocation, fair share
+        and borrowing, ``kubectl get podgroups`` the phase. Rounds are ``queue_status_s`` apart at least; a change
+        within that is written when the next round is due (the loop wakes for it: :meth:`_status_round`)."""
         fair = self.pool_driver.fair_shares() if self.pool_driver is not None else None
         self.status_writer.update(self.model, fair or None, force=force)
+
+    def _status_round(self) -> None:
+        """The deferred status round, on the scheduling thread between cycles: the model as the last cycle left
+        it (changes since then wake the loop for a cycle, which writes them). Leader only."""
+        if not self._leading or not self._is_leader():
+            self.cache.changed.set()  # leadership changed: a full pass (it rechecks leadership) comes first
+            return
+        try:
+            self._write_status()
+        except Exception:  # pragma: no cover - status is best effort; a bug must not stop the scheduler
+            _log(logging.ERROR, "status_round_failed", exc_info=True)
 
     # -- binding
     def _forget(self, key: str, a: _Assumed) -> None:
@@ -443,9 +472,14 @@ class Scheduler:
             elif exc.status == 409:
                 self._bind_outage.success()
                 result = self._on_conflict(ns, name, key, a)
+            elif exc.status is not None and exc.status >= 500:  # e.g. a timeout after etcd took it: maybe bound
+                self._bind_outage.failure(pod=key, status=exc.status, reason=exc.reason)
+                result = self._on_conflict(ns, name, key, a, why=f"{exc.status} {exc.reason}")
+                if result == "error":
+                    self._report_unschedulable(pod, f"Binding rejected: {exc.status} {exc.reason}", force=True)
             else:
                 result = "error"
-                if exc.status is None or exc.status in (403, 429) or exc.status >= 500:
+                if exc.status is None or exc.status in (403, 429):
                     self._bind_outage.failure(pod=key, status=exc.status, reason=exc.reason)
                 else:
                     _log(logging.WARNING, "bind_failed", pod=key, node=node, status=exc.status, reason=exc.reason)
@@ -489,7 +523,9 @@ class Scheduler:
         Bound where planned with exactly our annotations (an earlier attempt of ours went through) -> ``bound``.
         Bound elsewhere or by someone else -> ``conflict``: the assumption is dropped and the pod is counted where
         the API says, with the winner's annotations; the pod is never written to (its annotations are the
-        winner's). Gone -> ``deleted``. Unbound, or unreadable -> ``error`` (planned again next cycle).
+        winner's). Gone -> ``deleted``. Unbound -> ``error`` (planned again next cycle). Unreadable (the API
+        does not answer) -> ``unknown``: the assumption is kept, since the binding may have gone through, and
+        the pod is read back again later (:meth:`_keep_unconfirmed`).
         """
         node = a.placement.node or ""
         try:
@@ -503,9 +539,7 @@ class Scheduler:
         except Exception:  # network trouble while reading back
             current = None
         if current is None:
-            _log(logging.INFO, "bind_unknown", pod=key, planned=node, why=why, action="plan again")
-            self._forget(key, a)
-            return "error"
+            return self._keep_unconfirmed(ns, name, key, a, why)
         bound_to = node_name_of(current)
         cmeta = current.get("metadata") or {}
         ann = annotations_of(current)
@@ -521,6 +555,42 @@ class Scheduler:
              their_gpus=ann.get(ANN_GPU_INDEX, "?") if ann.get(ANN_NODE) == bound_to else "?")
         self._forget(key, a)
         return "conflict"
+
+    def _keep_unconfirmed(self, ns: str, name: str, key: str, a: _Assumed, why: str) -> str:
+        """Neither the binding of ``key`` nor its read-back answered: it may be bound. The assumption (its GPUs)
+        is kept and the pod read back again after a backoff (``backoff_initial_s`` doubling up to
+        ``backoff_max_s``), on a binder, until the API answers (:meth:`_on_conflict`), the assumption is settled
+        otherwise (a new leadership, a stop) or ``bind_unknown_ttl_s`` passed since the outcome became unknown;
+        then it is forgotten with a warning. Returns ``unknown`` (or ``error`` once expired)."""
+        node = a.placement.node or ""
+        now = time.monotonic()
+        if a.unknown_since is None:
+            a.unknown_since = now
+        waited = now - a.unknown_since
+        if waited > self.config.bind_unknown_ttl_s:
+            _log(logging.WARNING, "bind_unknown", pod=key, planned=node, why=why, waited_s=round(waited, 1),
+                 action="no answer for bind_unknown_ttl_s: forgotten, planned again")
+            self._forget(key, a)
+            return "error"
+        delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** min(a.rechecks, 20))
+        if a.rechecks == 0:
+            _log(logging.INFO, "bind_unknown", pod=key, planned=node, why=why,
+                 action="assumption kept (it may be bound); reading back again")
+        a.rechecks += 1
+        timer = threading.Timer(delay, self._read_back_again, (ns, name, key, a, why))
+        timer.daemon = True
+        timer.start()
+        return "unknown"
+
+    def _read_back_again(self, ns: str, name: str, key: str, a: _Assumed, why: str) -> None:
+        """Timer callback of :meth:`_keep_unconfirmed`: hand the read-back to a binder unless settled meanwhile."""
+        with self._lock:
+            if self._stop.is_set() or self.assumed.get(key) is not a:
+                return
+        try:
+            self._pool.submit(self._on_conflict, ns, name, key, a, why)
+        except RuntimeError:  # stopping
+            pass
 
     # -- reporting
     def _report_unschedulable(self, pod: Mapping[str, Any], message: str, force: bool = False) -> None:
@@ -622,7 +692,8 @@ class Scheduler:
            ``pre.reason``) through ``pods/status``, then the real eviction (UID precondition, the pod's own grace
            period) and a ``Preempted`` Event on the victim. A refusal now (a PodDisruptionBudget changed since
            the dry run, the API failing) queues ``("evict_failed", victim, why)``
-           (:meth:`~gpupool.k8s.cache.model.ClusterModel.eviction_failed`).
+           (:meth:`~gpupool.k8s.cache.model.ClusterModel.eviction_failed`) and turns the victim's
+           ``DisruptionTarget`` False again (reason ``EvictionRefused``): it runs on.
 
         A replica that is not (or no longer) the leader evicts nothing and reports the preemption refused, so that
         the model drops what it holds for it. Metrics: ``inc_preemption(action)`` once a dry run passed,
@@ -662,14 +733,17 @@ class Scheduler:
         for key, uid in pre.victims:
             if key in gone:
                 continue
+            marked = True
             try:
                 self._mark_disruption_target(key, pre.reason)
             except ApiException as exc:
                 if exc.status == 404:
                     counts["gone"] += 1
                     continue
+                marked = False
                 _log(logging.INFO, "disruption_condition_failed", pod=key, reason=api_reason(exc))
             except Exception as exc:  # the condition is informative; the eviction decides
+                marked = False
                 _log(logging.INFO, "disruption_condition_failed", pod=key, reason=api_reason(exc))
             try:
                 self._evict(key, uid, dry_run=False)
@@ -677,10 +751,10 @@ class Scheduler:
                 if exc.status == 404:
                     counts["gone"] += 1
                     continue
-                self._eviction_failed(pre, key, api_reason(exc), counts)
+                self._eviction_failed(pre, key, api_reason(exc), counts, marked)
                 continue
             except Exception as exc:
-                self._eviction_failed(pre, key, api_reason(exc), counts)
+                self._eviction_failed(pre, key, api_reason(exc), counts, marked)
                 continue
             counts["evicted"] += 1
             _log(logging.INFO, "evicted", pod=key, preemption=pre.id, action=pre.action, preemptor=pre.preemptor)
@@ -690,11 +764,23 @@ class Scheduler:
         self.preemption_outcomes.append((pre.id, "evicted"))
         return "evicted"
 
-    def _eviction_failed(self, pre: Preemption, key: str, why: str, counts: dict[str, int]) -> None:
+    def _eviction_failed(self, pre: Preemption, key: str, why: str, counts: dict[str, int],
+                         marked: bool = False) -> None:
+        """The real eviction of victim ``key`` was refused (or did not answer): the model counts it again; the
+        ``DisruptionTarget=True`` set on it just before (``marked``) is turned False (reason ``EvictionRefused``),
+        since it runs on. Best effort: a failure is logged (Kubernetes' disruption controller clears a stale
+        condition after two minutes anyway)."""
         counts["failed"] += 1
         _log(logging.WARNING, "eviction_failed", pod=key, preemption=pre.id, reason=why)
         self._model_ops.append(("evict_failed", key, why))
         self.cache.changed.set()
+        if not marked:
+            return
+        try:
+            clear_disruption_target(self.api_client, key, f"gpupool's eviction ({pre.action}) was refused: {why}",
+                                    timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
+        except Exception as exc:  # informative only, as setting it
+            _log(logging.INFO, "disruption_condition_failed", pod=key, reason=api_reason(exc))
 
     def _nominate(self, pod: Mapping[str, Any], p: Placement) -> None:
         """``p`` is held on ``p.node`` while victims terminate: set the pod's ``status.nominatedNodeName`` (off the

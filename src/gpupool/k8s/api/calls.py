@@ -17,6 +17,7 @@ EVICTION_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
 POD_STATUS_PATH = "/api/v1/namespaces/{namespace}/pods/{name}/status"
 DISRUPTION_TARGET = "DisruptionTarget"  # the pod condition kube-scheduler sets on a preemption victim
 PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+EVICTION_REFUSED = "EvictionRefused"  # DisruptionTarget=False: the announced eviction was refused, the pod runs on
 
 Timeout = float | tuple[float, float] | None  # seconds: total, or (connect, read), as wire.call takes it
 
@@ -98,6 +99,21 @@ def mark_disruption_target(api_client: client.ApiClient, key: str, reason: str,
          path_params={"namespace": ns, "name": name})
 
 
+def clear_disruption_target(api_client: client.ApiClient, key: str, message: str,
+                            timeout: Timeout = None) -> None:
+    """PATCH (strategic merge, ``pods/status``) ``DisruptionTarget=False`` onto pod ``key``: the eviction
+    :func:`mark_disruption_target` announced was refused and the pod runs on (what Kubernetes' disruption
+    controller does to a stale condition after two minutes; reason ``EvictionRefused``, ``message`` why). Raises
+    :class:`ApiException` (``404``: the pod is gone) and transport errors."""
+    ns, name = split_key(key)
+    body = {"status": {"conditions": [{
+        "type": DISRUPTION_TARGET, "status": "False", "reason": EVICTION_REFUSED,
+        "message": message, "lastTransitionTime": _now()}]}}
+    call(api_client, "PATCH", POD_STATUS_PATH, body, content_type=STRATEGIC_PATCH,
+         timeout=timeout,
+         path_params={"namespace": ns, "name": name})
+
+
 def set_nominated_node(api_client: client.ApiClient, ns: str, name: str, node: str | None,
                        timeout: Timeout = None) -> None:
     """Merge-patch ``status.nominatedNodeName`` of pod ``ns/name`` to ``node`` (None: removed)."""
@@ -106,6 +122,6 @@ def set_nominated_node(api_client: client.ApiClient, ns: str, name: str, node: s
          path_params={"namespace": ns, "name": name})
 
 
-__all__ = ["EVICTION_PATH", "POD_STATUS_PATH", "DISRUPTION_TARGET", "PREEMPTION_BY_SCHEDULER", "Timeout",
-           "split_key", "post_binding", "read_pod", "set_unschedulable", "evict", "mark_disruption_target",
-           "set_nominated_node"]
+__all__ = ["EVICTION_PATH", "POD_STATUS_PATH", "DISRUPTION_TARGET", "PREEMPTION_BY_SCHEDULER", "EVICTION_REFUSED",
+           "Timeout", "split_key", "post_binding", "read_pod", "set_unschedulable", "evict", "mark_disruption_target",
+           "clear_disruption_target", "set_nominated_node"]

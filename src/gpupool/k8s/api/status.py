@@ -12,9 +12,11 @@ scheduling thread):
   ``scheduling.volcano.sh``), counts of its member pods and its phase in that CRD's own vocabulary.
 
 :class:`StatusWriter` sends them: a merge PATCH of the ``status`` subresource of each object whose status
-changed, at most every ``interval_s``, off the scheduling thread. It compares with what it wrote last (or, for
-an object it has not written or that changed since, with the status the watch shows), so a new leader does not
-rewrite statuses that are already right and conditions keep their ``lastTransitionTime``.
+changed, off the scheduling thread, rate-limited by coalescing: a round asked for within ``interval_s`` of the
+last one is deferred to ``last + interval_s`` (:meth:`StatusWriter.due_in`), never dropped. It compares with
+what it wrote last (or, for an object it has not written or that changed since, with the status the watch
+shows), so a new leader does not rewrite statuses that are already right and conditions keep their
+``lastTransitionTime``.
 """
 
 from __future__ import annotations
@@ -255,16 +257,17 @@ class StatusWriter:
     where scheduler-plugins' or Volcano's own controller writes PodGroup status). ``clock``: monotonic seconds;
     ``now``: the RFC 3339 time stamped on a condition that changes status.
 
-    :meth:`update` is called from the scheduling thread (once per cycle is fine: it returns at once until
-    ``interval_s`` passed). Per object it sends only the owned fields that differ from the base, where the base is
-    what it wrote last while the watch has not shown a newer object, else the status the object carries (so a new
-    leader, or a status another writer changed, is compared with what the API holds). A field it owns and no
+    :meth:`update` is called from the scheduling thread (once per cycle is fine: within ``interval_s`` of the last
+    round it returns at once and leaves a round due, which :meth:`due_in` tells the caller to come back for). Per
+    object it sends only the owned fields that differ from the base, where the base is what it wrote last while the
+    watch has not shown a newer object, else the status the object carries (so a new leader, or a status another
+    writer changed, is compared with what the API holds). A field it owns and no
     longer computes (e.g. ``fairShareGPUs`` once the pool is off) is cleared with ``null``. A ``404`` (object
     gone) or ``403`` (no grant) is logged at DEBUG and not retried until the object's resourceVersion changes;
     other failures are retried the next round. At most one PATCH per object is in flight.
     """
 
-    def __init__(self, api_client: Any, submit: Callable[[Callable[[], None]], Any], interval_s: float = 5.0,
+    def __init__(self, api_client: Any, submit: Callable[[Callable[[], None]], Any], interval_s: float = 0.5,
                  log: Callable[..., None] | None = None, *, timeout_s: float = 10.0, queues: bool = True,
                  pod_groups: bool = True, clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], str] = _rfc3339_now) -> None:
@@ -278,6 +281,7 @@ class StatusWriter:
         self.clock = clock
         self.now = now
         self._at = -1e18
+        self._due: float | None = None  # a round was asked for within interval_s of the last: when it is due
         self._lock = threading.Lock()
         # ref -> (status as last written, resourceVersion of the object when it was computed)
         self._sent: dict[Ref, tuple[dict[str, Any], str]] = {}
@@ -330,8 +334,10 @@ class StatusWriter:
             return 0
         t = self.clock()
         if not force and t - self._at < self.interval_s:
+            self._due = self._at + self.interval_s  # coalesced, never skipped: the caller comes back (due_in)
             return 0
         self._at = t
+        self._due = None
         want = self.desired(model, fair_shares)
         stamp = self.now()
         jobs: list[tuple[Ref, dict[str, Any], dict[str, Any], str]] = []
@@ -344,7 +350,10 @@ class StatusWriter:
                 kind, key = ref
                 obj = self._objects(model, kind).get(key)
                 rv = _rv(obj)
-                if ref in self._inflight or (ref in self._blocked and self._blocked[ref] == rv):
+                if ref in self._inflight:
+                    self._due = t + self.interval_s  # compared again once that write is done
+                    continue
+                if ref in self._blocked and self._blocked[ref] == rv:
                     continue
                 self._blocked.pop(ref, None)
                 sent = self._sent.get(ref)
@@ -397,6 +406,18 @@ class StatusWriter:
             # until the watch shows a newer object than the one at rv (ours, or later), compare with what was sent
             self._sent[ref] = (full, rv)
         self.log(logging.DEBUG, "status_written", kind=kind, object=key, fields=sorted(patch))
+
+    def due_in(self) -> float | None:
+        """Seconds until the round :meth:`update` deferred is due (0 when it is due now), None when none waits.
+
+        A call of :meth:`update` within ``interval_s`` of the last round (a change soon after a write), or a round
+        that found an object's PATCH still in flight, leaves a round due at ``last + interval_s``: the caller
+        calls :meth:`update` again then (the scheduler's loop wakes for it), so a change is written at most
+        ``interval_s`` after it, however rarely anything else happens."""
+        due = self._due
+        if due is None or self.interval_s <= 0:
+            return None
+        return max(0.0, due - self.clock())
 
     # -- introspection (tests, metrics)
     def sent(self, kind: str, key: str) -> dict[str, Any] | None:

@@ -211,6 +211,7 @@ class Reflector(threading.Thread):
         self.lists += 1
         self.listed_at = time.monotonic()
         self.synced.set()
+        self.cache.changed.set()  # again once synced: the loop may have looked before, then waited a resync
         self._log(logging.INFO, "listed", kind=self.kind, items=len(items), resource_version=self.resource_version)
 
     def _watch_once(self) -> None:
@@ -315,6 +316,7 @@ class Reflector(threading.Thread):
             self.cache.forbidden(self.kind, f"{status} Forbidden: list/watch {self.kind} not granted, or the API "
                                             "server is starting up")
         self.synced.set()
+        self.cache.changed.set()
         # Not granted may be a moment's trouble (an API server starting up): look again soon, then less often.
         self._sleep(self.config.optional_retry_s if status == 404 else self._backoff.next())
 

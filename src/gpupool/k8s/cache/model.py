@@ -54,6 +54,7 @@ from gpupool.k8s.cache.records import Assumption, NodeRecord, PodRecord, queue_c
 from gpupool.k8s.objects import nodes as inventory
 from gpupool.k8s.objects.fields import (
     RequestParseError,
+    deletion_time,
     is_terminal,
     is_waiting_for,
     node_name_of,
@@ -339,9 +340,10 @@ class ClusterModel:
                                     or (not node and not waiting)):
             self._drop_assumption(key)
             assumed = None
+        leaving = bool(node) and not terminal and self._leaving(rec)
         if old is not None and old.counted:
             same = (old.uid == rec.uid and old.node == node and not terminal and old.info == info
-                    and annotated_devices(old.obj) == annotated_devices(obj))
+                    and annotated_devices(old.obj) == annotated_devices(obj) and not leaving)
             if same:
                 rec.counted, rec.charge, rec.note = True, old.charge, old.note
                 self.pods[key] = rec
@@ -353,13 +355,20 @@ class ClusterModel:
             self.duplicates.setdefault(base, []).append(key)
         if assumed is not None and node == assumed.node:
             self._adopt(rec, assumed)
-        elif node and not terminal and not self._evicting(rec):
+        elif node and not terminal and not leaving and not self._evicting(rec):
             self._count(rec)
         self._set_pending(rec)
 
     def _evicting(self, rec: PodRecord) -> bool:
         """Is ``rec`` a preemption victim on its way out? Its devices already went to its preemptor."""
         return self.pool is not None and self.pool.is_evicting(rec.key, rec.uid)
+
+    def _leaving(self, rec: PodRecord) -> bool:
+        """Is ``rec`` (bound, not finished) a pool pod being deleted (``deletionTimestamp``) that the pool driver
+        takes as leaving (:meth:`~gpupool.k8s.cycle.pool.driver.PoolDriver.leaving`)? Then it is not counted: its
+        devices are freed-soon, and placements on its node wait for it to go."""
+        return (self.pool is not None and deletion_time(rec.obj) is not None
+                and bool(self.pool.leaving(rec)))
 
     def _set_pending(self, rec: PodRecord) -> None:
         if rec.waiting and rec.key not in self.assumed:

@@ -73,6 +73,16 @@ def is_terminal(pod: Mapping[str, Any]) -> bool:
     return mapping(status).get("phase") in ("Succeeded", "Failed")
 
 
+def deletion_time(pod: Mapping[str, Any]) -> float | None:
+    """When a pod being deleted (``metadata.deletionTimestamp``: the time its grace period ends) must be gone,
+    seconds since the epoch; None when it is not being deleted. An unreadable stamp reads as 0 (overdue)."""
+    stamp = meta_of(pod).get("deletionTimestamp") if isinstance(pod, Mapping) else None
+    if not stamp:
+        return None
+    at = parse_time(stamp)
+    return 0.0 if at is None else at
+
+
 def spec_unreadable(pod: Mapping[str, Any]) -> bool:
     """True when the pod's ``spec`` is there but not a mapping (which scheduler it names cannot be told)."""
     return not isinstance(pod, Mapping) or (pod.get("spec") is not None and not isinstance(pod.get("spec"), Mapping))

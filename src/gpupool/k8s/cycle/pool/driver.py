@@ -106,6 +106,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
         self.job_of: dict[str, str] = {}  # pod key -> job name
         self.held: dict[str, Held] = {}
         self.evicting: dict[str, Evicting] = {}
+        self.overdue: set[tuple[str, str]] = set()  # (pod, uid) taken as leaving that outlived its deadline
         self._pid = 0
         self._pending_names: set[str] = set()
         self._denominated: list[str] = []  # nominations that lapsed between cycles (reported with the next plan)
@@ -222,6 +223,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
             if rec.info is not None and rec.info.pod_group and not rec.terminal and rec.info.request.num_gpu:
                 sizes.setdefault(rec.info.pod_group, set()).add(rec.info.request.num_gpu)
         self.hetero = {g for g, n in sizes.items() if len(n) > 1}
+        self._adopt_leaving()  # victims in flight (a restart, a failover): leaving, not running
         names: set[str] = set()
         for key, rec in model.pods.items():
             if (rec.counted or key in model.assumed) and rec.info is not None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpupool.engine.pool.job import RUNNING
 from gpupool.k8s.cycle.plan import Placement
 from gpupool.k8s.cycle.pool.records import Evicting, JobInfo
-from gpupool.k8s.objects.jobs import gang_of
+from gpupool.k8s.objects.fields import deletion_time
+from gpupool.k8s.objects.jobs import gang_of, grace_s
 
 log = logging.getLogger("gpupool.k8s.pool")
 
@@ -60,6 +61,40 @@ class HoldsMixin:
                 self.pool.begin_run(job, now)  # type: ignore[union-attr]
         return out
 
+    def leaving(self, rec: Any) -> bool:
+        """Is pod record ``rec`` (bound, not finished, being deleted) a pool pod on its way out? Then it is taken
+        as a victim in flight (``evicting``), whoever deleted it: a preemption of this leader, of a leader before
+        a restart or failover (known from the object alone: its ``deletionTimestamp``, with the
+        ``DisruptionTarget`` condition an eviction sets), or its owner. It is not counted (not its queue's usage,
+        never chosen as a victim again, so no second eviction for the need that evicted it); its devices are
+        freed-soon: a placement there is nominated and bound once it is gone. It must be gone by its
+        ``deletionTimestamp`` plus ``slack_s``, else it lapses and is counted again (and not taken as leaving
+        again while that uid lives)."""
+        e = self.evicting.get(rec.key)
+        if e is not None and e.uid == rec.uid:
+            return True
+        if (rec.key, rec.uid) in self.overdue:
+            return False
+        name = self._name_of(rec)
+        if name is None or not rec.node:
+            return False
+        now = self.clock()
+        at = deletion_time(rec.obj)
+        deadline = (now + grace_s(rec.obj) if at is None else at) + self.slack_s
+        self.evicting[rec.key] = Evicting(rec.uid, rec.node, deadline, 0, name)
+        log.info("pod being deleted taken as leaving", extra={
+            "event": "victim_in_flight", "pod": rec.key, "node": rec.node, "job": name,
+            "disruption": _disruption_reason(rec.obj), "seconds_left": round(deadline - now, 1)})
+        return True
+
+    def _adopt_leaving(self) -> None:
+        """A rebuilt driver (first cycle, restart, failover, new state): the pool pods counted while being deleted
+        (counted before the queue tree was known) become victims in flight (:meth:`leaving`)."""
+        model = self.model
+        for key, rec in list(model.pods.items()):
+            if rec.counted and not rec.terminal and deletion_time(rec.obj) is not None and self.leaving(rec):
+                model.release_evicted(key)
+
     def is_evicting(self, key: str, uid: str) -> bool:
         """Is pod ``key`` (this ``uid``) a victim being evicted (not counted: its devices went to the preemptor)?"""
         e = self.evicting.get(key)
@@ -78,6 +113,9 @@ class HoldsMixin:
                 del self.evicting[key]
             elif now > e.deadline:
                 late.append(key)
+                self.overdue.add((key, e.uid))
+        for key, uid in [o for o in self.overdue if (r := self.model.pods.get(o[0])) is None or r.uid != o[1]]:
+            self.overdue.discard((key, uid))
         if late:
             self.stats["lapsed"] += 1
             log.warning("preempted pods did not terminate in time; nomination lapses",
@@ -149,3 +187,14 @@ class HoldsMixin:
             del self.evicting[key]
         self.held = {k: h for k, h in self.held.items() if k in self.model.assumed}
         self.pool = None
+
+
+def _disruption_reason(pod: Any) -> str:
+    """The reason of the pod's ``DisruptionTarget=True`` condition (``PreemptionByScheduler``,
+    ``EvictionByEvictionAPI``, ...), "" if none: why it is being deleted, for the log."""
+    status = pod.get("status") if isinstance(pod, Mapping) else None
+    conds = status.get("conditions") if isinstance(status, Mapping) else None
+    for cond in conds if isinstance(conds, list) else []:
+        if isinstance(cond, Mapping) and cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return str(cond.get("reason") or "")
+    return ""
