@@ -267,6 +267,27 @@ def test_scale_from_zero_needs_the_activation_threshold(world: World) -> None:
     assert (out.result, out.desired) == ("scaled", 3) and world.replicas() == 3
 
 
+def test_scale_to_zero_at_the_scale_down_policy_pace_keda7204(world: World) -> None:
+    """KEDA #7204: 4 replicas, load gone, scale-down 1 pod per 60 s, cooldown 300 s: the Deployment goes
+    4 -> 3 -> 2 -> 1 at the policy's pace, then to 0; never 4 -> 0 at the cooldown."""
+    world.deployment(replicas=4)
+    world.autoscaler(minReplicas=0, cooldownPeriod=300,
+                     behavior={"scaleDown": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}})
+    ctl = world.controller()
+    world.stub.set("llm_concurrency", 32.0)  # busy at the first sync: 4 replicas
+    seen = []
+    for step in range(60):  # a sync every 15 s for 15 minutes; idle from the second one
+        out = world.reconcile(ctl)
+        seen.append(world.replicas())
+        world.stub.set("llm_concurrency", 0.0)
+        world.clock.t += 15
+        if out.desired == 0:
+            break
+    drops = [b for a, b in zip(seen, seen[1:]) if b != a]
+    assert drops == [3, 2, 1, 0]
+    assert all(a - b <= 1 for a, b in zip(seen, seen[1:]))
+
+
 def test_zero_replicas_with_min_one_is_scaling_disabled(world: World) -> None:
     """As the HPA: a target scaled to 0 by hand is left alone when minReplicas > 0."""
     world.deployment(replicas=0)
