@@ -276,16 +276,16 @@ def test_scale_to_zero_at_the_scale_down_policy_pace_keda7204(world: World) -> N
     ctl = world.controller()
     world.stub.set("llm_concurrency", 32.0)  # busy at the first sync: 4 replicas
     seen = []
-    for step in range(60):  # a sync every 15 s for 15 minutes; idle from the second one
+    for _ in range(60):  # a sync every 15 s for 15 minutes; idle from the second one
         out = world.reconcile(ctl)
         seen.append(world.replicas())
         world.stub.set("llm_concurrency", 0.0)
         world.clock.t += 15
         if out.desired == 0:
             break
-    drops = [b for a, b in zip(seen, seen[1:]) if b != a]
+    drops = [b for a, b in zip(seen, seen[1:], strict=False) if b != a]
     assert drops == [3, 2, 1, 0]
-    assert all(a - b <= 1 for a, b in zip(seen, seen[1:]))
+    assert all(a - b <= 1 for a, b in zip(seen, seen[1:], strict=False))
 
 
 def test_zero_replicas_with_min_one_is_scaling_disabled(world: World) -> None:
