@@ -421,6 +421,18 @@ def _obj(**spec: Any) -> dict[str, Any]:
             "spec": {**base, **spec}}
 
 
+def test_slice_policy_sizes_mig_by_the_device_memory_dcgm544() -> None:
+    """A replica needing 10,000 MiB on an H100: 1g.10gb has 9,984 MiB (not the name's 10,240), so a policy
+    allowing only it is refused, and with 1g.20gb allowed the slice offered is that one."""
+    policy = {"gpuModel": "H100", "demandMetric": "gpu_util", "memoryMiB": 10000,
+              "capacityPerReplica": {"1g.10gb": 4}}
+    with pytest.raises(SpecError) as err:
+        parse_gpu_autoscaler(_obj(slicePolicy=policy))
+    assert err.value.field == "spec.slicePolicy.memoryMiB" and "9984 MiB" in str(err.value)
+    cfg = parse_gpu_autoscaler(_obj(slicePolicy={**policy, "memoryMiB": 9984}))
+    assert cfg.slice_policy is not None and cfg.slice_policy.memory_mib == 9984
+
+
 def test_default_queries_are_filled_for_the_target() -> None:
     cfg = parse_gpu_autoscaler(_obj())
     (m,) = cfg.metrics
