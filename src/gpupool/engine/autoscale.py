@@ -107,7 +107,9 @@ __all__ = [
     "ScalingRules",
 ]
 
-#: Metric names the recommender understands. ``gpu_util`` is ``DCGM_FI_DEV_GPU_UTIL``, ``tensor_active``
+#: Metric names the recommender understands. ``gpu_util`` is the utilisation of the GPU a replica runs on:
+#: ``DCGM_FI_DEV_GPU_UTIL`` on a whole GPU, ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` x 100 on a MIG instance (dcgm-exporter
+#: #216: DCGM_FI_DEV_GPU_UTIL reads 0 there, which would scale a busy MIG service down); ``tensor_active``
 #: ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` x 100; both and ``cpu_util`` in percent (0..100).
 METRICS = ("concurrency", "queue_depth", "rps", "latency_p95_s", "latency_p99_s", "gpu_util", "tensor_active",
            "cpu_util")
@@ -129,7 +131,7 @@ _METRIC_ALIASES = {
     "queueDepth": "queue_depth", "queue": "queue_depth", "requestsPerSecond": "rps", "RPS": "rps",
     "latencyP95": "latency_p95_s", "latencyP99": "latency_p99_s", "p95Latency": "latency_p95_s",
     "p99Latency": "latency_p99_s", "gpuUtil": "gpu_util", "gpuUtilization": "gpu_util",
-    "DCGM_FI_DEV_GPU_UTIL": "gpu_util", "tensorActive": "tensor_active",
+    "DCGM_FI_DEV_GPU_UTIL": "gpu_util", "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gpu_util", "tensorActive": "tensor_active",
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active", "cpuUtil": "cpu_util", "cpu": "cpu_util",
     "cpuUtilization": "cpu_util",
 }
