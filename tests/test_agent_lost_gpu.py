@@ -43,7 +43,7 @@ class NodeStub:
         return True
 
 
-def agent_report(backend: FakeBackend, publisher: Any = None) -> Any:
+def agent_report(backend: Any, publisher: Any = None) -> Any:
     clock = FakeClock()
     agent = Agent(backend, publisher, HealthTracker(clock=clock.now), clock=clock)
     return agent.round()
@@ -110,6 +110,21 @@ def test_agent_takes_the_identity_of_an_unreadable_gpu_from_its_last_inventory()
     assert [g["uuid"] for g in gpus] == [g["uuid"] for g in before["gpus"]]
     assert (gpus[3]["healthy"], gpus[3]["reason"], gpus[3]["product"]) == (False, "FellOffTheBus",
                                                                            "NVIDIA H100 80GB HBM3")
+
+
+def test_agent_over_nvml_reports_a_gpu_lost_before_it_was_read():
+    """The real NvmlBackend over a stand-in pynvml: GPU 1 answers NVML_ERROR_GPU_IS_LOST from the start."""
+    from gpupool.agent.fake import nvml_standin
+    from gpupool.agent.nvml import NvmlBackend
+    from test_agent_backend import two_gpu_recording
+
+    doc = two_gpu_recording()
+    doc["gpus"][1]["lost"] = True
+    report = agent_report(NvmlBackend(nvml_standin(doc)))
+    gpus = report.inventory["gpus"]
+    assert [(g["index"], g["healthy"], g["reason"]) for g in gpus] == [(0, True, ""), (1, False, "FellOffTheBus")]
+    [cond] = [c for c in report.conditions if c.type == "GpuHealthy"]
+    assert cond.status == "False" and "index 1" in cond.message
 
 
 # ------------------------------------------------------------------ the scheduler

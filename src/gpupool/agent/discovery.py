@@ -333,13 +333,13 @@ def remember_lost(inventory: Mapping[str, Any], previous: Iterable[Mapping[str, 
 def inventory_faults(inventory: Mapping[str, Any], health: Mapping[str, GpuHealth]) -> dict[str, GpuHealth]:
     """``health`` plus an unhealthy entry for each GPU of ``inventory`` that is lost or missing
     (:data:`LOST_REASON`, :data:`MISSING_REASON`) and that ``health`` does not already hold by UUID, so
-    that the ``GpuHealthy`` condition names it too. A GPU without a UUID is keyed ``"GPU <index>"``; the
-    tracker's entry for samples without a UUID (``""``) is dropped."""
+    that the ``GpuHealthy`` condition names it too. A GPU without a UUID is keyed ``"(UUID unknown) at index
+    <index>"``; the tracker's entry for samples without a UUID (``""``) is dropped."""
     out = {u: h for u, h in health.items() if u}
     for g in inventory.get("gpus") or []:
         if not isinstance(g, Mapping) or g.get("reason") not in (LOST_REASON, MISSING_REASON):
             continue
-        key = str(g.get("uuid") or f"GPU {g.get('index')}")
+        key = str(g.get("uuid") or f"(UUID unknown) at index {g.get('index')}")
         if key in out and not out[key].healthy:
             continue
         if g.get("reason") == MISSING_REASON:
