@@ -468,4 +468,6 @@ def test_inventory_listing_fewer_gpus_with_a_bad_one_marks_the_whole_node():
     n = k8s_node(8, {"version": 1, "gpus": [{"index": 0, "uuid": "GPU-a", "healthy": False},
                                              {"index": 1, "uuid": "GPU-b", "healthy": True}]})
     spec = kinv.node_spec_from_node(n)
-    assert kinv.agent_marked(n, spec) == tuple(range(8))  # never a failed GPU in a healthy one's place
+    # never more GPUs than the agent calls healthy (issue 29), and never a failed GPU in a healthy one's place:
+    # the one healthy GPU, by its identity
+    assert spec.gpu_count == 1 and spec.gpu_ids == ("GPU-b",) and kinv.agent_marked(n, spec) == ()

@@ -207,6 +207,46 @@ def test_scale_to_zero_after_cooldown_and_activation_from_zero() -> None:
     assert out.replicas == 3 and "activated" in out.reason
 
 
+def _replay(r: Recommender, replicas: int, load: dict[float, float], until: float, step: float = 15.0
+            ) -> list[tuple[float, int]]:
+    """Evaluate every ``step`` s from t = 0 applying each recommendation; ``load``: time -> concurrency from then
+    on. Returns the (time, replicas) of every change."""
+    changes, t, value = [], 0.0, 0.0
+    while t <= until:
+        value = load.get(t, value)
+        out = r.recommend(t, replicas, {"concurrency": value}).replicas
+        if out != replicas:
+            changes.append((t, out))
+            replicas = out
+        t += step
+    return changes
+
+
+def test_scale_to_zero_honours_the_scale_down_policy_keda7204() -> None:
+    """KEDA #7204 / #7770: 4 replicas, load gone, scale-down 1 pod per 60 s (HPA default stabilization 300 s),
+    cooldown 300 s: 4 -> 3 -> 2 -> 1 at the policy's pace, then 0 (never 4 -> 0 in one step at the cooldown)."""
+    one_a_minute = ScalingRules(300.0, (ScalingPolicy("Pods", 1, 60.0),))
+    r = rec(MetricTarget("concurrency", 10, activation=0), min_replicas=0, cooldown_s=300, scale_down=one_a_minute)
+    # busy at t = 0 (40 in flight: 4 replicas), idle from t = 15; the 300 s window holds 4 until t = 300
+    assert _replay(r, 4, {0.0: 40.0, 15.0: 0.0}, until=900) == [(300, 3), (360, 2), (420, 1), (480, 0)]
+
+
+def test_scale_to_zero_waits_for_the_cooldown_after_reaching_one() -> None:
+    one_a_minute = ScalingRules(0.0, (ScalingPolicy("Pods", 1, 60.0),))
+    r = rec(MetricTarget("concurrency", 10, activation=0), min_replicas=0, cooldown_s=300, scale_down=one_a_minute)
+    # no stabilization: down at once at 1 pod a minute to 1 (t = 135), then 0 at the cooldown (t = 300)
+    assert _replay(r, 4, {0.0: 40.0, 15.0: 0.0}, until=900) == [(15, 3), (75, 2), (135, 1), (300, 0)]
+    out = rec(MetricTarget("concurrency", 10), min_replicas=0, cooldown_s=30, scale_down=one_a_minute)
+    steps = _replay(out, 3, {0.0: 0.0}, until=600)
+    assert steps == [(0, 2), (60, 1), (120, 0)]  # cooldown long past: the last step still 60 s after the one before
+
+
+def test_scale_to_zero_with_the_default_policy_is_one_step() -> None:
+    r = rec(MetricTarget("concurrency", 10), min_replicas=0, cooldown_s=300, scale_down=NO_WINDOWS_DOWN)
+    # HPA default 100 % per 15 s allows 0 at once: 4 -> 1 (floor 1 under KEDA), then 0 at the cooldown
+    assert _replay(r, 4, {0.0: 0.0}, until=600) == [(0, 1), (300, 0)]
+
+
 def test_scale_from_zero_at_least_one() -> None:
     r = rec(MetricTarget("gpu_util", 60, activation=1), min_replicas=0)
     # a percent metric gives no total to size with: 1 replica

@@ -267,6 +267,67 @@ def test_scale_from_zero_needs_the_activation_threshold(world: World) -> None:
     assert (out.result, out.desired) == ("scaled", 3) and world.replicas() == 3
 
 
+def _dcgm(pods: list[str], value: float, mig: bool, node: str = "gpu-1") -> list[tuple[dict[str, str], float]]:
+    """dcgm-exporter series, one per pod: on GPU i, or on MIG instance i of GPU 0 (labels GPU_I_ID/PROFILE)."""
+    out = []
+    for i, pod in enumerate(pods):
+        labels = {"namespace": NS, "pod": pod, "container": "vllm", "Hostname": node, "modelName": "NVIDIA H100 "
+                  "80GB HBM3", "gpu": "0" if mig else str(i), "UUID": f"GPU-{0 if mig else i}"}
+        if mig:
+            labels |= {"GPU_I_ID": str(7 + i), "GPU_I_PROFILE": "1g.10gb"}
+        out.append((labels, value))
+    return out
+
+
+def test_mig_service_keeps_its_replicas_on_gpu_util_dcgm216(world: World) -> None:
+    """dcgm-exporter #216 (DCGM #80): 4 busy replicas on MIG 1g.10gb instances, scaled on gpu_util (target 70 %,
+    the default query): DCGM_FI_DEV_GPU_UTIL reads 0 on each instance, the graphics engine is 90 % active. The
+    controller reads the MIG instances from DCGM_FI_PROF_GR_ENGINE_ACTIVE: 90 % -> no scale-down (4 -> 1
+    before)."""
+    world.deployment(replicas=4, resources={"limits": {"nvidia.com/mig-1g.10gb": "1"}})
+    world.autoscaler(metrics=[{"name": "gpu_util", "target": 70}],
+                     behavior={"scaleDown": {"stabilizationWindowSeconds": 0}})
+    cfg = parse_gpu_autoscaler(world.get())
+    (m,) = cfg.metrics
+    pods = [f"llm-5d4f8b7c9-{c}" for c in "abcd"]
+    # what Prometheus answers for each expression over the same dcgm-exporter data
+    world.stub.set(m.query, _dcgm(pods, 0.0, mig=True))
+    world.stub.set(m.query.join(("avg(", ")")), 0.0)  # the default query before: avg over the MIG series
+    world.stub.set(m.instance_query, _dcgm(pods, 90.0, mig=True))  # 100 x 0.9
+    ctl = world.controller()
+    out = world.reconcile(ctl)
+    assert out.samples == {"gpu_util": 90.0} and world.replicas() >= 4
+    world.clock.t += 400
+    out = world.reconcile(ctl)
+    assert world.replicas() >= 4  # 4 x 90 / 70 = 5.1 -> 6: kept (scaled up), never down to 1
+    # whole GPUs keep DCGM_FI_DEV_GPU_UTIL; a MIG instance with no profiling reading is unknown, not idle
+    world.stub.set(m.query, _dcgm(pods[:2], 35.0, mig=False) + _dcgm(pods[2:], 0.0, mig=True))
+    world.stub.set(m.instance_query, _dcgm(pods[2:3], 85.0, mig=True))
+    world.clock.t += 15
+    assert world.reconcile(ctl).samples == {"gpu_util": pytest.approx((35.0 + 35.0 + 85.0) / 3)}
+
+
+def test_scale_to_zero_at_the_scale_down_policy_pace_keda7204(world: World) -> None:
+    """KEDA #7204: 4 replicas, load gone, scale-down 1 pod per 60 s, cooldown 300 s: the Deployment goes
+    4 -> 3 -> 2 -> 1 at the policy's pace, then to 0; never 4 -> 0 at the cooldown."""
+    world.deployment(replicas=4)
+    world.autoscaler(minReplicas=0, cooldownPeriod=300,
+                     behavior={"scaleDown": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}})
+    ctl = world.controller()
+    world.stub.set("llm_concurrency", 32.0)  # busy at the first sync: 4 replicas
+    seen = []
+    for _ in range(60):  # a sync every 15 s for 15 minutes; idle from the second one
+        out = world.reconcile(ctl)
+        seen.append(world.replicas())
+        world.stub.set("llm_concurrency", 0.0)
+        world.clock.t += 15
+        if out.desired == 0:
+            break
+    drops = [b for a, b in zip(seen, seen[1:], strict=False) if b != a]
+    assert drops == [3, 2, 1, 0]
+    assert all(a - b <= 1 for a, b in zip(seen, seen[1:], strict=False))
+
+
 def test_zero_replicas_with_min_one_is_scaling_disabled(world: World) -> None:
     """As the HPA: a target scaled to 0 by hand is left alone when minReplicas > 0."""
     world.deployment(replicas=0)
@@ -400,10 +461,26 @@ def _obj(**spec: Any) -> dict[str, Any]:
             "spec": {**base, **spec}}
 
 
+def test_slice_policy_sizes_mig_by_the_device_memory_dcgm544() -> None:
+    """A replica needing 10,000 MiB on an H100: 1g.10gb has 9,984 MiB (not the name's 10,240), so a policy
+    allowing only it is refused, and with 1g.20gb allowed the slice offered is that one."""
+    policy = {"gpuModel": "H100", "demandMetric": "gpu_util", "memoryMiB": 10000,
+              "capacityPerReplica": {"1g.10gb": 4}}
+    with pytest.raises(SpecError) as err:
+        parse_gpu_autoscaler(_obj(slicePolicy=policy))
+    assert err.value.field == "spec.slicePolicy.memoryMiB" and "9984 MiB" in str(err.value)
+    cfg = parse_gpu_autoscaler(_obj(slicePolicy={**policy, "memoryMiB": 9984}))
+    assert cfg.slice_policy is not None and cfg.slice_policy.memory_mib == 9984
+
+
 def test_default_queries_are_filled_for_the_target() -> None:
     cfg = parse_gpu_autoscaler(_obj())
     (m,) = cfg.metrics
-    assert m.query == 'avg(DCGM_FI_DEV_GPU_UTIL{namespace="ns1",pod=~"llm-[a-z0-9]+-[a-z0-9]+"})'
+    assert m.query == 'DCGM_FI_DEV_GPU_UTIL{namespace="ns1",pod=~"llm-[a-z0-9]+-[a-z0-9]+"}'  # averaged by the client
+    assert m.instance_query == \
+        '100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{namespace="ns1",pod=~"llm-[a-z0-9]+-[a-z0-9]+",GPU_I_ID!=""}'
+    assert parse_gpu_autoscaler(_obj(metrics=[{"name": "gpu_util", "target": 70, "query": "q"}])).metrics[0] \
+        .instance_query == ""  # a query the user wrote is taken as it is
     assert m.reduce == "avg" and cfg.engine_spec.max_replicas == 5 and cfg.min_replicas == 1
     sts = TargetRef("apps/v1", "StatefulSet", "db.v2")
     assert pod_regex(sts) == "db\\\\.v2-[0-9]+"

@@ -20,7 +20,14 @@ from typing import Any
 
 import pytest
 
-from gpupool.k8s.autoscaler.prometheus import PrometheusClient, PrometheusError, parse_response, reduce_samples
+from gpupool.k8s.autoscaler.prometheus import (
+    PrometheusClient,
+    PrometheusError,
+    Sample,
+    parse_response,
+    per_instance,
+    reduce_samples,
+)
 
 Series = list[tuple[Mapping[str, str], float | str]]
 # Prometheus's duration parameters: seconds as a number ("1.5"), or whole numbers with units ("1m30s", "1500ms")
@@ -298,3 +305,15 @@ def test_cli_help_names_the_retried_statuses() -> None:
 
     out = " ".join(CliRunner().invoke(app, ["autoscaler", "--help"], env={"COLUMNS": "200"}).output.split())
     assert "/".join(map(str, RETRY_STATUS)) in out and "5xx" not in out
+
+
+def test_per_instance_reads_mig_instances_from_their_own_metric_dcgm216() -> None:
+    """dcgm-exporter #216: DCGM_FI_DEV_GPU_UTIL is 0 on MIG instances; their series come from the per-instance
+    query, whole GPUs keep theirs, an instance with no reading there is left out (not 0)."""
+    whole = [Sample({"gpu": "0", "pod": "a"}, 1.0, 40.0),
+             Sample({"gpu": "1", "GPU_I_ID": "7", "pod": "b"}, 1.0, 0.0),
+             Sample({"gpu": "1", "GPU_I_ID": "8", "pod": "c"}, 1.0, 0.0)]
+    mig = [Sample({"gpu": "1", "GPU_I_ID": "7", "pod": "b"}, 1.0, 80.0), Sample({"gpu": "2", "pod": "x"}, 1.0, 5.0)]
+    got = per_instance(whole, mig)
+    assert [(s.labels.get("pod"), s.value) for s in got] == [("a", 40.0), ("b", 80.0)]
+    assert reduce_samples(got, "avg") == 60.0

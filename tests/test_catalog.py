@@ -130,11 +130,33 @@ def test_mig_profiles_match_reference() -> None:
 
 def test_mig_profiles_a100_80gb() -> None:
     profiles = get_model("A100-80GB").mig_profiles
-    assert profiles[0] == MigProfile("1g.10gb", 7, 10 * 1024, 1, 1)
+    assert profiles[0] == MigProfile("1g.10gb", 7, 10 * 1024, 1, 1, usable_memory_mib=9728, sm_count=14)
     assert mig_profile("A100-80GB", "1g.10gb").max_instances == 7
-    assert mig_profile("A100-80GB", "3g.40gb") == MigProfile("3g.40gb", 2, 40 * 1024, 3, 4)
+    assert mig_profile("A100-80GB", "3g.40gb") == MigProfile("3g.40gb", 2, 40 * 1024, 3, 4, 40192, 42)
     assert mig_profile(get_model("A100-80GB"), "7g.80gb").compute_slices == 7
-    assert get_model("A100-80GB").mig_profiles == get_model("H100").mig_profiles
+    # the same names and shapes as the H100's, but not the same device figures (dcgm-exporter #544)
+    h100 = get_model("H100").mig_profiles
+    assert [(p.name, p.max_instances, p.memory_slices) for p in profiles] == [
+        (p.name, p.max_instances, p.memory_slices) for p in h100]
+    assert mig_profile("H100", "1g.10gb").usable_memory_mib == 9984
+
+
+DGX_H100 = Path(__file__).parents[1] / "examples/agent/dgx-h100.yaml"
+
+
+def test_mig_usable_memory_is_what_the_device_reports() -> None:
+    """Every MIG profile of the catalog carries the device's figure (below the name's); the H100's are those of
+    ``nvidia-smi mig -lgip`` as the agent's DGX H100 description has them."""
+    import yaml
+
+    for m in CATALOG.values():
+        for p in m.mig_profiles:
+            assert 0 < p.usable_memory_mib < p.memory_mib and p.sm_count > 0, (m.name, p.name)
+    listed = {p["name"]: p for p in yaml.safe_load(DGX_H100.read_text())["defaults"]["mig_profiles"]}
+    for p in get_model("H100").mig_profiles:
+        row = listed[p.name]
+        assert (p.usable_memory_mib, p.sm_count, p.max_instances) == (
+            row["memory_mib"], row["sms"], row["instances"]), p.name
 
 
 def test_only_mig_capable_models_have_profiles() -> None:
@@ -244,4 +266,5 @@ def test_h200_usable_mig_memory_below_nominal() -> None:
     for p in get_model("H200").mig_profiles:
         assert 0 < p.usable_memory_mib < p.memory_mib and p.sm_count > 0
     assert [p.sm_count for p in get_model("H200").mig_profiles] == [16, 26, 32, 60, 64, 132]
-    assert all(p.usable_memory_mib == 0 for p in get_model("A100-80GB").mig_profiles)  # not measured there
+    assert [p.usable_memory_mib for p in get_model("A100-80GB").mig_profiles] == [
+        9728, 19968, 19968, 40192, 40192, 81152]

@@ -307,3 +307,21 @@ def test_synthetic_scenario_with_crashes_runs_every_policy_kind() -> None:
     assert all(r["unfinished"] == 0 for r in rows.values())
     assert rows["keda"]["replicas_max"] <= 3  # maxReplicas 9 cut to the 3-GPU pool
     assert run.explanations["gpupool"].startswith("gpupool: ")
+
+
+def test_scale_to_zero_in_the_simulator_follows_the_scale_down_policy_keda7204() -> None:
+    """KEDA #7204 in the inference simulator: load for two minutes, then none; scale-down 1 pod per 60 s,
+    cooldown 300 s, minReplicas 0: the replicas come down one at a time, at least 60 s apart, to 0."""
+    from gpupool.engine.autoscale import ScalingPolicy, ScalingRules
+
+    n = 1200
+    wl = _wl([i * 0.1 for i in range(n)], [200] * n, [200] * n, duration=1500.0)  # 10 req/s for 120 s
+    spec = AutoscalerSpec(metrics=(MetricTarget("concurrency", 2, activation=0),), min_replicas=0, max_replicas=4,
+                          cooldown_s=300, scale_down=ScalingRules(300.0, (ScalingPolicy("Pods", 1, 60.0),)))
+    r = simulate(wl, TABLE, RecommenderPolicy("keda", "1xH200", spec), slo_s=60)
+    t, reps = r.series["t_s"], [int(x) for x in r.series["replicas"]]
+    assert max(reps) >= 3 and reps[-1] == 0
+    peak = reps.index(max(reps))
+    drops = [(t[i], reps[i - 1] - reps[i]) for i in range(peak + 1, len(reps)) if reps[i] < reps[i - 1]]
+    assert all(d == 1 for _, d in drops), drops
+    assert all(b - a >= 60 for (a, _), (b, _) in zip(drops, drops[1:], strict=False)), drops

@@ -33,9 +33,22 @@ def test_h200_slice_options() -> None:
     assert H200["2xH200"] == SliceOption("whole", "2xH200", 2.0, 287542, 2.0)
 
 
-def test_unmeasured_model_falls_back_to_nominal_and_slices() -> None:
+def test_mig_memory_is_what_the_device_reports_not_the_name_dcgm544() -> None:
+    """dcgm-exporter #544, #397, GFD #7: an H100 / A100 ``1g.10gb`` has 9,984 / 9,728 MiB, not 10 x 1024."""
+    h100 = {o.name: o for o in slice_catalog("H100")}
     a100 = {o.name: o for o in slice_catalog("NVIDIA-A100-SXM4-80GB")}
-    assert a100["1g.10gb"].memory_mib == 10240 and a100["1g.10gb"].compute_fraction == 1 / 7
+    assert h100["1g.10gb"].memory_mib == 9984 and a100["1g.10gb"].memory_mib == 9728
+    assert h100["7g.80gb"].memory_mib == 81152 and h100["1g.10gb"].compute_fraction == 16 / 132
+    assert a100["1g.10gb"].compute_fraction == 14 / 98
+    assert {o.name: o.memory_mib for o in slice_catalog("A100-40GB") if o.kind == "mig"} == {
+        "1g.5gb": 4864, "1g.10gb": 9856, "2g.10gb": 9856, "3g.20gb": 19968, "4g.20gb": 19968, "7g.40gb": 40192}
+    # a replica needing 10,000 MiB does not fit a 1g.10gb (its name would say 10,240)
+    cap = {"1g.10gb": 4.0, "1g.20gb": 4.0, "1xH100": 30.0}
+    c = RightSizer(slice_catalog("H100")).choose(0, 3.0, cap, memory_need_mib=10000)
+    assert c.option.name == "1g.20gb"
+
+
+def test_non_mig_model_slices() -> None:
     assert [o.kind for o in slice_catalog("T4")] == ["timeslice"] * 2 + ["whole"] * 4  # no MIG on T4
     with pytest.raises(ValueError, match="G1"):
         slice_catalog("G1")

@@ -23,14 +23,24 @@ Conventions used for every entry (each entry's ``source`` says where its own fig
   than their tensor peak, and P100, which has no tensor cores (its plain FP16 peak is used), does better
   in real training than its 0.15 suggests. Treat them as a consistent ordering, not predicted speedups.
 * MIG profile ``memory_mib`` is the nominal size in the profile name (``1g.10gb`` -> 10 x 1024 MiB),
-  exactly as the NVIDIA MIG user guide / mig-parted names them; the usable size is slightly smaller
-  (GFD reports ``nvidia.com/mig-1g.10gb.memory`` = 9728 on A100-80GB, 9984 on H100).
-  ``usable_memory_mib`` and ``sm_count`` carry the measured figures where a real device's profile table is
-  at hand (0 = not measured): for H200 they come from NVML ``nvmlDeviceGetGpuInstanceProfileInfo``
-  (``memorySizeMB``, ``multiprocessorCount``) and ``nvidia-smi mig -lgip`` on a real H200 (driver 580.159.04,
-  ``shared/reference/nvml-h200``): 1g.18gb has 16384 MiB and 16 SMs, 1g.35gb 33280 / 26, 2g.35gb 33280 / 32,
-  3g.71gb 71424 / 60, 4g.71gb 71424 / 64, 7g.141gb 143360 / 132. (The H200 also offers ``1g.18gb+me``, one
-  instance of 1g.18gb with the media engines; it is left out of the catalog's six-profile set.)
+  exactly as the NVIDIA MIG user guide / mig-parted names them. It is **not** what a pod gets: the device
+  reports less for each profile (dcgm-exporter #544, #397, GFD #7), and that figure is
+  ``usable_memory_mib`` (NVML ``nvmlDeviceGetGpuInstanceProfileInfo`` ``memorySizeMB``, the ``Memory`` column
+  of ``nvidia-smi mig -lgip`` x 1024, GFD's ``nvidia.com/mig-<profile>.memory``), with ``sm_count``. Sizing
+  uses ``usable_memory_mib`` (:func:`gpupool.engine.rightsize.slice_catalog`).
+
+  * H200: NVML and ``nvidia-smi mig -lgip`` on a real H200 (driver 580.159.04,
+    ``shared/reference/nvml-h200``): 1g.18gb has 16384 MiB and 16 SMs, 1g.35gb 33280 / 26, 2g.35gb
+    33280 / 32, 3g.71gb 71424 / 60, 4g.71gb 71424 / 64, 7g.141gb 143360 / 132. (The H200 also offers
+    ``1g.18gb+me``, one instance of 1g.18gb with the media engines; it is left out of the catalog's six-profile
+    set, as ``+me`` is for the others.)
+  * H100 80GB HBM3: ``nvidia-smi mig -lgip`` in the NVIDIA MIG user guide ("H100 MIG profiles"), the same
+    figures as ``examples/agent/dgx-h100.yaml``: 1g.10gb 9984 MiB (9.75 GiB) / 16 SMs, 1g.20gb 20096 / 26,
+    2g.20gb 20096 / 32, 3g.40gb 40448 / 60, 4g.40gb 40448 / 64, 7g.80gb 81152 / 132.
+  * A100 80GB: the same guide's A100-SXM4-80GB listing: 1g.10gb 9728 MiB (9.50 GiB) / 14 SMs, 1g.20gb
+    19968 / 14, 2g.20gb 19968 / 28, 3g.40gb 40192 / 42, 4g.40gb 40192 / 56, 7g.80gb 81152 / 98.
+  * A100 40GB: its A100-SXM4-40GB listing: 1g.5gb 4864 MiB (4.75 GiB) / 14, 1g.10gb 9856 / 14, 2g.10gb
+    9856 / 28, 3g.20gb 19968 / 42, 4g.20gb 19968 / 56, 7g.40gb 40192 / 98.
 """
 
 from __future__ import annotations
@@ -45,8 +55,9 @@ class MigProfile:
     ``compute_slices`` of 7.
 
     ``memory_slices`` is how many of the GPU's 8 memory slices the profile takes (MIG user guide).
-    ``usable_memory_mib``: memory a process can use (NVML ``memorySizeMB``), below the nominal
-    ``memory_mib``; ``sm_count``: streaming multiprocessors of the instance; both 0 when not measured.
+    ``memory_mib`` is the nominal size in the name (never the memory to size with); ``usable_memory_mib``:
+    memory the device reports for the profile (NVML ``memorySizeMB``), below ``memory_mib``; ``sm_count``:
+    streaming multiprocessors of the instance; both 0 when not measured.
     """
 
     name: str
@@ -108,31 +119,27 @@ def _mig(name: str, max_instances: int, memory_slices: int, usable_memory_mib: i
     )
 
 
-def _mig_set(g1_small: str, g1_big: str, g2: str, g3: str, g4: str, g7: str) -> tuple[MigProfile, ...]:
-    """The six-profile set A100/H100/H200 share: 1g x7, 1g (double memory) x4, 2g x3, 3g x2, 4g x1, 7g x1."""
-    return (
-        _mig(g1_small, 7, 1),
-        _mig(g1_big, 4, 2),
-        _mig(g2, 3, 2),
-        _mig(g3, 2, 4),
-        _mig(g4, 1, 4),
-        _mig(g7, 1, 8),
-    )
+def _mig_set(names: tuple[str, str, str, str, str, str], usable_mib: tuple[int, int, int, int, int, int],
+             sms: tuple[int, int, int, int, int, int]) -> tuple[MigProfile, ...]:
+    """The six-profile set A100/H100/H200 share: 1g x7, 1g (double memory) x4, 2g x3, 3g x2, 4g x1, 7g x1;
+    ``usable_mib`` / ``sms``: what the device reports for each (``nvidia-smi mig -lgip``), in that order."""
+    shape = ((7, 1), (4, 2), (3, 2), (2, 4), (1, 4), (1, 8))
+    return tuple(_mig(n, k, mem_slices, usable_memory_mib=u, sm_count=sm)
+                 for n, (k, mem_slices), u, sm in zip(names, shape, usable_mib, sms, strict=True))
 
 
 _MIG_SOURCE = "MIG profiles: NVIDIA MIG user guide (supported profiles) / NVIDIA mig-parted default config"
 
-_MIG_A100_40GB = _mig_set("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
-_MIG_80GB = _mig_set("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
-# H200: usable memory (MiB) and SMs measured on a real H200 (NVML profile info, see the module docstring).
-_MIG_H200 = (
-    _mig("1g.18gb", 7, 1, usable_memory_mib=16384, sm_count=16),
-    _mig("1g.35gb", 4, 2, usable_memory_mib=33280, sm_count=26),
-    _mig("2g.35gb", 3, 2, usable_memory_mib=33280, sm_count=32),
-    _mig("3g.71gb", 2, 4, usable_memory_mib=71424, sm_count=60),
-    _mig("4g.71gb", 1, 4, usable_memory_mib=71424, sm_count=64),
-    _mig("7g.141gb", 1, 8, usable_memory_mib=143360, sm_count=132),
-)
+# usable memory (MiB) and SMs as each device reports them (the module docstring gives the sources)
+_MIG_A100_40GB = _mig_set(("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
+                          (4864, 9856, 9856, 19968, 19968, 40192), (14, 14, 28, 42, 56, 98))
+_MIG_A100_80GB = _mig_set(("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+                          (9728, 19968, 19968, 40192, 40192, 81152), (14, 14, 28, 42, 56, 98))
+_MIG_H100 = _mig_set(("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+                     (9984, 20096, 20096, 40448, 40448, 81152), (16, 26, 32, 60, 64, 132))
+# H200: measured on a real H200 (NVML profile info, ../shared/reference/nvml-h200)
+_MIG_H200 = _mig_set(("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
+                     (16384, 33280, 33280, 71424, 71424, 143360), (16, 26, 32, 60, 64, 132))
 
 
 def _entry(
@@ -255,7 +262,7 @@ CATALOG: dict[str, GpuModel] = {
         idle_w=55,
         peak_w=400,
         fp16_tensor_tflops=312,
-        mig_profiles=_MIG_80GB,
+        mig_profiles=_MIG_A100_80GB,
         source=(
             "A100 SXM4 80 GB. memory: nvidia-smi / GFD 'NVIDIA-A100-SXM4-80GB' shows 81920 MiB; "
             "peak 400 W (some HGX boards are configured to 500 W) and FP16/BF16 tensor 312 TFLOPS dense: "
@@ -270,7 +277,7 @@ CATALOG: dict[str, GpuModel] = {
         idle_w=70,
         peak_w=700,
         fp16_tensor_tflops=989,
-        mig_profiles=_MIG_80GB,
+        mig_profiles=_MIG_H100,
         source=(
             "H100 SXM5 80 GB HBM3. memory: nvidia-smi 'NVIDIA H100 80GB HBM3' shows 81559 MiB; "
             "peak 700 W and FP16/BF16 tensor 989 TFLOPS dense (1,979 with sparsity): NVIDIA H100 Tensor Core "

@@ -77,6 +77,9 @@ class GpuDevice:
     ``numa_node``: None where NVML does not report it; ``mig_enabled``: current MIG mode; ``mig_profiles``:
     what it offers (empty where MIG is not supported); ``mig_instances``: MIG devices that exist;
     ``nvlink_peers``: PCI bus ids of the GPUs its active NVLinks reach; ``power_limit_w``: enforced limit.
+    ``lost``: the driver counts the GPU (``nvmlDeviceGetCount``) but it could not be read at discovery
+    (``NVML_ERROR_GPU_IS_LOST``: it fell off the bus before it was first read); only ``index`` and what could
+    still be read (``uuid``, ``pci_bus_id``, else ``""``) are known, ``name`` is ``""`` and ``memory_mib`` 0.
     """
 
     index: int
@@ -95,6 +98,7 @@ class GpuDevice:
     power_limit_w: float = 0.0
     serial: str = ""
     vbios: str = ""
+    lost: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -35,10 +35,14 @@ from typing import Any
 from ..k8s.objects.agent_report import GpuHealth
 from .backend import DriverInfo, GpuBackend, GpuDevice, MigInstance, architecture_from_compute
 
-__all__ = ["Clique", "Discovery", "MIG_STRATEGIES", "discover", "gfd_labels", "inventory_doc", "mig_resource",
-           "nvlink_cliques", "sanitise"]
+__all__ = ["Clique", "Discovery", "LOST_REASON", "MIG_STRATEGIES", "MISSING_REASON", "discover", "gfd_labels",
+           "inventory_doc", "inventory_faults", "mig_resource", "nvlink_cliques", "remember_lost", "sanitise"]
 
 MIG_STRATEGIES = ("none", "single", "mixed")
+LOST_REASON = "FellOffTheBus"
+"""Inventory reason of a GPU the driver counts but that answers ``NVML_ERROR_GPU_IS_LOST`` (the health tracker's)."""
+MISSING_REASON = "GpuMissing"
+"""Inventory reason of a GPU the last published inventory named and the driver no longer counts."""
 _NV = "nvidia.com/"
 
 
@@ -190,7 +194,7 @@ def gfd_labels(discovery: Discovery, mig_strategy: str = "mixed", machine: str |
     """
     if mig_strategy not in MIG_STRATEGIES:
         raise ValueError(f"mig_strategy {mig_strategy!r}: one of {MIG_STRATEGIES}")
-    devices = discovery.devices
+    devices = tuple(d for d in discovery.devices if not d.lost)  # a lost GPU has no model to label
     if not devices:
         return {}
     labels: dict[str, str] = {"gpu.present": "true"}
@@ -257,12 +261,16 @@ def _rfc3339(now: float | datetime | str) -> str:
 def inventory_doc(discovery: Discovery, health: Mapping[str, GpuHealth] | None = None,
                   now: float | datetime | str = 0.0) -> dict[str, Any]:
     """The inventory annotation's document (:mod:`gpupool.agent.report` gives the shape): one entry per GPU
-    by index; ``healthy``/``reason`` from ``health`` by UUID (a GPU without an entry is healthy); ``time``
-    RFC 3339 UTC of ``now`` (seconds since the epoch, a datetime, or an RFC 3339 string as is)."""
+    by index; ``healthy``/``reason`` from ``health`` by UUID (a GPU without an entry is healthy); a GPU lost
+    before it was read (``GpuDevice.lost``) is listed unhealthy with reason :data:`LOST_REASON` (and its UUID
+    only when it could be read); ``time`` RFC 3339 UTC of ``now`` (seconds since the epoch, a datetime, or
+    an RFC 3339 string as is)."""
     health = health or {}
     gpus = []
     for d in sorted(discovery.devices, key=lambda d: d.index):
-        h = health.get(d.uuid)
+        h = health.get(d.uuid) if d.uuid else None
+        if d.lost and (h is None or h.healthy):
+            h = GpuHealth(d.uuid, False, LOST_REASON)
         gpus.append({
             "index": d.index, "uuid": d.uuid, "minor": d.minor, "product": d.name, "memoryMiB": d.memory_mib,
             "compute": f"{d.compute[0]}.{d.compute[1]}", "pciBusId": d.pci_bus_id, "numaNode": d.numa_node,
@@ -275,3 +283,70 @@ def inventory_doc(discovery: Discovery, health: Mapping[str, GpuHealth] | None =
         })
     return {"version": 1, "driver": discovery.driver.driver, "cudaDriver": discovery.driver.cuda_driver,
             "time": _rfc3339(now), "gpus": gpus}
+
+
+def remember_lost(inventory: Mapping[str, Any], previous: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``inventory`` (of :func:`inventory_doc`) completed from ``previous``, the GPU entries of the inventory
+    published before (the Node's annotation when the agent started, then each one it built), so that a GPU
+    that failed while no agent watched is named, never left out:
+
+    * an entry of a GPU lost before it was read (no UUID) takes the UUID, model and placement of the previous
+      entry with the same PCI bus id (else the same index) whose GPU is not otherwise present; it stays
+      unhealthy (:data:`LOST_REASON`);
+    * every previous GPU (by UUID) that is neither present nor so matched, and whose PCI bus id no present GPU
+      has (a replaced board), is listed unhealthy with reason :data:`MISSING_REASON` (the driver no longer
+      counts it), at its old index when free, else after the last.
+
+    A GPU taken out on purpose stays listed until the annotation is removed and the agent restarted."""
+    doc = dict(inventory)
+    gpus = [dict(g) for g in doc.get("gpus") or [] if isinstance(g, Mapping)]
+    old = [dict(g) for g in previous if isinstance(g, Mapping) and isinstance(g.get("uuid"), str) and g.get("uuid")]
+    present = {g["uuid"] for g in gpus if g.get("uuid")}
+    buses = {str(g.get("pciBusId") or "").lower() for g in gpus if g.get("uuid") and g.get("pciBusId")}
+    left = [g for g in old if g["uuid"] not in present]
+    for g in gpus:
+        if g.get("uuid"):
+            continue
+        bus = str(g.get("pciBusId") or "").lower()
+        match = next((p for p in left if bus and str(p.get("pciBusId") or "").lower() == bus), None)
+        if match is None and not bus:
+            match = next((p for p in left if p.get("index") == g.get("index")), None)
+        if match is not None:
+            left.remove(match)
+            keep = {k: g[k] for k in ("index", "healthy", "reason")}
+            g.update({k: v for k, v in match.items() if k not in keep}, **keep)
+            present.add(match["uuid"])
+    taken = {g.get("index") for g in gpus}
+    for p in left:
+        if p["uuid"] in present or str(p.get("pciBusId") or "").lower() in buses - {""}:
+            continue
+        index = p.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or index in taken:
+            index = max([i for i in taken if isinstance(i, int) and not isinstance(i, bool)], default=-1) + 1
+        taken.add(index)
+        present.add(p["uuid"])
+        gpus.append({**p, "index": index, "healthy": False, "reason": MISSING_REASON})
+    doc["gpus"] = sorted(gpus, key=lambda g: g.get("index") if isinstance(g.get("index"), int) else 1 << 30)
+    return doc
+
+
+def inventory_faults(inventory: Mapping[str, Any], health: Mapping[str, GpuHealth]) -> dict[str, GpuHealth]:
+    """``health`` plus an unhealthy entry for each GPU of ``inventory`` that is lost or missing
+    (:data:`LOST_REASON`, :data:`MISSING_REASON`) and that ``health`` does not already hold by UUID, so
+    that the ``GpuHealthy`` condition names it too. A GPU without a UUID is keyed ``"(UUID unknown) at index
+    <index>"``; the tracker's entry for samples without a UUID (``""``) is dropped."""
+    out = {u: h for u, h in health.items() if u}
+    for g in inventory.get("gpus") or []:
+        if not isinstance(g, Mapping) or g.get("reason") not in (LOST_REASON, MISSING_REASON):
+            continue
+        key = str(g.get("uuid") or f"(UUID unknown) at index {g.get('index')}")
+        if key in out and not out[key].healthy:
+            continue
+        if g.get("reason") == MISSING_REASON:
+            message = (f"GPU {g.get('index')} was in this node's last inventory but the driver no longer counts "
+                       "it (fallen off the bus, or removed)")
+        else:
+            message = (f"GPU {g.get('index')} is counted by the driver but answers GPU_IS_LOST (fallen off the "
+                       "bus before the agent could read it)")
+        out[key] = GpuHealth(key, False, str(g["reason"]), message, 79 if g["reason"] == LOST_REASON else 0)
+    return out

@@ -94,6 +94,7 @@ class NvmlBackend:
         self._event_set: Any = None
         self._registered: set[int] = set()
         self._field_errors: set[tuple[int, str]] = set()  # (index, call) whose error was logged
+        self._lost_warned: set[int] = set()  # GPUs found lost before they were read (logged once)
         self._open = False
         self._call("nvmlInit")
         self._open = True
@@ -144,7 +145,9 @@ class NvmlBackend:
         return int(self._call("nvmlDeviceGetCount"))
 
     def devices(self) -> list[GpuDevice]:
-        """Every GPU by index; a GPU lost since an earlier read is listed as then read (never read: left out)."""
+        """Every GPU the driver counts, by index; a GPU lost since an earlier read is listed as then read, one
+        lost before it was ever read as ``lost=True`` with what can still be read of it (:meth:`_unreadable`):
+        never left out, so that the node's report names it."""
         out = []
         switch_attached: set[int] = set()
         for i in range(self.count()):
@@ -154,9 +157,11 @@ class NvmlBackend:
                 if not self._is(e, "NVML_ERROR_GPU_IS_LOST"):
                     raise
                 if i not in self._known:
-                    continue  # lost before it was ever read: nothing to say about it
+                    out.append(self._unreadable(i))  # counted by the driver, never read: lost, not absent
+                    continue
                 dev, via_switch = self._known[i], False  # as last read; its samples say lost
             self._known[i] = dev
+            self._lost_warned.discard(i)
             out.append(dev)
             if via_switch:
                 switch_attached.add(i)
@@ -167,6 +172,32 @@ class NvmlBackend:
                                                              if j != d.index))))
                    for d in out]
         return out
+
+    def _unreadable(self, index: int) -> GpuDevice:
+        """GPU ``index`` as far as a lost GPU answers: its UUID and PCI bus id when its handle still gives
+        them, else ``""``; ``lost=True``."""
+        uuid = bus = ""
+        try:
+            h = self._handle(index)
+        except BackendError:
+            h = None
+        if h is not None:
+            try:
+                uuid = _text(self._call("nvmlDeviceGetUUID", h))
+            except BackendError:
+                pass
+            try:
+                pci = self._maybe("nvmlDeviceGetPciInfo", h)
+                bus = _text(pci.busId) if pci is not None else ""
+            except BackendError:
+                pass
+        if uuid:
+            self._uuids[index] = uuid
+        if index not in self._lost_warned:
+            self._lost_warned.add(index)
+            log.warning("GPU %d is counted by the driver but lost (NVML_ERROR_GPU_IS_LOST) before it was read%s",
+                        index, f" ({uuid})" if uuid else "")
+        return GpuDevice(index=index, uuid=uuid, name="", memory_mib=0, pci_bus_id=bus, lost=True)
 
     def _device(self, index: int) -> tuple[GpuDevice, bool]:
         nv = self.nv

@@ -41,6 +41,7 @@ from gpupool.k8s.objects.agent_report import (
     Condition,
     GpuHealth,
     NodeReport,
+    read_inventory,
 )
 
 __all__ = ["Agent", "FakeClock", "SystemClock", "call_with", "report_json"]
@@ -187,6 +188,8 @@ class Agent:
         self.health: dict[str, GpuHealth] = {}
         self.stack: Any = None
         self.last_report: NodeReport | None = None
+        self.known_gpus: list[dict[str, Any]] = []  # GPU entries of the last inventory (the Node's, then ours)
+        self._node_inventory_read = False
         self.rounds = 0
         self.discoveries = 0
         self.published = 0
@@ -260,6 +263,11 @@ class Agent:
                 log.warning("rediscovery failed: %s", exc)
 
         node = self.publisher.refresh() if self.publisher is not None else None
+        if node is not None and not self._node_inventory_read:  # what the agent before this one published
+            self._node_inventory_read = True
+            doc = read_inventory(((node.get("metadata") or {}).get("annotations")) or {})
+            if doc is not None and not self.known_gpus:
+                self.known_gpus = [dict(g) for g in doc["gpus"] if isinstance(g, Mapping)]
         if node is not None and self.runtime_classes is None:  # the list failed at discovery: try again
             self.runtime_classes = self._read_runtime_classes()
         allocatable = self.publisher.allocatable(node) if node is not None else None
@@ -299,15 +307,28 @@ class Agent:
         return self.clock.monotonic() - self.last_round_at <= limit
 
     def build_report(self, now: float, driver_error: str = "") -> NodeReport:
-        """The :class:`NodeReport` of the current discovery, health and stack result at ``now``."""
+        """The :class:`NodeReport` of the current discovery, health and stack result at ``now``.
+
+        The inventory names every GPU the node had: one the driver counts but cannot read (lost before the
+        agent started) and one the last inventory (:attr:`known_gpus`) named that the driver no longer
+        counts are listed unhealthy (:func:`gpupool.agent.discovery.remember_lost`), and ``GpuHealthy`` names
+        them too."""
+        from gpupool.agent.discovery import inventory_faults, remember_lost
+
         labels = dict(self._labels(self.discovery, self.mig_strategy))
+        inventory = self._inventory(self.discovery, self.health, now)
+        health: Mapping[str, GpuHealth] = self.health
+        if isinstance(inventory, Mapping) and isinstance(inventory.get("gpus"), list):
+            inventory = remember_lost(inventory, self.known_gpus)
+            self.known_gpus = [dict(g) for g in inventory["gpus"]]
+            health = inventory_faults(inventory, self.health)
         conditions: list[Condition] = []
         if driver_error:
             conditions.append(Condition(COND_GPU_HEALTHY, "Unknown", "DriverUnavailable",
                                         f"NVML cannot be read: {driver_error}. Check that the NVIDIA driver is "
                                         "loaded (nvidia-smi on the node) and the agent's runtime class."))
         else:
-            conditions.append(self._health_condition(self.health))
+            conditions.append(self._health_condition(health))
         if self.stack is not None:
             lab = self.stack.label()
             if isinstance(lab, Mapping):
@@ -319,7 +340,6 @@ class Agent:
                 conditions.append(cond)
         conditions = [c for c in conditions if c.type in (COND_GPU_HEALTHY, COND_STACK_READY)] + \
             [c for c in conditions if c.type not in (COND_GPU_HEALTHY, COND_STACK_READY)]
-        inventory = self._inventory(self.discovery, self.health, now)
         return NodeReport(labels=labels, inventory=inventory, conditions=conditions)
 
     # ------------------------------------------------------------------ the loop

@@ -66,7 +66,12 @@ Rules, in the order they are applied (each with its source; the code is our own)
    activation thresholds; ``pkg/scaling/executor/scale_scaledobjects.go``), only with ``min_replicas == 0``:
    while any metric is above its ``activation`` the service is *active* and the HPA rules run with a floor
    of 1 (KEDA gives the HPA ``minReplicas >= 1``); after ``cooldown_s`` with every present metric
-   ``<= activation`` (since the last active evaluation, or since the first call) it goes to 0 directly.
+   ``<= activation`` (since the last active evaluation, or since the first call) it goes to 0 once the
+   scale-down rate policies allow it (KEDA #7204, #7770: never N -> 0 in one step past a policy such as 1 pod
+   per 60 s): until then the HPA rules bring it down at the policy's pace with a floor of 1 (4 -> 3 -> 2 ->
+   1), and the last step to 0 waits for both the cooldown and the policy. The HPA default (100 % per 15 s)
+   allows 0 at once, as before; with scale-down ``Disabled`` (the HPA would never come down) it is KEDA's
+   own step, to 0 directly at the cooldown.
    From 0, the first evaluation with a metric ``> activation`` scales to ``max(1, ceil(total / target)``
    over the total metrics``)`` (KEDA scales to 1 and the HPA's next cycle computes ``ceil(total/target)``
    for AverageValue metrics; gpupool does both at once, saving one period on a cold start), capped by
@@ -102,7 +107,9 @@ __all__ = [
     "ScalingRules",
 ]
 
-#: Metric names the recommender understands. ``gpu_util`` is ``DCGM_FI_DEV_GPU_UTIL``, ``tensor_active``
+#: Metric names the recommender understands. ``gpu_util`` is the utilisation of the GPU a replica runs on:
+#: ``DCGM_FI_DEV_GPU_UTIL`` on a whole GPU, ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` x 100 on a MIG instance (dcgm-exporter
+#: #216: DCGM_FI_DEV_GPU_UTIL reads 0 there, which would scale a busy MIG service down); ``tensor_active``
 #: ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` x 100; both and ``cpu_util`` in percent (0..100).
 METRICS = ("concurrency", "queue_depth", "rps", "latency_p95_s", "latency_p99_s", "gpu_util", "tensor_active",
            "cpu_util")
@@ -124,7 +131,7 @@ _METRIC_ALIASES = {
     "queueDepth": "queue_depth", "queue": "queue_depth", "requestsPerSecond": "rps", "RPS": "rps",
     "latencyP95": "latency_p95_s", "latencyP99": "latency_p99_s", "p95Latency": "latency_p95_s",
     "p99Latency": "latency_p99_s", "gpuUtil": "gpu_util", "gpuUtilization": "gpu_util",
-    "DCGM_FI_DEV_GPU_UTIL": "gpu_util", "tensorActive": "tensor_active",
+    "DCGM_FI_DEV_GPU_UTIL": "gpu_util", "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "gpu_util", "tensorActive": "tensor_active",
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "tensor_active", "cpuUtil": "cpu_util", "cpu": "cpu_util",
     "cpuUtilization": "cpu_util",
 }
@@ -498,7 +505,8 @@ class Recommender:
                 return Recommendation(want, f"activated from zero ({drivers})",
                                       {n: _ceil(v / self._targets[n].target) for n, v in vals.items()
                                        if n in TOTAL_METRICS})
-            if vals and not active and now_s - self._last_active >= spec.cooldown_s:
+            if vals and not active and now_s - self._last_active >= spec.cooldown_s and (
+                    spec.scale_down.select_policy == "Disabled" or self._down_limit(now_s, cur) <= 0):
                 self._record(now_s, cur, 0)
                 self._recs.clear()
                 self._conc.clear()
@@ -589,7 +597,8 @@ class Recommender:
         if out < floor:
             out, limited = floor, "minReplicas"
         if spec.min_replicas == 0 and out == 1 and raw < 1 and vals and not active:
-            limited = "cooldown"  # held at 1 (the HPA floor under KEDA) until the cooldown has passed
+            # held at 1 (the HPA floor under KEDA) until the cooldown has passed, then until the policy allows 0
+            limited = "cooldown" if now_s - self._last_active < spec.cooldown_s else "scaleDownPolicy"
         self._record(now_s, cur, out)
         if limited:
             reason += f"; limited by {limited} -> {out}"

@@ -2,10 +2,12 @@
 
 A replica can be given GPU three ways (:class:`SliceOption`):
 
-* ``mig``: a MIG profile of the catalog (:mod:`gpupool.catalog`). ``memory_mib`` is the *usable* memory
-  where the catalog has it measured (H200: NVML ``memorySizeMB``, e.g. 16384 MiB for ``1g.18gb``, not the
-  18 GB of the name), else the nominal size (an upper bound). ``compute_fraction`` is the instance's SMs
-  over the whole GPU's SMs where measured (H200: 16/132 for ``1g.18gb``), else ``compute_slices / 7``.
+* ``mig``: a MIG profile of the catalog (:mod:`gpupool.catalog`). ``memory_mib`` is the memory the device
+  reports for the profile (NVML ``memorySizeMB``: 16384 MiB for the H200's ``1g.18gb``, 9984 for the H100's
+  ``1g.10gb``), never the size in its name (dcgm-exporter #544: 10 x 1024 would promise 256 MiB the device
+  does not have); a profile the catalog has no device figure for is not offered. ``compute_fraction`` is
+  the instance's SMs over the whole GPU's SMs where measured (H200: 16/132 for ``1g.18gb``), else
+  ``compute_slices / 7``.
 * ``timeslice``: a time-sliced share (1/4, 1/2 of a GPU, :data:`TIMESLICE_FRACTIONS`) with a memory cap of
   ``fraction x memory``. The NVIDIA device plugin's time-slicing neither isolates memory nor enforces the
   cap; the serving engine must keep to it (e.g. vLLM ``--gpu-memory-utilization``). ``compute_fraction`` is
@@ -82,7 +84,9 @@ def slice_catalog(gpu_model: str) -> tuple[SliceOption, ...]:
     for p in m.mig_profiles:
         cost = max(p.compute_slices / _MIG_COMPUTE_SLICES, (p.memory_slices or 0) / _MIG_MEMORY_SLICES)
         compute = p.sm_count / full_sms if p.sm_count and full_sms else p.compute_slices / _MIG_COMPUTE_SLICES
-        out.append(SliceOption("mig", p.name, cost, p.usable_memory_mib or p.memory_mib, compute))
+        if p.usable_memory_mib <= 0:
+            continue  # what the device gives is not known: never sized from the name (dcgm-exporter #544)
+        out.append(SliceOption("mig", p.name, cost, p.usable_memory_mib, compute))
     for f in TIMESLICE_FRACTIONS:
         out.append(SliceOption("timeslice", f"timeslice-{f:g}", f, int(f * m.memory_mib), f))
     for n in WHOLE_COUNTS:

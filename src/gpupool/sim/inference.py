@@ -24,8 +24,10 @@ A discrete-event core (``heapq``) with no per-token events. The pieces:
 * **Metrics** scraped every ``scrape_s`` and seen by the policy ``lag_s`` later (Prometheus scrape +
   adapter): ``concurrency`` (time-average of requests in flight, queued ones included), ``queue_depth``
   (requests waiting for admission, vLLM ``num_requests_waiting``), ``rps``, ``latency_p95_s`` /
-  ``latency_p99_s`` (end-to-end, of the window's completions), ``gpu_util`` (``DCGM_FI_DEV_GPU_UTIL``:
-  share of the window a kernel ran, i.e. the replica was prefilling or decoding, whatever the batch size),
+  ``latency_p99_s`` (end-to-end, of the window's completions), ``gpu_util`` (``DCGM_FI_DEV_GPU_UTIL`` on a
+  whole GPU, ``100 x DCGM_FI_PROF_GR_ENGINE_ACTIVE`` on a MIG instance, as the GpuAutoscaler controller reads
+  them (dcgm-exporter #216: the former reads 0 on MIG): share of the window a kernel ran on the replica's
+  GPU or instance, i.e. the replica was prefilling or decoding, whatever the batch size),
   ``cpu_util`` (see :class:`CpuModel`).
 * **Elastic lending** (:class:`LendingSpec`): whole GPUs of the service's pool that no replica uses for
   ``lend_after_s`` are lent to elastic training jobs; when the service needs them back, each is

@@ -35,6 +35,8 @@ Description format (every key optional except ``gpus``; units as in :mod:`gpupoo
           instances:
             - {profile: 3g.40gb, start: 0, size: 4}     # uuid / memory_mib filled in when absent
         sample: {util_gpu: 35, temperature_c: 41}      # any GpuSample field (see below for defaults)
+      - index: 5
+        lost: true                 # fell off the bus before the agent started: counted, unreadable
     nvlink: all                    # "all" (all-to-all), or groups of indices: [[0, 1, 2, 3], [4, 5, 6, 7]]
     topology:                      # overrides of the generated matrix ((i, j) -> TOPOLOGY_LEVELS)
       - {gpus: [0, 1], level: SINGLE}

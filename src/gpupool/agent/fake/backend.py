@@ -42,13 +42,14 @@ from gpupool.model import MAX_GPUS_PER_NODE
 class FakeBackend:
     """A node's GPUs from a description; every :class:`GpuBackend` method, plus hooks to change them.
 
-    ``clock``: time source for sample and event times (seconds since the epoch, ``time.time``).
+    ``clock``: time source for sample and event times (seconds since the epoch, ``time.time``);
+    ``unreadable``: indices of GPUs that fell off the bus before the agent first read them (see :meth:`lose`).
     """
 
     def __init__(self, driver: DriverInfo, devices: Iterable[GpuDevice],
                  topology: Mapping[tuple[int, int], str] | None = None,
                  samples: Mapping[int, Mapping[str, Any]] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, unreadable: Iterable[int] = ()) -> None:
         self._driver = driver
         self._devices = {d.index: d for d in sorted(devices, key=lambda d: d.index)}
         self._topology = dict(topology) if topology is not None else default_topology(list(self._devices.values()))
@@ -56,6 +57,9 @@ class FakeBackend:
         for i, fields in (samples or {}).items():
             self._samples[int(i)].update(sample_fields(fields))
         self._clock = clock
+        self._unreadable: set[int] = set()
+        for i in unreadable:
+            self.lose(int(i), unreadable=True)
         self._events: list[GpuEvent] = []
         self._cv = threading.Condition()
         self._failure: str | None = None
@@ -152,12 +156,18 @@ class FakeBackend:
         next_index = 0
         seen_index: set[int] = set()
         seen_uuid: dict[str, str] = {}
+        unreadable: set[int] = set()
         for entry, names in entries:
             index = int_value(entry.get("index", next_index), names.get("index", "index"), 0, MAX_INDEX)
             if index in seen_index:
                 raise ValueError(f"GPU description: two GPUs with the same index {index}")
             seen_index.add(index)
             next_index = index + 1
+            lost = entry.pop("lost", False)
+            if not isinstance(lost, bool):
+                raise ValueError(f"{names.get('lost', 'lost')}: expected true or false, got {kind_of(lost)}")
+            if lost:
+                unreadable.add(index)
             d = device_from_entry(node, index, entry, names)
             for u, what in [(d.uuid, f"GPU {index}")] + [(m.uuid, f"GPU {index} MIG device") for m in
                                                           d.mig_instances]:
@@ -198,7 +208,7 @@ class FakeBackend:
             raise ValueError(f"cuda_driver: {exc}") from None
         driver = DriverInfo(driver=text_field(doc.get("driver", "570.124.06"), "driver"), cuda_driver=cuda,
                             nvml=text_field(doc.get("nvml", ""), "nvml"))
-        return cls(driver, by_index.values(), topology, samples, clock=clock)
+        return cls(driver, by_index.values(), topology, samples, clock=clock, unreadable=unreadable)
 
     # -- GpuBackend ------------------------------------------------------------------------------------
     def _check(self) -> None:
@@ -212,8 +222,11 @@ class FakeBackend:
         return self._driver
 
     def devices(self) -> list[GpuDevice]:
+        """Every GPU; one lost before it was read (:meth:`lose` with ``unreadable``) as NVML gives it then:
+        ``lost=True``, its index only."""
         self._check()
-        return list(self._devices.values())
+        return [GpuDevice(index=i, uuid="", name="", memory_mib=0, lost=True) if i in self._unreadable else d
+                for i, d in self._devices.items()]
 
     def topology(self) -> dict[tuple[int, int], str]:
         self._check()
@@ -226,7 +239,7 @@ class FakeBackend:
         for i, d in self._devices.items():
             fields = self._samples[i]
             if fields.get("lost"):
-                out.append(GpuSample(index=i, uuid=d.uuid, time=now, lost=True))
+                out.append(GpuSample(index=i, uuid="" if i in self._unreadable else d.uuid, time=now, lost=True))
             else:
                 out.append(GpuSample(index=i, uuid=d.uuid, time=now, **fields))
         return out
@@ -264,15 +277,22 @@ class FakeBackend:
         """Change GPU ``index``'s readings (any :class:`GpuSample` field but index/uuid/time)."""
         self._samples[index].update(sample_fields(fields))
 
-    def lose(self, index: int) -> None:
-        """GPU ``index`` fell off the bus: its samples read ``lost=True`` until :meth:`reset`."""
+    def lose(self, index: int, unreadable: bool = False) -> None:
+        """GPU ``index`` fell off the bus: its samples read ``lost=True`` until :meth:`reset`. ``unreadable``:
+        it fell off before the agent first read it (a restart, a reboot with the GPU dead): the driver still
+        counts it, but :meth:`devices` gives only its index (``lost=True``, no UUID) and its samples no UUID,
+        as :class:`~gpupool.agent.nvml.NvmlBackend` does for a GPU that answers ``NVML_ERROR_GPU_IS_LOST``.
+        A description says so with ``lost: true`` in the GPU's entry."""
         self._samples[index]["lost"] = True
+        if unreadable:
+            self._unreadable.add(index)
 
     def reset(self, index: int) -> None:
         """GPU ``index`` was reset: found again, volatile ECC counts and pending row remaps cleared, and a
         ``reset`` event queued."""
         s = self._samples[index]
         s["lost"] = False
+        self._unreadable.discard(index)
         if s.get("ecc_volatile_uncorrected") is not None:
             s["ecc_volatile_uncorrected"] = 0
         rows = s.get("remapped_rows")

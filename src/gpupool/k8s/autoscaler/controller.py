@@ -438,7 +438,11 @@ class AutoscalerController:
         for m in cfg.metrics:
             t = time.perf_counter()
             try:
-                value = self.prometheus.value(m.query, m.reduce)
+                by_instance = getattr(self.prometheus, "value_per_instance", None)
+                if m.instance_query and by_instance is not None:  # MIG instances from their own metric
+                    value = by_instance(m.query, m.instance_query, m.reduce)
+                else:
+                    value = self.prometheus.value(m.query, m.reduce)
             except PrometheusError as exc:
                 self.metrics.queries.labels(result="error").inc()
                 problems.append(f"{m.name}: {exc}")

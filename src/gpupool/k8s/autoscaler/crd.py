@@ -10,6 +10,8 @@
         target: 8             # per replica (gpu_util / tensor_active / cpu_util: percent; latency: seconds)
         activation: 0         # KEDA activationThreshold (from zero only when the value is above it)
         query: PROMQL         # optional: DEFAULT_QUERIES[name]; ${namespace} ${name} ${pods} are substituted
+                              # (gpu_util by default: DCGM_FI_DEV_GPU_UTIL per whole GPU, 100 x
+                              # DCGM_FI_PROF_GR_ENGINE_ACTIVE per MIG instance: DEFAULT_INSTANCE_QUERIES)
         reduce: sum           # optional: how several series become one value (sum | avg | max | min)
     tolerance: 0.1
     behavior: {scaleUp: {...}, scaleDown: {...}}     # HPA v2 (autoscaling/v2 HorizontalPodAutoscalerBehavior)
@@ -50,14 +52,24 @@ DEFAULT_QUERIES: dict[str, str] = {
                      + _SEL + "}[1m])))",
     "latency_p99_s": "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{"
                      + _SEL + "}[1m])))",
-    # dcgm-exporter (etc/default-counters.csv): GPU utilisation in percent; tensor pipe activity as a 0..1 ratio
-    "gpu_util": "avg(DCGM_FI_DEV_GPU_UTIL{" + _SEL + "})",
+    # dcgm-exporter (etc/default-counters.csv): GPU utilisation in percent, per GPU (the controller averages the
+    # series; those of MIG instances come from DEFAULT_INSTANCE_QUERIES); tensor pipe activity as a 0..1 ratio
+    "gpu_util": "DCGM_FI_DEV_GPU_UTIL{" + _SEL + "}",
     "tensor_active": "100 * avg(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{" + _SEL + "})",
     # cAdvisor CPU seconds over kube-state-metrics' CPU requests: percent of the request, as the HPA's cpu metric
     "cpu_util": "100 * sum(rate(container_cpu_usage_seconds_total{" + _SEL + ',container!=""}[1m])) / '
                 "sum(kube_pod_container_resource_requests{" + _SEL + ',resource="cpu"})',
 }
 """PromQL per metric name (``${namespace}``, ``${name}`` of the target, ``${pods}``: a regex of its pod names)."""
+
+DEFAULT_INSTANCE_QUERIES: dict[str, str] = {
+    # dcgm-exporter #216 (DCGM #80): DCGM_FI_DEV_GPU_UTIL reads 0 on MIG instances; the profiling metric of the
+    # graphics engine is per GPU instance (label GPU_I_ID), a 0..1 ratio
+    "gpu_util": "100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE{" + _SEL + ',GPU_I_ID!=""}',
+}
+"""PromQL per metric name for the pods that run on MIG instances: with the default query of a metric named here, the
+controller reads the series of MIG instances (``GPU_I_ID`` set) from this one and those of whole GPUs from the
+default (:func:`gpupool.k8s.autoscaler.prometheus.per_instance`)."""
 
 DEFAULT_REDUCE = {"concurrency": "sum", "queue_depth": "sum", "rps": "sum", "latency_p95_s": "max",
                   "latency_p99_s": "max", "gpu_util": "avg", "tensor_active": "avg", "cpu_util": "avg"}
@@ -95,13 +107,16 @@ class TargetRef:
 
 @dataclass(frozen=True)
 class MetricQuery:
-    """One metric: its name (engine METRICS), the PromQL sent (placeholders filled), target, activation, reducer."""
+    """One metric: its name (engine METRICS), the PromQL sent (placeholders filled), target, activation, reducer;
+    ``instance_query``: the PromQL read for MIG instances instead of ``query``'s series of them ("" = none:
+    a query the user wrote is taken as it is)."""
 
     name: str
     query: str
     target: float
     activation: float = 0.0
     reduce: str = "sum"
+    instance_query: str = ""
 
 
 @dataclass(frozen=True)
@@ -226,12 +241,14 @@ def parse_metrics(spec: Mapping[str, Any], namespace: str, target: TargetRef) ->
         target_value = _num(raw_target, f"{where}.target", positive=True)
         activation = _num(m.get("activation", 0.0), f"{where}.activation", minimum=0)
         query = m.get("query") or DEFAULT_QUERIES.get(name)
+        instance = "" if m.get("query") else DEFAULT_INSTANCE_QUERIES.get(name, "")
         if not isinstance(query, str) or not query.strip():
             raise SpecError(f"{where}.query", "expected PromQL text")
         reduce = m.get("reduce") or DEFAULT_REDUCE.get(name, "sum")
         if reduce not in ("sum", "avg", "max", "min"):
             raise SpecError(f"{where}.reduce", f"{reduce!r}: expected sum, avg, max or min")
-        out.append(MetricQuery(name, render_query(query, namespace, target), target_value, activation, reduce))
+        out.append(MetricQuery(name, render_query(query, namespace, target), target_value, activation, reduce,
+                               render_query(instance, namespace, target) if instance else ""))
     return tuple(out)
 
 
@@ -369,7 +386,7 @@ def slice_template_patch(option: Any, template: Mapping[str, Any], container: st
                                   "spec": {"containers": [{"name": name, "resources": resources}]}}}}
 
 
-__all__ = ["DEFAULT_QUERIES", "DEFAULT_REDUCE", "ENGINE_KEYS", "GpuAutoscalerConfig", "MetricQuery", "POD_REGEX",
-           "SLICE_ANNOTATION", "SlicePolicy", "SpecError", "TARGET_KINDS", "TargetRef", "parse_gpu_autoscaler",
-           "parse_metrics", "parse_slice_policy", "parse_target", "pod_regex", "render_query", "slice_options",
-           "slice_template_patch"]
+__all__ = ["DEFAULT_INSTANCE_QUERIES", "DEFAULT_QUERIES", "DEFAULT_REDUCE", "ENGINE_KEYS", "GpuAutoscalerConfig",
+           "MetricQuery", "POD_REGEX", "SLICE_ANNOTATION", "SlicePolicy", "SpecError", "TARGET_KINDS", "TargetRef",
+           "parse_gpu_autoscaler", "parse_metrics", "parse_slice_policy", "parse_target", "pod_regex", "render_query",
+           "slice_options", "slice_template_patch"]

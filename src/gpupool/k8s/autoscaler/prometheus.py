@@ -108,6 +108,21 @@ def parse_response(payload: Any, query: str = "") -> list[Sample]:
     return out
 
 
+MIG_INSTANCE_LABEL = "GPU_I_ID"
+"""dcgm-exporter's label of a series that belongs to a MIG instance (GPU instance id; ``GPU_I_PROFILE`` names
+its profile); whole GPUs have none."""
+
+
+def per_instance(samples: Sequence[Sample], instances: Sequence[Sample]) -> list[Sample]:
+    """``samples`` (a per-GPU metric such as ``DCGM_FI_DEV_GPU_UTIL``) with the series of MIG instances
+    (:data:`MIG_INSTANCE_LABEL` set) replaced by ``instances`` (what is read per MIG instance, e.g.
+    ``100 * DCGM_FI_PROF_GR_ENGINE_ACTIVE``): the series of whole GPUs, then those of ``instances`` that name a
+    MIG instance. dcgm-exporter #216 (DCGM #80): ``DCGM_FI_DEV_GPU_UTIL`` reads 0 on a MIG instance, however
+    busy; a MIG instance without a reading in ``instances`` is left out (unknown), never counted as idle."""
+    return [s for s in samples if not s.labels.get(MIG_INSTANCE_LABEL)] + \
+        [s for s in instances if s.labels.get(MIG_INSTANCE_LABEL)]
+
+
 REDUCERS = {"sum": sum, "avg": lambda xs: sum(xs) / len(xs), "max": max, "min": min}
 
 
@@ -184,6 +199,12 @@ class PrometheusClient:
         """:meth:`query` reduced to one number by :func:`reduce_samples` (None: empty vector, no value)."""
         return reduce_samples(self.query(promql, at), how)
 
+    def value_per_instance(self, promql: str, instance_promql: str, how: str = "sum",
+                           at: float | None = None) -> float | None:
+        """Both queries at ``at``, their series combined by :func:`per_instance` (MIG instances read from
+        ``instance_promql``), reduced by :func:`reduce_samples`. Raises :class:`PrometheusError`."""
+        return reduce_samples(per_instance(self.query(promql, at), self.query(instance_promql, at)), how)
+
     def ready(self) -> bool:
         """True when ``/-/ready`` answers 200 (a Prometheus that finished replaying its WAL)."""
         try:
@@ -195,5 +216,5 @@ class PrometheusClient:
         self.session.close()
 
 
-__all__ = ["PrometheusClient", "PrometheusError", "RETRY_STATUS", "REDUCERS", "Sample", "parse_response",
-           "reduce_samples"]
+__all__ = ["MIG_INSTANCE_LABEL", "PrometheusClient", "PrometheusError", "RETRY_STATUS", "REDUCERS", "Sample",
+           "parse_response", "per_instance", "reduce_samples"]

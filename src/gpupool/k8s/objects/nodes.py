@@ -209,14 +209,24 @@ def _gpu_memory_label(name: str, labels: Mapping[str, str]) -> int:
     return value
 
 
+def _agent_uuid(g: Mapping[str, Any]) -> str:
+    """The GPU's UUID in the agent's inventory, "" when it has none (a GPU lost before the agent read it)."""
+    u = g.get("uuid")
+    return u if isinstance(u, str) else ""
+
+
 def _agent_gpus(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The GPUs of gpupool's node agent inventory annotation (index order), [] when absent or unreadable."""
+    """The GPUs of gpupool's node agent inventory annotation (index order), [] when absent or unreadable. A GPU
+    without a UUID (none, or ``""``) is kept when the agent calls it unhealthy (lost before it could be read: it
+    still counts); an entry whose UUID is not a string is not read."""
     meta = node.get("metadata") if isinstance(node.get("metadata"), Mapping) else {}
     doc = read_inventory(meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else None)
     if doc is None:
         return []
-    gpus = [g for g in doc["gpus"] if isinstance(g, Mapping) and isinstance(g.get("uuid"), str) and g.get("uuid")]
-    if len({g["uuid"] for g in gpus}) != len(gpus):
+    gpus = [g for g in doc["gpus"] if isinstance(g, Mapping) and (
+        _agent_uuid(g) or (g.get("uuid") in (None, "") and not _agent_healthy(g)))]
+    named = [_agent_uuid(g) for g in gpus if _agent_uuid(g)]
+    if len(set(named)) != len(named):
         return []  # a UUID twice: the inventory cannot name devices
     try:
         return sorted(gpus, key=lambda g: int(g.get("index", 0)))
@@ -245,15 +255,27 @@ def _whole_gpus(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def agent_gpu_ids(node: Mapping[str, Any], advertised: int) -> tuple[str, ...]:
     """UUIDs of the ``advertised`` devices in device-index order, from the node agent's inventory
-    (``gpupool.io/gpu-inventory``): every GPU when it lists as many as are advertised; the healthy ones when
-    the device plugin withdrew the unhealthy ones (as many healthy as advertised); else () (unknown)."""
+    (``gpupool.io/gpu-inventory``): every GPU when it lists as many as are advertised, each with a UUID; the
+    healthy ones when the device plugin withdrew the unhealthy ones (as many healthy as advertised); else ()
+    (unknown)."""
     gpus = _whole_gpus(_agent_gpus(node))
-    if len(gpus) == advertised:
+    if len(gpus) == advertised and all(_agent_uuid(g) for g in gpus):
         return tuple(str(g["uuid"]) for g in gpus)
     healthy = [g for g in gpus if _agent_healthy(g)]
     if len(healthy) == advertised and len(gpus) > advertised:
         return tuple(str(g["uuid"]) for g in healthy)
     return ()
+
+
+def agent_healthy_count(node: Mapping[str, Any]) -> int | None:
+    """How many whole GPUs the node agent's inventory calls healthy; None when the node has no agent
+    inventory listing whole GPUs, or when its ``nvidia.com/gpu`` counts MIG devices (MIG ``single`` strategy
+    with GPUs in MIG mode), so that the two cannot be compared."""
+    listed = _agent_gpus(node)
+    gpus = _whole_gpus(listed)
+    if not gpus or (node_labels(node).get(LABEL_MIG_STRATEGY) == "single" and len(gpus) != len(listed)):
+        return None
+    return sum(1 for g in gpus if _agent_healthy(g))
 
 
 def agent_marked(node: Mapping[str, Any], spec: NodeSpec) -> tuple[int, ...]:
@@ -262,11 +284,11 @@ def agent_marked(node: Mapping[str, Any], spec: NodeSpec) -> tuple[int, ...]:
     identities, counts differ) and there are more of them than the device plugin withdrew, every GPU of the
     node is marked: a failed GPU is never handed out in a healthy one's place."""
     gpus = _whole_gpus(_agent_gpus(node))
-    bad = {str(g["uuid"]) for g in gpus if not _agent_healthy(g)}
+    bad = [_agent_uuid(g) for g in gpus if not _agent_healthy(g)]
     if not bad or not spec.gpu_count:
         return ()
     if spec.gpu_ids:
-        return tuple(i for i, u in enumerate(spec.gpu_ids) if u in bad)
+        return tuple(i for i, u in enumerate(spec.gpu_ids) if u and u in bad)
     withdrawn = len(gpus) - spec.gpu_count
     if 0 < len(bad) <= withdrawn:
         return ()
@@ -278,7 +300,9 @@ def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
     time-slicing replicas, device identities, topology.
 
     GPUs: ``status.allocatable["nvidia.com/gpu"]`` (what kubelet admits; a failed GPU drops out of it)
-    divided by the time-slicing replicas (:func:`_replicas`). On a HAMi node (``hami.io/node-nvidia-register``)
+    divided by the time-slicing replicas (:func:`_replicas`), never more than gpupool's node agent calls
+    healthy when its inventory cannot be matched to the advertised devices (:func:`agent_healthy_count`: a
+    GPU lost before the agent started is still advertised). On a HAMi node (``hami.io/node-nvidia-register``)
     the allocatable count is vGPU slots, so the GPUs are the healthy registered devices (never more than the
     allocatable slots allow), with their UUIDs as ``gpu_ids``. GPU memory: GFD's ``nvidia.com/gpu.memory``
     (else HAMi's registered ``devmem``) wins over the catalog; neither nor a catalog model = unknown.
@@ -311,6 +335,15 @@ def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
             product = healthy[0].type
     if gpus and not registered:
         ids = agent_gpu_ids(node, gpus) or ids
+        healthy_gpus = agent_healthy_count(node) if not ids else None
+        if healthy_gpus is not None and healthy_gpus < gpus:
+            # device-plugin #231: a GPU lost before the agent (re)started is still advertised; the agent's
+            # report, not allocatable, says how many GPUs work
+            warn_once(name, "agent-fewer-healthy", f"node {name}: allocatable says {gpus} GPU(s), the node agent "
+                      f"calls {healthy_gpus} healthy; counting {healthy_gpus}", event="node_gpus_capped_by_agent",
+                      node=name, allocatable=gpus, healthy=healthy_gpus)
+            gpus = healthy_gpus
+            ids = agent_gpu_ids(node, gpus) if gpus else ()
     model = _gpu_model(labels) if gpus else ""
     if gpus and not model:
         model = (resolve_name(product) or product) if product else UNKNOWN_GPU_MODEL
