@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import os
 import re
 import socket
 import time
@@ -103,7 +104,8 @@ class Replica:
 
 
 async def _until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
+    """Poll until ``predicate()``; ``timeout`` is a ceiling, scaled as tests/test_k8s_scheduler.py's wait_for."""
+    deadline = time.monotonic() + timeout * float(os.environ.get("GPUPOOL_TEST_WAIT_SCALE", "6"))
     while time.monotonic() < deadline:
         if predicate():
             return True
@@ -149,6 +151,8 @@ async def test_one_leads_and_the_other_takes_over_when_it_stops_renewing(kmock):
         assert time.monotonic() - t_cut < 0.6 + 1.4, "a hung renewal must not outlast the renew deadline"
         assert await _until(lambda: b.elector.is_leader, 4)
         assert await _until(lambda: a.events[-1][0] == "stop", 2)
+    # is_leader turns True before the start callback has run on its thread: wait for the callback too
+    assert await _until(lambda: any(kind == "start" for kind, _ in b.events), 2)
     a_stop = next(t for kind, t in a.events if kind == "stop")
     b_start = next(t for kind, t in b.events if kind == "start")
     assert a_stop < b_start, "the old leader must step down before the new one starts"
