@@ -96,6 +96,7 @@ class PoolJob:
     protected_until: float = -math.inf  # not a victim before then (a driver could not evict it)
     evicted_at: float = -math.inf  # when it was last evicted
     backoff: float = 0.0
+    pod_classes: tuple = ()  # the distinct requests of its first min_pods pods (PoolScheduler._pod_classes)
 
     def __post_init__(self) -> None:
         if self.n_pods < 1 or self.gpus_per_pod < 0:

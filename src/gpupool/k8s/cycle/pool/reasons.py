@@ -56,6 +56,10 @@ class ReasonsMixin:
                             f"of {gpus(round(pool.limit_g[a] * MILLI))} GPU in use, {gpus(round(need * MILLI))} "
                             "more asked")
             return (f"non-preemptible job (priority {job.priority}) waits for room within the quota of queue {q}")
+        if job.seq in pool.unschedulable:  # no node can ever take it (kube-scheduler's unschedulable queue)
+            why = f"gang {job.name} cannot be placed: {job.reason}" if unit.gang is not None else job.reason
+            return (f"{why}; it waits outside the order of queue {q} (the queue's other pods go on) and is tried "
+                    "again when a node is added or changes")
         d = model.engine.schedule(job.pods[0])
         held, share = pool.alloc[job.q][0], pool._fs_g[job.q]
         below = ""
