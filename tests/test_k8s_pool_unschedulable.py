@@ -32,7 +32,7 @@ from gpupool.policies import make_policy
 from k8s_pool_harness import Cluster, node, pod, pod_group
 
 RECLAIM_PROMISE = "taken back"  # the words of the reason that promises GPUs from other queues
-STEPS_OUT = "outside the order of queue"
+STEPS_OUT = "Set aside from the order of queue"
 
 
 def cpu_pod(name: str, group: str | None = None, created: float = 0.0) -> dict[str, Any]:
@@ -139,7 +139,7 @@ CAUSES = {
     "gpu-model": (_model, "GPU model", lambda: node("n2", product="NVIDIA-A100-SXM4-80GB")),
     "use-gputype": (_gputype, "GPU type", lambda: node("n2", product="NVIDIA-L40S")),
     "taint": (_taint, "untolerated taint", lambda: node("n2")),
-    "gpu-count": (_gpus, "fewer than 9 GPU(s)", lambda: node("n2", gpus=16)),
+    "gpu-count": (_gpus, "Insufficient GPUs (fewer than 9", lambda: node("n2", gpus=16)),
 }
 
 

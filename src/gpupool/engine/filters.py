@@ -470,8 +470,9 @@ def capacity_fit(state: ClusterState, req: EffectiveRequest,
         else:
             per_gpu = np.full(n, max(1, MILLI // max(1, req.gpu_milli)), dtype=np.int64)
         pods = np.minimum(pods, np.where(count >= g, count * per_gpu // g, 0))
-        causes.append((f"node(s) had fewer than {g} GPU(s)" + (" of the model asked" if _restricts_models(req) else "")
-                       + (f" with {r.gpu_memory_mib} MiB of memory" if r.gpu_memory_mib else ""), count < g))
+        causes.append((f"Insufficient GPUs (fewer than {g}" + (" of the model asked" if _restricts_models(req) else "")
+                       + (f" with {r.gpu_memory_mib} MiB of memory" if r.gpu_memory_mib else "") + " on the node)",
+                       count < g))
     for _, bad in causes:
         pods[bad] = 0
     if (pods > 0).any():

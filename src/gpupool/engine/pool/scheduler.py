@@ -71,7 +71,7 @@ from gpupool.engine.pool.placement import ScopedPolicy
 from gpupool.engine.pool.queues import QueueTree
 from gpupool.engine.pool.result import CycleResult
 from gpupool.engine.pool.scopes import TopologyIndex
-from gpupool.model import MILLI, Assignment, PodRequest
+from gpupool.model import MILLI, Assignment, InvalidRequestError, PodRequest
 
 __all__ = ["CycleResult", "PoolConfig", "PoolScheduler", "DEFAULT_JOB_POLICIES", "JOB_POLICIES", "job_policy"]
 
@@ -537,8 +537,12 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
                job.queue, job.priority, self._class_key(job))
         reason = self._infeasible.get(key)
         if reason is None:
-            reason = self._infeasible[key] = self.unplaceable_reason(job) or self._queue_infeasible(job)
+            reason = self._infeasible[key] = self._infeasible_reason(job)
         return reason
+
+    def _infeasible_reason(self, job: PoolJob) -> str:
+        """:meth:`infeasible_reason`, not remembered (its node part is)."""
+        return self.unplaceable_reason(job) or self._queue_infeasible(job)
 
     def unplaceable_reason(self, job: PoolJob) -> str:
         """Why no nodes of this cluster could ever hold ``job``'s minimum, whatever runs there ("" if some could):
@@ -563,9 +567,12 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
             return job.pod_classes
         pods: Sequence[PodRequest] = job.pods[:job.min_pods]
         if not pods:  # a job asked about before submit (its pods not made yet): its pods' common request
-            pods = [PodRequest(f"{job.name}/0", cpu_milli=job.cpu_per_pod, memory_mib=job.mem_per_pod,
-                               num_gpu=job.gpus_per_pod, gpu_milli=MILLI if job.gpus_per_pod else 0,
-                               priority=job.priority)]
+            try:
+                pods = [PodRequest(f"{job.name}/0", cpu_milli=job.cpu_per_pod, memory_mib=job.mem_per_pod,
+                                   num_gpu=job.gpus_per_pod, gpu_milli=MILLI if job.gpus_per_pod else 0,
+                                   priority=job.priority)]
+            except InvalidRequestError:  # beyond any pod's bounds: the capacity test says no node holds it
+                return ()
         effective = self.picker.effective
         classes: dict[tuple, EffectiveRequest] = {}
         for p in pods:
@@ -577,17 +584,19 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         return out
 
     def _class_key(self, job: PoolJob) -> tuple:
-        return tuple(sorted((eff.key() for eff in self._pod_classes(job)), key=repr))
+        """What the placement policy reads of ``job``'s pods (part of the infeasibility memo keys)."""
+        return tuple(eff.key() for eff in self._pod_classes(job))
 
     def _unplaceable_reason(self, job: PoolJob) -> str:
         st = self.state
         g = job.gpus_per_pod
         n = job.min_pods
         fit: np.ndarray | None = None  # pods per emptied node for any of its pods (an upper bound)
-        for eff in self._pod_classes(job):
+        classes = self._pod_classes(job)
+        for eff in classes:
             pods, why = capacity_fit(st, eff, self.picker.filters)
-            if why:  # one of the pods it needs fits no node
-                return f"no node can ever take pod {eff.requested.name}: {why}"
+            if why:  # one of the pods it needs fits no node, whatever runs
+                return why if len(classes) == 1 else f"pod {eff.requested.name}: {why}"
             fit = pods if fit is None else np.maximum(fit, pods)
         cap = self._pods_per_node(job, (st.gpu_count // g) if g else np.full(st.n_nodes, job.min_pods))
         if int(cap.sum()) < n:
