@@ -25,6 +25,7 @@ from gpupool.engine.filters import DEFAULT_FILTERS, EffectiveRequest
 from gpupool.engine.pool.job import PoolJob
 from gpupool.engine.pool.queues import QueueSpec, QueueTree
 from gpupool.engine.pool.scheduler import PoolConfig, PoolScheduler
+from gpupool.k8s import wire
 from gpupool.k8s.pool import live_config
 from gpupool.k8s.snapshot import plan, snapshot_from_objects
 from gpupool.model import NodeSpec, PodRequest
@@ -326,6 +327,47 @@ def test_live_a_pod_no_node_can_take_does_not_freeze_its_queue():
         h.create_node(roomy)
         wait_for(lambda: running(h, "big") == ["big"], timeout=20, what="the big pod bound on the new node")
         assert (h.pod("big") or {})["spec"]["nodeName"] == "n1"
+    finally:
+        kubelet.stop()
+        h.close()
+    assert not kubelet.violations, kubelet.violations
+
+
+def test_pool_scheduler_grows_an_elastic_job_without_gpus_when_no_gpu_is_free():
+    sched = _sched()
+    gpu = PoolJob("gpu", "q", 8, 1, 0.0)
+    sched.submit(gpu, 0.0)
+    sched.cycle(0.0)
+    cpu = PoolJob("cpu", "q", 0, 1, 1.0, cpu_per_pod=1000, max_pods=3)
+    sched.submit(cpu, 1.0)
+    res = sched.cycle(1.0)
+    assert res.started == [cpu] and len(cpu.placed) == 3 and sched.free_gpus == 0
+
+
+def test_live_a_set_aside_pod_binds_once_its_node_is_relabelled():
+    from test_k8s_pool_mock import Kubelet, create, running, start
+    from test_k8s_scheduler import PODGROUPS, QUEUES, Harness, gpu_node, wait_for
+
+    h = Harness()
+    h.declare(PODGROUPS)
+    h.declare(QUEUES)
+    kubelet = Kubelet(h)
+    kubelet.start()
+    try:
+        h.create_node(gpu_node("n0", gpus=2))
+        start(h)
+        picky = pod("picky", gpus=1)
+        for key in ("uid", "resourceVersion", "creationTimestamp"):
+            picky["metadata"].pop(key, None)
+        _selector(picky)
+        other = pod("other", gpus=1)
+        for key in ("uid", "resourceVersion", "creationTimestamp"):
+            other["metadata"].pop(key, None)
+        create(h, picky, other)
+        wait_for(lambda: running(h, "other") == ["other"], timeout=20, what="the other pod bound")
+        wire.drain(h.v1.patch_node("n0", {"metadata": {"labels": {"pool": "big"}}},
+                                   _content_type="application/merge-patch+json", _preload_content=False))
+        wait_for(lambda: running(h, "picky") == ["picky"], timeout=20, what="the relabelled node taking the pod")
     finally:
         kubelet.stop()
         h.close()

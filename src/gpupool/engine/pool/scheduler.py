@@ -40,6 +40,12 @@ A cycle runs the actions in the order Volcano and KAI use:
    their allocation.
 6. **elastic grow**: when nothing waits, elastic jobs grow into idle GPUs, one worker at a time.
 
+A job that no nodes could ever hold, whatever runs (:meth:`PoolScheduler.unplaceable_reason`: host resources, the
+placement policy's ``static`` filters such as node selectors, taints and GPU models, GPU counts, a required
+topology), waits out of its queue's order (``unschedulable``, kube-scheduler's unschedulable queue) and in no books
+of waiting work until the nodes change (:meth:`PoolScheduler.nodes_changed`); the jobs behind it go on. Jobs whose
+pods ask no GPU start whether or not a GPU is free.
+
 Non-preemptible jobs (``priority >= 100``) run only within their queue's quota and are never victims.
 Evicted jobs return to their queue and, when the driver checkpoints on eviction, lose no progress.
 
@@ -758,8 +764,9 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
                 self._allocate(now, res)
             if self.cfg.reserve_after_s is not None and self.n_pending:
                 self._maybe_reserve(now)
-        if self.cfg.elastic and self.elastic_running and not self.n_pending and self.free_gpus > 0:
-            self._grow(now, res)
+        if self.cfg.elastic and self.elastic_running and not self.n_pending and (
+                self.free_gpus > 0 or any(not j.gpus_per_pod for j in self.elastic_running.values())):
+            self._grow(now, res)  # (workers without GPUs grow whatever GPUs are free)
         return res
 
     def _promote_starved(self, now: float) -> None:
