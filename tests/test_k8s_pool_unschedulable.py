@@ -372,3 +372,28 @@ def test_live_a_set_aside_pod_binds_once_its_node_is_relabelled():
         kubelet.stop()
         h.close()
     assert not kubelet.violations, kubelet.violations
+
+
+def test_a_reservation_is_made_on_nodes_the_gang_may_use():
+    """The reservation for a starving job honours its node selector. Before: the nodes tied (full), the first one
+    was reserved, which the job may not use; small pods kept the other one full, and it waited for ever."""
+    c = Cluster([node("n0"), node("n1", pool="big")], reserve_after_s=30)
+    n = 0
+    for _ in range(16):  # both nodes full of 1-GPU pods
+        c.add(pod(f"s{n:03d}", created=n * 0.01))
+        n += 1
+    c.run(1)
+    wide = pod("wide", gpus=8, created=1)
+    _selector(wide)
+    c.add(wide)
+    started = None
+    for t in range(200):  # each second the oldest small pod ends and a new one arrives
+        c.finish(c.running("default/s")[0])
+        c.add(pod(f"s{n:03d}", created=2 + t))
+        n += 1
+        c.run(1)
+        if c.running("default/wide"):
+            started = t
+            break
+    assert started is not None, c.reason("default/wide")
+    assert c.pods["default/wide"]["spec"]["nodeName"] == "n1"

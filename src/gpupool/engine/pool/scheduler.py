@@ -189,6 +189,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         self._failed_place: tuple | None = None  # (job, pods, min_pods, state.changes) of a failed _place
         self._infeasible: dict[tuple, str] = {}  # infeasible_reason by job shape, pod classes, queue and priority
         self._unplaceable: dict[tuple, str] = {}  # unplaceable_reason by job shape and pod classes
+        self._static_fit: dict[tuple, np.ndarray] = {}  # static_fit by pod classes
         # waiting jobs that no node can ever take (unplaceable_reason): out of their queue's order, in no books of
         # waiting work, until the nodes change (nodes_changed); by job.seq
         self.unschedulable: dict[int, PoolJob] = {}
@@ -589,6 +590,22 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
             job.pod_classes = out
         return out
 
+    def static_fit(self, job: PoolJob) -> np.ndarray:
+        """(n_nodes,) int64, read-only: an upper bound of the pods of ``job`` each node could hold emptied, by what
+        does not change with load (:func:`~gpupool.engine.filters.capacity_fit` of each of its pod classes, the
+        largest): 0 on a node none of its pods may use (a selector, a taint, a GPU model). Kept per pod classes
+        until :meth:`nodes_changed`."""
+        key = self._class_key(job)
+        fit = self._static_fit.get(key)
+        if fit is None:
+            fit = np.full(self.state.n_nodes, 1 << 30, dtype=np.int64)
+            classes = self._pod_classes(job)
+            if classes:
+                fit = np.max([capacity_fit(self.state, eff, self.picker.filters)[0] for eff in classes], axis=0)
+            fit.flags.writeable = False
+            self._static_fit[key] = fit
+        return fit
+
     def _class_key(self, job: PoolJob) -> tuple:
         """What the placement policy reads of ``job``'s pods (part of the infeasibility memo keys)."""
         return tuple(eff.key() for eff in self._pod_classes(job))
@@ -635,6 +652,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         queue, waiting since it first did; a waiting one that no node can take any more is set aside."""
         self._infeasible.clear()
         self._unplaceable.clear()
+        self._static_fit.clear()
         self._failed_place = None
         for job in [j for p in self.pending for j in p.jobs]:
             why = self.unplaceable_reason(job)
