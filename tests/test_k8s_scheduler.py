@@ -787,11 +787,13 @@ def test_unschedulable_pod_gets_event_and_condition(h):
     h.scheduler()
     ev = wait_for(lambda: [e for e in h.events_for("big") if e["reason"] == "FailedScheduling"], what="event")
     assert ev[0]["type"] == "Warning"
-    assert ev[0]["message"] == "0/1 nodes are available: 1 Insufficient GPU share."
+    # more GPUs than any node has: set aside from its queue's order, with the cause (issue 33, item 2)
+    why = ("0/1 nodes are available: 1 Insufficient GPUs (fewer than 4 on the node). Set aside from the order of "
+           "queue default (its other pods go on) until a node is added or changes.")
+    assert ev[0]["message"] == why
     cond = wait_for(lambda: [c for c in h.pod("big")["status"].get("conditions", [])
                              if c["type"] == "PodScheduled"], what="condition")
-    assert cond[0] == {**cond[0], "status": "False", "reason": "Unschedulable",
-                       "message": "0/1 nodes are available: 1 Insufficient GPU share."}
+    assert cond[0] == {**cond[0], "status": "False", "reason": "Unschedulable", "message": why}
     time.sleep(0.3)  # later cycles do not repeat the same event
     assert len([e for e in h.events_for("big") if e["reason"] == "FailedScheduling"]) == 1
     assert bound_node(h, "big") is None

@@ -85,7 +85,11 @@ def node_share(state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) ->
 
 
 class FilterPlugin(Protocol):
-    """``mask(state, req, nodes)`` -> (len(nodes),) bool: True where the node passes."""
+    """``mask(state, req, nodes)`` -> (len(nodes),) bool: True where the node passes.
+
+    A filter may set a class attribute ``static = True`` when its verdict depends only on the node's object and
+    the request (labels, taints, GPU model), never on what runs there: :func:`capacity_fit` then applies it to
+    tell a pod that no node can ever take from one that waits for room."""
 
     reason: str
 
@@ -184,6 +188,7 @@ type_allowed = _type_allowed
 
 class GpuModelMatch:
     reason = "GPU model not in gpu_spec"
+    static = True  # the node's GPU model: its verdict does not change with load (see capacity_fit)
 
     def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         if req.num_gpu == 0 or not req.requested.gpu_spec:
@@ -195,6 +200,7 @@ class GpuTypeMatch:
     """HAMi-style GPU type selection (``nvidia.com/use-gputype`` / ``nouse-gputype``)."""
 
     reason = "GPU type not selected (use-gputype / nouse-gputype)"
+    static = True
 
     def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         r = req.requested
@@ -210,6 +216,7 @@ class GpuMemoryKnown:
     the device plugin or HAMi enforces it)."""
 
     reason = UNKNOWN_MEMORY_REASON
+    static = True
 
     def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         if req.num_gpu == 0 or not req.requested.gpu_memory_mib:
@@ -420,3 +427,61 @@ def reason_from_counts(state: ClusterState, req: EffectiveRequest, counts: np.nd
         if count:
             parts.append(f"{count} {f.reason}")
     return _reason_text(state, req, parts)
+
+
+# --------------------------------------------------------------------------- capacity (load left out)
+def capacity_fit(state: ClusterState, req: EffectiveRequest,
+                 filters: tuple[FilterPlugin, ...] = DEFAULT_FILTERS) -> tuple[np.ndarray, str]:
+    """Where ``req`` could ever go, whatever runs: ``(pods, reason)``.
+
+    ``pods``: (n_nodes,) int64, an upper bound of how many pods like ``req`` each node could hold emptied (every
+    GPU idle and counted, healthy or not): 0 where a ``static`` filter (see :class:`FilterPlugin`) rejects the
+    node, where its CPU or memory capacity (milli-CPU, MiB) is below the ask, or where it has fewer GPUs of an
+    allowed model (and, for a GPU memory ask, of that much memory) than the pod asks. Filters without
+    ``static`` (free CPU, memory, GPU share, MIG devices in use) are left out: they change with load.
+    ``reason``: when no node can hold one such pod, kube-scheduler's message with the first cause per node
+    (``0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 1 Insufficient memory.``);
+    else "". Never raises for a valid state and request."""
+    n = state.n_nodes
+    nodes = np.arange(n)
+    r = req.requested
+    big = np.int64(1 << 30)
+    causes: list[tuple[str, np.ndarray]] = []
+    for f in filters:
+        if getattr(f, "static", False):
+            causes.append((f.reason, ~np.asarray(f.mask(state, req, nodes), dtype=bool)))
+    pods = np.full(n, big, dtype=np.int64)
+    if r.cpu_milli:
+        pods = np.minimum(pods, state.cpu_cap // r.cpu_milli)
+        causes.append(("Insufficient cpu", state.cpu_cap < r.cpu_milli))
+    if r.memory_mib:
+        pods = np.minimum(pods, state.mem_cap // r.memory_mib)
+        causes.append(("Insufficient memory", state.mem_cap < r.memory_mib))
+    g = req.num_gpu
+    if g:
+        usable = state.gpu_exists.copy()
+        if _restricts_models(req):
+            usable &= allowed_models(state, req)[state.gpu_model]
+        if r.gpu_memory_mib:
+            usable &= state.gpu_mem_cap >= r.gpu_memory_mib
+        count = usable.sum(axis=1).astype(np.int64)
+        if req.is_slice_ask:  # one replica of a distinct GPU per unit asked on a time-sliced node
+            per_gpu = state.gpu_replicas
+        else:
+            per_gpu = np.full(n, max(1, MILLI // max(1, req.gpu_milli)), dtype=np.int64)
+        pods = np.minimum(pods, np.where(count >= g, count * per_gpu // g, 0))
+        causes.append((f"Insufficient GPUs (fewer than {g}" + (" of the model asked" if _restricts_models(req) else "")
+                       + (f" with {r.gpu_memory_mib} MiB of memory" if r.gpu_memory_mib else "") + " on the node)",
+                       count < g))
+    for _, bad in causes:
+        pods[bad] = 0
+    if (pods > 0).any():
+        return pods, ""
+    parts = []
+    left = np.ones(n, dtype=bool)
+    for text, bad in causes:
+        hit = left & bad
+        if hit.any():
+            parts.append(f"{int(hit.sum())} {text}")
+            left &= ~hit
+    return pods, _reason_text(state, req, parts)

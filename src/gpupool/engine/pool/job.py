@@ -100,6 +100,7 @@ class PoolJob:
     evicted_at: float = -math.inf  # when it was last evicted
     backoff: float = 0.0
     nonpreemptible_from: int = NONPREEMPTIBLE_PRIORITY  # priority from which it is not preemptible (set on submit)
+    pod_classes: tuple = ()  # the distinct requests of its first min_pods pods (PoolScheduler._pod_classes)
 
     def __post_init__(self) -> None:
         if self.n_pods < 1 or self.gpus_per_pod < 0:

@@ -41,6 +41,12 @@ A cycle runs the actions in the order Volcano and KAI use:
    their allocation.
 6. **elastic grow**: when nothing waits, elastic jobs grow into idle GPUs, one worker at a time.
 
+A job that no nodes could ever hold, whatever runs (:meth:`PoolScheduler.unplaceable_reason`: host resources, the
+placement policy's ``static`` filters such as node selectors, taints and GPU models, GPU counts, a required
+topology), waits out of its queue's order (``unschedulable``, kube-scheduler's unschedulable queue) and in no books
+of waiting work until the nodes change (:meth:`PoolScheduler.nodes_changed`); the jobs behind it go on. Jobs whose
+pods ask no GPU start whether or not a GPU is free.
+
 Non-preemptible jobs (``priority >= PoolConfig.nonpreemptible_priority``, 100) are never victims and run only
 within the quota of each queue on their path that has one; in a queue without a quota (0: the default queue)
 they take free capacity, as any job, but cannot be taken back.
@@ -62,6 +68,7 @@ import numpy as np
 from gpupool.cluster import ClusterState
 from gpupool.engine import kernels
 from gpupool.engine.core import Engine, Policy
+from gpupool.engine.filters import EffectiveRequest, capacity_fit
 from gpupool.engine.pool.actions import AllocateAction, EvictionActions, PlaceAction, ReserveAction
 from gpupool.engine.pool.config import DEFAULT_JOB_POLICIES, JOB_POLICIES, PoolConfig, job_policy, make_order
 from gpupool.engine.pool.fairshare import fair_shares, fair_shares_compiled, fairshare_mirror_current
@@ -73,7 +80,7 @@ from gpupool.engine.pool.placement import ScopedPolicy
 from gpupool.engine.pool.queues import QueueTree
 from gpupool.engine.pool.result import CycleResult
 from gpupool.engine.pool.scopes import TopologyIndex
-from gpupool.model import MILLI, Assignment, PodRequest
+from gpupool.model import MILLI, Assignment, InvalidRequestError, PodRequest
 
 __all__ = ["CycleResult", "PoolConfig", "PoolScheduler", "DEFAULT_JOB_POLICIES", "JOB_POLICIES", "job_policy"]
 
@@ -187,7 +194,13 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         self._run_ver = [0] * nq  # changes of each queue's running jobs (membership, size, level, run_since)
         self._victim_keep: dict[tuple[int, bool], object] = {}
         self._failed_place: tuple | None = None  # (job, pods, min_pods, state.changes) of a failed _place
-        self._infeasible: dict[tuple, str] = {}  # infeasible_reason by job shape, queue and priority
+        self._infeasible: dict[tuple, str] = {}  # infeasible_reason by job shape, pod classes, queue and priority
+        self._unplaceable: dict[tuple, str] = {}  # unplaceable_reason by job shape and pod classes
+        self._static_fit: dict[tuple, np.ndarray] = {}  # static_fit by pod classes
+        # waiting jobs that no node can ever take (unplaceable_reason): out of their queue's order, in no books of
+        # waiting work, until the nodes change (nodes_changed); by job.seq
+        self.unschedulable: dict[int, PoolJob] = {}
+        self.n_pending_cpu = 0  # waiting jobs (in their queues) whose pods ask no GPU
         self._topology_setup()
         self.stats = {"cycles": 0, "reclaim_attempts": 0, "preempt_attempts": 0, "victim_restores": 0,
                       "reservations": 0, "fair_share_updates": 0, "consolidation_attempts": 0, "moved_jobs": 0,
@@ -295,6 +308,13 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         job.pending_since = now if waiting_since is None or not waiting_since < now else waiting_since
         job.level = self.order.level(job.attained - job.las_base)
         self._set_key(job)
+        why = self.unplaceable_reason(job)
+        if why:  # no node can ever take it: it waits out of its queue's order (kube-scheduler's unschedulable queue)
+            job.reason = why
+            self.unschedulable[job.seq] = job
+            return
+        if not job.gpus_per_pod:
+            self.n_pending_cpu += 1
         grp = self._group(job)
         shape = self._shape(job)
         self.pending[grp].insert(job, shape)
@@ -309,6 +329,10 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
             heapq.heappush(self._promote, (now + wait, job.seq, job))
 
     def _dequeue(self, job: PoolJob) -> None:
+        if self.unschedulable.pop(job.seq, None) is not None:  # set aside: in no list, no books
+            return
+        if not job.gpus_per_pod:
+            self.n_pending_cpu -= 1
         grp = self._group(job)
         shape = self._shape(job)
         self.pending[grp].remove(job, shape)
@@ -531,28 +555,109 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         return self._pods_per_node(job, self.state.gpu_healthy.sum(axis=1) // max(1, job.gpus_per_pod))
 
     def infeasible_reason(self, job: PoolJob) -> str:
-        """Why ``job`` could never run on this cluster with every GPU healthy and idle ("" if it can).
+        """Why ``job`` could never run on this cluster with every GPU healthy and idle ("" if it can): no nodes
+        could hold it (:meth:`unplaceable_reason`), or it asks more than a limit (or, non-preemptible, a quota)
+        of its queues.
 
-        The answer depends only on the job's shape, queue and priority and on fixed capacities, so it is
-        computed once per distinct combination."""
+        The answer depends only on the job's shape, pods, queue and priority and on fixed capacities (and the
+        nodes' objects: :meth:`nodes_changed`), so it is computed once per distinct combination."""
         key = (job.gpus_per_pod, job.min_pods, job.cpu_per_pod, job.mem_per_pod, job.topology, job.topology_tier,
-               job.queue, job.priority)
+               job.queue, job.priority, self._class_key(job))
         reason = self._infeasible.get(key)
         if reason is None:
             reason = self._infeasible[key] = self._infeasible_reason(job)
         return reason
 
     def _infeasible_reason(self, job: PoolJob) -> str:
+        """:meth:`infeasible_reason`, not remembered (its node part is)."""
+        return self.unplaceable_reason(job) or self._queue_infeasible(job)
+
+    def unplaceable_reason(self, job: PoolJob) -> str:
+        """Why no nodes of this cluster could ever hold ``job``'s minimum, whatever runs there ("" if some could):
+        more pods than the nodes could hold emptied, a pod that no node takes for a reason that does not change
+        with load (host CPU or memory above any node's, a node selector, affinity, taint or GPU model that no
+        node matches, more GPUs than any node has of the model asked: the placement policy's ``static`` filters,
+        :func:`~gpupool.engine.filters.capacity_fit`), or a required topology no domain can hold. Such a job
+        waits out of its queue's order (:attr:`unschedulable`) until :meth:`nodes_changed`; one merely too big
+        for the free capacity waits in order. Computed once per job shape and pod classes."""
+        key = (job.gpus_per_pod, job.min_pods, job.cpu_per_pod, job.mem_per_pod, job.topology, job.topology_tier,
+               self._class_key(job))
+        reason = self._unplaceable.get(key)
+        if reason is None:
+            reason = self._unplaceable[key] = self._unplaceable_reason(job)
+        return reason
+
+    def _pod_classes(self, job: PoolJob) -> tuple[EffectiveRequest, ...]:
+        """The distinct requests (as the placement policy sees them) of the pods ``job`` needs at least: its first
+        ``min_pods`` (those placed first), or, before its pods are made, the one they would all be. Kept on the job
+        once its pods exist."""
+        if job.pod_classes:
+            return job.pod_classes
+        pods: Sequence[PodRequest] = job.pods[:job.min_pods]
+        if not pods:  # a job asked about before submit (its pods not made yet): its pods' common request
+            try:
+                pods = [PodRequest(f"{job.name}/0", cpu_milli=job.cpu_per_pod, memory_mib=job.mem_per_pod,
+                                   num_gpu=job.gpus_per_pod, gpu_milli=MILLI if job.gpus_per_pod else 0,
+                                   priority=job.priority)]
+            except InvalidRequestError:  # beyond any pod's bounds: the capacity test says no node holds it
+                return ()
+        effective = self.picker.effective
+        classes: dict[tuple, EffectiveRequest] = {}
+        for p in pods:
+            eff = effective(p)
+            classes.setdefault(eff.key(), eff)
+        out = tuple(classes.values())
+        if job.pods:
+            job.pod_classes = out
+        return out
+
+    def static_fit(self, job: PoolJob) -> np.ndarray:
+        """(n_nodes,) int64, read-only: an upper bound of the pods of ``job`` each node could hold emptied, by what
+        does not change with load (:func:`~gpupool.engine.filters.capacity_fit` of each of its pod classes, the
+        largest): 0 on a node none of its pods may use (a selector, a taint, a GPU model). Kept per pod classes
+        until :meth:`nodes_changed`."""
+        key = self._class_key(job)
+        fit = self._static_fit.get(key)
+        if fit is None:
+            fit = np.full(self.state.n_nodes, 1 << 30, dtype=np.int64)
+            classes = self._pod_classes(job)
+            if classes:
+                fit = np.max([capacity_fit(self.state, eff, self.picker.filters)[0] for eff in classes], axis=0)
+            fit.flags.writeable = False
+            self._static_fit[key] = fit
+        return fit
+
+    def _class_key(self, job: PoolJob) -> tuple:
+        """What the placement policy reads of ``job``'s pods (part of the infeasibility memo keys)."""
+        return tuple(eff.key() for eff in self._pod_classes(job))
+
+    def _unplaceable_reason(self, job: PoolJob) -> str:
         st = self.state
         g = job.gpus_per_pod
-        cap = self._pods_per_node(job, (st.gpu_count // g) if g else np.full(st.n_nodes, job.min_pods))
         n = job.min_pods
+        fit: np.ndarray | None = None  # pods per emptied node for any of its pods (an upper bound)
+        classes = self._pod_classes(job)
+        for eff in classes:
+            pods, why = capacity_fit(st, eff, self.picker.filters)
+            if why:  # one of the pods it needs fits no node, whatever runs
+                return why if len(classes) == 1 else f"pod {eff.requested.name}: {why}"
+            fit = pods if fit is None else np.maximum(fit, pods)
+        cap = self._pods_per_node(job, (st.gpu_count // g) if g else np.full(st.n_nodes, job.min_pods))
         if int(cap.sum()) < n:
             return (f"needs {n} pod(s) of {g} GPU(s) ({n * g} GPUs); the cluster can hold only "
                     f"{int(cap.sum())} such pod(s) ({st.total_gpus} GPUs in all, at most {int(st.gpu_count.max())} "
                     f"per node)")
+        if fit is not None:
+            cap = np.minimum(cap, fit)
+            if int(cap.sum()) < n:
+                return (f"needs {n} pod(s) of {g} GPU(s); the nodes its pods may use can hold only {int(cap.sum())} "
+                        "such pod(s)")
         if job.topology == "required" and self.cfg.topology_aware and n > 1 and not self._scopes(job, cap, n):
             return f"no {job.topology_tier} domain can hold {n} pods of {g} GPU(s) (topology required)"
+        return ""
+
+    def _queue_infeasible(self, job: PoolJob) -> str:
+        n, g = job.min_pods, job.gpus_per_pod
         for a in self.paths[self.tree.leaf_index(job.queue)]:
             if n * g > self.limit_g[a] + _EPS:
                 return f"needs {n * g} GPUs, above the limit {self.limit_g[a]:g} of queue {self.tree.names[a]!r}"
@@ -560,6 +665,26 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
                 return (f"non-preemptible (priority {job.priority}) job of {n * g} GPUs above the quota "
                         f"{self.quota_g[a]:g} of queue {self.tree.names[a]!r}")
         return ""
+
+    def nodes_changed(self, now: float) -> None:
+        """The nodes' objects changed (labels, taints, cordon, Ready: what the placement policy's ``static``
+        filters read; capacities make a new state, and a new scheduler): every waiting job's
+        :meth:`unplaceable_reason` is taken again. A job set aside that some node could take now goes back to its
+        queue, waiting since it first did; a waiting one that no node can take any more is set aside."""
+        self._infeasible.clear()
+        self._unplaceable.clear()
+        self._static_fit.clear()
+        self._failed_place = None
+        for job in [j for p in self.pending for j in p.jobs]:
+            why = self.unplaceable_reason(job)
+            if why:
+                self._dequeue(job)
+                job.reason = why
+                self.unschedulable[job.seq] = job
+        for job in list(self.unschedulable.values()):
+            if not self.unplaceable_reason(job):
+                del self.unschedulable[job.seq]
+                self._enqueue(job, now, job.pending_since)
 
     def _admissible(self, job: PoolJob, pods: int) -> bool:
         """Within every limit on the queue's path and, if non-preemptible, within the quota of every queue on
@@ -681,8 +806,9 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
                 self._allocate(now, res)
             if self.cfg.reserve_after_s is not None and self.n_pending:
                 self._maybe_reserve(now)
-        if self.cfg.elastic and self.elastic_running and not self.n_pending and self.free_gpus > 0:
-            self._grow(now, res)
+        if self.cfg.elastic and self.elastic_running and not self.n_pending and (
+                self.free_gpus > 0 or any(not j.gpus_per_pod for j in self.elastic_running.values())):
+            self._grow(now, res)  # (workers without GPUs grow whatever GPUs are free)
         return res
 
     def _promote_starved(self, now: float) -> None:
@@ -691,7 +817,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         assert isinstance(self.order, TiresiasOrder)
         while self._promote and self._promote[0][0] <= now + 1e-9:
             _, _, job = heapq.heappop(self._promote)
-            if job.status != PENDING or job.level == 0:
+            if job.status != PENDING or job.level == 0 or job.seq in self.unschedulable:
                 continue
             if not self.order.promoted(now - job.pending_since, job.run_s):
                 continue
@@ -831,7 +957,8 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         return np.array(self.alloc) + np.array(self.pend)
 
     def pending_jobs(self) -> list[PoolJob]:
-        return [j for p in self.pending for j in p.jobs]
+        """Every waiting job: in its queue, then those set aside (:attr:`unschedulable`)."""
+        return [j for p in self.pending for j in p.jobs] + list(self.unschedulable.values())
 
     def running_jobs(self) -> list[PoolJob]:
         return [j for r in self.running for j in r.values()]

@@ -241,6 +241,7 @@ def _constraints(req: EffectiveRequest) -> Constraints | None:
 class _EligibilityFilter:
     reason = ""
     slot = 0
+    static = True  # the node's object alone (cordon, Ready, taints, labels): it changes when the node does
 
     def __init__(self, book: Eligibility) -> None:
         self.book = book
@@ -269,6 +270,7 @@ class _AffinityFilter(_EligibilityFilter):
 
 class _MigFilter(_EligibilityFilter):
     reason = "Insufficient MIG devices"
+    static = False  # devices in use count
 
     def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
         c = _constraints(req)

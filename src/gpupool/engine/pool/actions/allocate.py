@@ -53,7 +53,7 @@ class AllocateAction:
                 r = None
             else:
                 allowed = ~r.mask
-        if self.free_gpus <= 0:
+        if self.free_gpus <= 0 and not self.n_pending_cpu:  # jobs without GPUs may still start
             return placed_any
         # other queues' in-quota work is not held back by a reservation for a gang that would borrow
         lender = r is not None and not self._in_quota(r.job)
@@ -102,7 +102,7 @@ class AllocateAction:
                 if ok:
                     placed = placed_any = True
                     break
-                if not self.cfg.backfill or self.free_gpus <= 0:
+                if not self.cfg.backfill or (self.free_gpus <= 0 and not self.n_pending_cpu):
                     return placed_any
                 if checked != self._fail_ver:  # the pending shapes are unchanged until a job starts
                     checked = known_ver = self._fail_ver
@@ -138,6 +138,8 @@ class AllocateAction:
             return False
         placed = self._place(job, allowed, self._admissible_pods(job), nmin) if self.free_gpus >= nmin * g else None
         if placed is None:
+            if not g:  # no GPU asked: its host CPU or memory, not GPUs, failed; no GPU shape fails like it
+                return False
             memo = failed.setdefault(shape[2], {})
             memo[g] = min(memo.get(g, 1 << 30), nmin)
             self._fail_ver += 1

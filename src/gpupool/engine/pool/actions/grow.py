@@ -42,7 +42,8 @@ class GrowAction:
         jobs = sorted(self.elastic_running.values(), key=lambda j: (self._qkey(j.q), j.seq))
         before = {j.seq: len(j.placed) for j in jobs}
         progress = True
-        while progress and self.free_gpus > 0:
+        cpu = any(not j.gpus_per_pod for j in jobs)  # workers without GPUs need no free GPU
+        while progress and (self.free_gpus > 0 or cpu):
             progress = False
             for job in jobs:
                 if len(job.placed) >= job.max_pods or self.free_gpus < job.gpus_per_pod:

@@ -41,9 +41,10 @@ class ReserveAction:
 
     def _reserve(self, job: PoolJob, now: float) -> bool:
         """Reserve nodes for a starving ``job``: those where it fits soonest (most free GPUs), within one
-        switch if one can hold it. False if even the whole healthy cluster could not."""
+        switch if one can hold it, among the nodes its pods may use (selectors, taints, GPU models:
+        ``static_fit``). False if even the whole healthy cluster could not."""
         st = self.state
-        cap = self._healthy_capacity(job)
+        cap = np.minimum(self._healthy_capacity(job), self.static_fit(job))  # only nodes its pods may use
         n = job.min_pods
         if int(cap.sum()) < n:
             return False

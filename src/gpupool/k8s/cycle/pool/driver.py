@@ -101,6 +101,7 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
         self.hetero: set[str] = set()  # gangs whose GPU pods differ in size (the part-1 path places them)
         self.riders: dict[str, list[PodInfo]] = {}  # job -> its pending 0-GPU pods (an MPI launcher)
         self._tree_key: tuple | None = None
+        self._nodes_ver: tuple | None = None  # (eligibility book, its node generations) the pool last saw
         self.jobs: dict[str, PoolJob] = {}
         self.info: dict[str, JobInfo] = {}
         self.job_of: dict[str, str] = {}  # pod key -> job name
@@ -272,8 +273,12 @@ class PoolDriver(ReconcileMixin, CarryOutMixin, HoldsMixin, ReasonsMixin):
         state, engine = model.state, model.engine
         now = self.clock()
         tree = self._queue_tree()
+        nodes_ver = (id(model.elig), int(model.elig.gen.sum())) if model.elig is not None else None
         if self.pool is None or self.pool.state is not state or self.pool.tree is not tree:
             self._reset(now)
+        elif nodes_ver != self._nodes_ver:  # a node's labels, taints, cordon or Ready changed: what no node could
+            self.pool.nodes_changed(now)  # take may fit now, and the other way round
+        self._nodes_ver = nodes_ver
         pool = self.pool
         assert pool is not None
         placements: list[Any] = list(out)

@@ -66,6 +66,11 @@ class ReasonsMixin:
                             f"holds {round(held, 3):g} of its quota {quota:g} GPU in non-preemptible work, "
                             f"{need:g} more asked")
             return (f"non-preemptible job (priority {job.priority}) waits for room within the quota of queue {q}")
+        if job.seq in pool.unschedulable:  # no node can ever take it (kube-scheduler's unschedulable queue)
+            why = self._topology_hint(job, job.reason)
+            why = f"gang {job.name} cannot be placed together: {why}" if unit.gang is not None else why
+            return (f"{why}{' ' if why.endswith('.') else '. '}Set aside from the order of queue {q} (its other pods "
+                    "go on) until a node is added or changes.")
         d = model.engine.schedule(job.pods[0])
         held, share = pool.alloc[job.q][0], pool._fs_g[job.q]
         below = ""
@@ -79,15 +84,7 @@ class ReasonsMixin:
         if d.assignment is None:
             why = f"gang {job.name} cannot be placed together: {d.reason}" if unit.gang is not None else d.reason
             return f"{why}; {refused[1]}" if refused is not None else why + below
-        why = pool.infeasible_reason(job)
-        if why and job.topology == "required" and "domain" in why:
-            tier = job.topology_tier
-            if tier in ("switch", "spine") and not (pool.switch >= 0).any():
-                why += (f"; no node carries a {LABEL_SWITCH} or {LABEL_RACK} label, so no switch domain exists: label "
-                        "the nodes, or make the topology preferred")
-            elif tier == "nvlink" and not (pool.multi_dom >= 0).any():
-                why += (f"; no two nodes share an NVLink domain ({LABEL_NVLINK_DOMAIN} or nvidia.com/gpu.clique "
-                        "labels): label the nodes, or make the topology preferred")
+        why = self._topology_hint(job, pool.infeasible_reason(job))
         if why:
             return f"gang {job.name} cannot be placed together: {why}" if unit.gang else f"job {job.name}: {why}"
         r = pool.reservation
@@ -101,3 +98,18 @@ class ReasonsMixin:
         if r is not None and r.job is not job:
             parts.append(f"nodes are reserved for gang {r.job.name}")
         return "; ".join(parts)
+
+    def _topology_hint(self, job: PoolJob, why: str) -> str:
+        """``why`` (an infeasibility reason of ``job``), with how to fix a required topology that no domain can hold
+        because the nodes carry no topology labels."""
+        pool = self.pool
+        assert pool is not None
+        if why and job.topology == "required" and "domain" in why:
+            tier = job.topology_tier
+            if tier in ("switch", "spine") and not (pool.switch >= 0).any():
+                why += (f"; no node carries a {LABEL_SWITCH} or {LABEL_RACK} label, so no switch domain exists: label "
+                        "the nodes, or make the topology preferred")
+            elif tier == "nvlink" and not (pool.multi_dom >= 0).any():
+                why += (f"; no two nodes share an NVLink domain ({LABEL_NVLINK_DOMAIN} or nvidia.com/gpu.clique "
+                        "labels): label the nodes, or make the topology preferred")
+        return why
