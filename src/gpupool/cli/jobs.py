@@ -147,6 +147,9 @@ def execute_jobs(
                  f"{', '.join(map(str, seeds))}" + (" (mean ± std)" if len(seeds) > 1 else "")
                  + _model_label(model or {}))
         print_table(console, report.jobs_table(summary, title, **table_kwargs(report.jobs_table, wide)), wide)
+        console.print("events/s: simulator events per second of this run's wall time, other runs on the machine "
+                      "included; benchmarks/bench_jobs.py measures events per CPU second (docs/pool-scheduler.md)",
+                      style="dim", highlight=False, soft_wrap=wide)
         for (name, s), cost in one_runs.items():
             console.print(fairness_table(f"{name}, seed {s}", cost))
         for line in _objective_trades(summary):
