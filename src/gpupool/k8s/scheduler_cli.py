@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
+from pydantic import BaseModel, ConfigDict
 
+from gpupool.inputs import load_yaml, unknown_keys
 from gpupool.k8s import DEFAULT_SCHEDULER_NAME
 from gpupool.k8s.api.client import ConfigError, host_port, load_api_client, parse_duration
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
@@ -74,35 +75,85 @@ class Settings:
                            preempt=self.preemption, reclaim=self.reclaim, elastic=self.elastic, **knob)
 
 
-CONFIG_KEYS = {"apiVersion", "kind", "leaderElection", "profiles", "metrics", "logging", "telemetry", "pool"}
-POOL_KEYS = {"enabled", "jobOrder", "reserveAfter", "minRuntime", "consolidate", "preemption", "reclaim", "elastic",
-             "defaultQueue"}
+class _Keys(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _LeaderElectionKeys(_Keys):
+    leaderElect: Any = None
+    resourceLock: Any = None  # kube-scheduler's; gpupool always uses a Lease
+    resourceName: Any = None
+    resourceNamespace: Any = None
+    leaseDuration: Any = None
+    renewDeadline: Any = None
+    retryPeriod: Any = None
+
+
+class _ProfileKeys(_Keys):
+    schedulerName: Any = None
+    policy: Any = None
+
+
+class _PoolKeys(_Keys):
+    enabled: Any = None
+    jobOrder: Any = None
+    reserveAfter: Any = None
+    minRuntime: Any = None
+    consolidate: Any = None
+    preemption: Any = None
+    reclaim: Any = None
+    elastic: Any = None
+    defaultQueue: Any = None
+
+
+class _MetricsKeys(_Keys):
+    bindAddress: Any = None
+
+
+class _LoggingKeys(_Keys):
+    format: Any = None
+    level: Any = None
+
+
+class _TelemetryKeys(_Keys):
+    prometheusURL: Any = None
+    dcgmEndpoints: Any = None
+
+
+class ConfigKeys(_Keys):
+    """The key schema of a ``GpupoolSchedulerConfiguration`` (:func:`gpupool.inputs.unknown_keys`); the values
+    are checked by :func:`load_config`."""
+
+    apiVersion: Any = None
+    kind: Any = None
+    leaderElection: _LeaderElectionKeys | None = None
+    profiles: list[_ProfileKeys] | None = None
+    metrics: _MetricsKeys | None = None
+    logging: _LoggingKeys | None = None
+    telemetry: _TelemetryKeys | None = None
+    pool: _PoolKeys | None = None
 
 
 def load_config(path: Path, settings: Settings | None = None) -> Settings:
     """Read a ``GpupoolSchedulerConfiguration`` YAML file into ``settings`` (raises :class:`ConfigError`)."""
     s = settings or Settings()
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text: str | None = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    source = str(path)
+    doc = load_yaml(text or "", source, ConfigError) or {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping at the top")
     if doc.get("kind") == "ConfigMap":  # deploy/configmap.yaml as it is: read its data["config.yaml"]
         inner = (doc.get("data") or {}).get("config.yaml")
         if not isinstance(inner, str):
             raise ConfigError(f"{path}: ConfigMap without a data['config.yaml'] entry")
-        try:
-            doc = yaml.safe_load(inner) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: data['config.yaml']: invalid YAML: {exc}") from None
+        source, text = f"{path}: data['config.yaml']", None  # lines within the entry are not the file's
+        doc = load_yaml(inner, source, ConfigError) or {}
         if not isinstance(doc, dict):
             raise ConfigError(f"{path}: data['config.yaml']: expected a mapping at the top")
-    unknown = sorted(set(doc) - CONFIG_KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(CONFIG_KEYS))}")
+    unknown_keys(doc, ConfigKeys, source, text, ConfigError)
 
     def section(name: str) -> dict[str, Any]:
         value = doc.get(name) or {}
@@ -128,9 +179,6 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
         prof = profiles[0] or {}
         if not isinstance(prof, dict):
             raise ConfigError(f"{path}: profiles[0]: expected a mapping")
-        bad = sorted(set(prof) - {"schedulerName", "policy"})
-        if bad:
-            raise ConfigError(f"{path}: profiles[0]: unknown field(s) {', '.join(bad)}; known: policy, schedulerName")
         s.scheduler_name = str(prof.get("schedulerName") or s.scheduler_name)
         s.policy = str(prof.get("policy") or s.policy)
     s.metrics_address = str(section("metrics").get("bindAddress") or s.metrics_address)
@@ -141,9 +189,6 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
     s.prometheus_url = str(tel.get("prometheusURL") or "")
     s.dcgm_endpoints = [str(x) for x in tel.get("dcgmEndpoints") or []]
     pool = section("pool")
-    bad = sorted(set(pool) - POOL_KEYS)
-    if bad:
-        raise ConfigError(f"{path}: pool: unknown field(s) {', '.join(bad)}; known: {', '.join(sorted(POOL_KEYS))}")
     for key, attr in (("enabled", "pool"), ("consolidate", "consolidate"), ("preemption", "preemption"),
                       ("reclaim", "reclaim"), ("elastic", "elastic")):
         if key in pool:

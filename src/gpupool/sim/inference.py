@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import yaml
 
+from gpupool.inputs import load_yaml
 from gpupool.model import GpupoolError
 
 __all__ = [
@@ -175,10 +175,7 @@ def load_throughput_table(path: str | Path | None = None, gpu_model: str = "H200
             text = Path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise InferenceConfigError(f"{source}: not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InferenceConfigError(f"{source}: not valid YAML: {exc}") from None
+    doc = load_yaml(text, source, InferenceConfigError)
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict) or not isinstance(doc.get("gpus"), dict):
         raise InferenceConfigError(f"{source}: expected a mapping with 'model' and 'gpus'")
     m = doc["model"]
