@@ -262,3 +262,17 @@ def test_cli_snapshot_without_a_usable_node_is_an_error(tmp_path):
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"schedulerName": "gpupool"}}]}))
     bad = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(nameless)])
     assert bad.exit_code == 2 and "no usable node in the snapshot (" in bad.output and "metadata.name" in bad.output
+
+
+@pytest.mark.parametrize("args, message", [
+    # before: Click's 4-line usage error, "Input should be greater than or equal to 0", the value not named;
+    # infinities passed
+    (("--seed", "-1"), "error: --seed must be >= 0, got -1\n"),
+    (("--reserve-after", "inf"), "error: --reserve-after must be a finite number >= 0, got inf\n"),
+    (("--min-runtime", "nan"), "error: --min-runtime must be a finite number >= 0, got nan\n"),
+    (("--min-runtime", "-5"), "error: --min-runtime must be >= 0, got -5\n"),
+])
+def test_scheduler_numbers_out_of_bounds_are_one_line(args, message):
+    result = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(SMALL), *args])
+    assert result.exit_code == 2
+    assert result.output == message

@@ -9,7 +9,9 @@ Every loader of a user's YAML (or JSON) file goes through this module:
   with the file, the key's line and column, and the closest known key (``did you mean 'maxReplicas'?``).
   Only unknown keys are reported here; the values are checked by the loader, which knows their units;
 * :func:`known_keys` and :func:`did_you_mean` serve loaders that report pydantic errors their own way
-  (:mod:`gpupool.clusterspec`, :mod:`gpupool.engine.pool.queues`).
+  (:mod:`gpupool.clusterspec`, :mod:`gpupool.engine.pool.queues`);
+* :func:`out_of_range` words the error of a numeric command-line option outside its bounds, the same way in
+  every command (``--ratio must be within (0, 10] ..., got 1e+09``).
 
 Lines and columns are 1-based, as editors count them.
 """
@@ -17,6 +19,7 @@ Lines and columns are 1-based, as editors count them.
 from __future__ import annotations
 
 import difflib
+import math
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Union, get_args, get_origin
@@ -32,6 +35,7 @@ __all__ = [
     "key_position",
     "known_keys",
     "load_yaml",
+    "out_of_range",
     "unknown_keys",
     "yaml_error_message",
     "yaml_root",
@@ -195,3 +199,27 @@ def unknown_keys(data: Any, schema: type[BaseModel], source: str, text: str | No
         at = f" in {_path(loc[:-1])}" if len(loc) > 1 else " at the top level"
         raise error(f"{where}: unknown field {str(loc[-1])!r}{at}"
                     f"{did_you_mean(str(loc[-1]), known_keys(schema, loc[:-1]))}{more}") from None
+
+
+def out_of_range(option: str, value: float | None, low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, what: str = "") -> str | None:
+    """The error for ``value`` of ``option`` when it is NaN, infinite or outside ``[low, high]`` (``(low, high]``
+    with ``low_open``; None: no bound on that side), else None (also for a value not given, None).
+
+    The message is one line naming the option, the range (with ``what``, e.g. the unit) and the value:
+    ``--ratio must be within (0, 10] (a multiple of the cluster's GPU capacity), got 1e+09``.
+    """
+    if value is None:
+        return None
+    ok = (math.isfinite(value) and (low is None or (value > low if low_open else value >= low))
+          and (high is None or value <= high))
+    if ok:
+        return None
+    if low is not None and high is not None:
+        bounds = f"within {'(' if low_open else '['}{low:g}, {high:g}]"
+    elif low is not None:
+        bounds = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        bounds = f"<= {high:g}" if high is not None else "finite"  # no bound: only NaN and infinities are refused
+    finite = "" if math.isfinite(value) or bounds == "finite" else "a finite number "
+    return f"{option} must be {finite}{bounds}{f' ({what})' if what else ''}, got {value:g}"

@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,7 +27,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import BaseModel, ConfigDict
 
-from gpupool.inputs import load_yaml, unknown_keys
+from gpupool.inputs import load_yaml, out_of_range, unknown_keys
 from gpupool.k8s import DEFAULT_SCHEDULER_NAME
 from gpupool.k8s.api.client import ConfigError, host_port, load_api_client, parse_duration
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
@@ -216,6 +216,19 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+def _in_range(option: str, low: float) -> Callable[[Any], Any]:
+    """A Typer callback: a value below ``low``, NaN or infinite is refused as the option is read, in one line
+    naming the option, the range and the value (:func:`gpupool.inputs.out_of_range`), exit 2."""
+
+    def check(value: Any) -> Any:
+        message = out_of_range(option, value, low)
+        if message is not None:
+            _fail(message)
+        return value
+
+    return check
 
 
 def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings, seed: int,
@@ -419,7 +432,8 @@ def register(app: typer.Typer) -> None:
             help=f"Schedule pods whose spec.schedulerName is this. Default: {DEFAULT_SCHEDULER_NAME}.")] = None,
         policy: Annotated[str | None, typer.Option(
             show_default=False, help=f"Placement policy: {', '.join(REGISTRY)}. Default: {DEFAULT_POLICY}.")] = None,
-        seed: Annotated[int, typer.Option(min=0, help="Seed of the tie-break between equal nodes (>= 0).")] = 0,
+        seed: Annotated[int, typer.Option(callback=_in_range("--seed", 0),
+                                          help="Seed of the tie-break between equal nodes (>= 0).")] = 0,
         leader_elect: Annotated[bool | None, typer.Option(
             "--leader-elect/--no-leader-elect", show_default=False,
             help="Elect one binding replica through a coordination.k8s.io Lease. Default: off "
@@ -447,10 +461,10 @@ def register(app: typer.Typer) -> None:
                  "(by job sizes learned from the jobs that left, and a run-time limit a job declares: Kueue's "
                  "max-exec-time-seconds label or the pod's activeDeadlineSeconds). Default: fifo.")] = None,
         reserve_after: Annotated[float | None, typer.Option(
-            "--reserve-after", metavar="SECONDS", min=0, show_default=False,
+            "--reserve-after", metavar="SECONDS", callback=_in_range("--reserve-after", 0), show_default=False,
             help="Reserve nodes for a gang that waited this long (0: never). Default: 600.")] = None,
         min_runtime: Annotated[float | None, typer.Option(
-            "--min-runtime", metavar="SECONDS", min=0, show_default=False,
+            "--min-runtime", metavar="SECONDS", callback=_in_range("--min-runtime", 0), show_default=False,
             help="A pod runs at least this long before it may be evicted. Default: 60.")] = None,
         consolidate: Annotated[bool | None, typer.Option(
             "--consolidate/--no-consolidate", show_default=False,
