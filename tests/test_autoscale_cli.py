@@ -98,3 +98,14 @@ def test_a_bad_indent_in_a_scenario_is_one_line(tmp_path: Path) -> None:
     assert res.exit_code == 2
     assert len(res.output.splitlines()) == 1 and res.output.startswith("error: indent.yaml:") and "invalid YAML" in \
         res.output, res.output
+
+
+def test_a_typo_in_a_throughput_table_names_the_line_column_and_key_meant(tmp_path: Path) -> None:
+    # before: an optional key misspelt was ignored, a required one was reported "missing" with no hint
+    table = ROOT / "src" / "gpupool" / "data" / "inference_throughput.yaml"
+    bad = tmp_path / "tp.yaml"
+    bad.write_text(table.read_text().replace("  parameters: 8.03e9", "  parameter: 8.03e9", 1))
+    res = _run("--throughput", str(bad), "--hours", "0.5", "--policies", "static", "--quiet")
+    assert res.exit_code == 2
+    line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if text.startswith("  parameter:"))
+    assert res.output == f"error: tp.yaml:{line}:3: unknown field 'parameter' in model; did you mean 'parameters'?\n"

@@ -50,8 +50,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpupool.inputs import load_yaml
+from gpupool.inputs import load_yaml, unknown_keys
 from gpupool.model import GpupoolError
+
+from .inference_schema import ThroughputKeys
 
 __all__ = [
     "DAY_S",
@@ -178,6 +180,7 @@ def load_throughput_table(path: str | Path | None = None, gpu_model: str = "H200
     doc = load_yaml(text, source, InferenceConfigError)
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict) or not isinstance(doc.get("gpus"), dict):
         raise InferenceConfigError(f"{source}: expected a mapping with 'model' and 'gpus'")
+    unknown_keys(doc, ThroughputKeys, source, text, InferenceConfigError)
     m = doc["model"]
     where = f"{source}: model"
     model = ServedModel(

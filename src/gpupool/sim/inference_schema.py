@@ -1,4 +1,5 @@
-"""The key schema of the inference scenario file (:func:`gpupool.sim.inference_policies.load_scenario`).
+"""The key schemas of the inference scenario file (:func:`gpupool.sim.inference_policies.load_scenario`) and of
+the throughput table (:func:`gpupool.sim.inference.load_throughput_table`).
 
 Pydantic models with ``extra="forbid"`` at every level, read by :func:`gpupool.inputs.unknown_keys`: a key not
 listed here (``maxReplica`` for ``maxReplicas``) is refused with the file, its line and column and the closest
@@ -12,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ScenarioKeys"]
+__all__ = ["ScenarioKeys", "ThroughputKeys"]
 
 
 class _Keys(BaseModel):
@@ -148,3 +149,34 @@ class ScenarioKeys(_Keys):
     kind: Any = None
     metadata: _Metadata | None = None
     spec: _Spec | None = None
+
+
+class _SliceRow(_Keys):
+    kind: Any = None
+    gpu_fraction: Any = None
+    prefill_tokens_per_s: Any = None
+    decode_step_ms: Any = None
+    decode_step_ms_per_seq: Any = None
+    memory_mib: Any = None
+
+
+class _GpuThroughput(_Keys):
+    source: Any = None
+    slices: dict[str, _SliceRow] | None = None
+
+
+class _ServedModel(_Keys):
+    name: Any = None
+    parameters: Any = None
+    weights_mib: Any = None
+    overhead_mib: Any = None
+    kv_bytes_per_token: Any = None
+    min_kv_tokens: Any = None
+    max_num_seqs: Any = None
+
+
+class ThroughputKeys(_Keys):
+    """The keys of a throughput table (the shape of ``gpupool/data/inference_throughput.yaml``)."""
+
+    model: _ServedModel | None = None
+    gpus: dict[str, _GpuThroughput] | None = None
