@@ -579,6 +579,8 @@ def test_a_sensible_columns_value_is_honoured_when_piped():
     (("--jobs-parallel", "100000"), "--jobs-parallel must be within [1, 256] (processes), got 100000"),
     (("--jobs-parallel", "0"), "--jobs-parallel must be within [1, 256] (processes), got 0"),
     (("--jobs", "j.csv", "--size-estimates", "1e300"), "--size-estimates must be within [0, 10], got 1e+300"),
+    # --repair-hours 1e300 with failures: a 3 s run took 67 s (the clock crawls to repairs that never come)
+    (("--jobs", "j.csv", "--repair-hours", "1e300"), "--repair-hours must be within [0, 8760], got 1e+300"),
 ])
 def test_numbers_out_of_bounds_are_one_line_naming_option_value_and_range(tiny, args, message):
     import time
@@ -594,7 +596,7 @@ def test_numbers_out_of_bounds_are_one_line_naming_option_value_and_range(tiny, 
 
 def test_help_states_the_bounds():
     text = " ".join(invoke("compare", "--help").output.split())
-    assert "(0 < R <= 10)" in text and "1 to 256" in text and "at most 10" in text
+    assert "(0 < R <= 10)" in text and "1 to 256" in text and "at most 10" in text and "(0 to 8760, a year)" in text
 
 
 def test_the_inflation_ratio_is_bounded_in_the_library_too():

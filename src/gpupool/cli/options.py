@@ -16,6 +16,9 @@ from gpupool.sim.inflation import MAX_INFLATION_RATIO
 MAX_PARALLEL = 256
 """Most --jobs-parallel processes: each holds a copy of the trace and the cluster; more than this on one machine
 is memory exhausted, not speed (a Ray cluster takes --executor ray)."""
+MAX_REPAIR_HOURS = 8760.0
+"""Longest --repair-hours: a year. Longer is no repair at all, and far out (1e300 h) the simulated clock crawls
+(a run of 3 s took 67)."""
 MAX_SIZE_SIGMA = 10.0
 """Largest --size-estimates: exp(10 x N(0,1)) is already off by a factor of e**10 (22,000) per sigma; far above,
 exp overflows to infinity."""
@@ -154,7 +157,8 @@ GpuMtbfOpt = Annotated[
 ]
 RepairOpt = Annotated[
     float,
-    typer.Option("--repair-hours", metavar="H", help="Hours until a failed node or GPU is back.",
+    typer.Option("--repair-hours", metavar="H", callback=in_range("--repair-hours", 0, MAX_REPAIR_HOURS),
+                 help=f"Hours until a failed node or GPU is back (0 to {MAX_REPAIR_HOURS:g}, a year).",
                  rich_help_panel="Job traces"),
 ]
 ElasticOpt = Annotated[
