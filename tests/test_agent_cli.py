@@ -28,7 +28,7 @@ SHARED_H200 = ROOT.parent / "shared" / "reference" / "nvml-h200" / "nvml.json"  
 H200 = SHARED_H200
 if not H200.exists():  # a checkout without the workplace's shared folder: the copy shipped with the tests
     H200 = ROOT / "tests" / "data" / "agent" / "nvml-h200.json"
-STANDIN = {"driver": "580.159.04", "cuda_driver": "13.0", "gpus": [{"product": "NVIDIA H200", "memory_mib": 143771}]}
+STANDIN = {"driver": "580.159.04", "cuda_driver": "13.0", "gpus": [{"name": "NVIDIA H200", "memory_mib": 143771}]}
 
 
 @pytest.fixture
