@@ -103,6 +103,7 @@ def test_a_bad_indent_in_a_queue_file_is_one_line_with_file_line_and_column(tmp_
         load_queues_yaml(bad)
     assert "\n" not in str(info.value)
     assert str(info.value).startswith(f"{bad}:4:4: invalid YAML: ")
+    assert str(info.value).endswith("; check the indentation of this line against the lines above")
 
 
 def test_an_unknown_queue_field_names_its_line_and_column_and_the_field_meant(tmp_path):

@@ -2,8 +2,8 @@
 
 Every loader of a user's YAML (or JSON) file goes through this module:
 
-* :func:`load_yaml` parses the text; a syntax error is one line ``FILE:LINE:COLUMN: what`` (not PyYAML's
-  multi-line dump with the offending text and a caret);
+* :func:`load_yaml` parses the text; a syntax error is one line ``FILE:LINE:COLUMN: invalid YAML: what`` (not
+  PyYAML's multi-line dump with the offending text and a caret);
 * :func:`unknown_keys` checks the parsed document against a pydantic *key schema* (models with
   ``extra="forbid"``, as the cluster file's and the queue file's): a key the schema does not know is refused
   with the file, the key's line and column, and the closest known key (``did you mean 'maxReplicas'?``).
@@ -49,14 +49,17 @@ class InputFileError(GpupoolError, ValueError):
 
 
 def yaml_error_message(exc: yaml.YAMLError, source: str) -> str:
-    """``FILE:LINE:COLUMN: what`` for a PyYAML error (``FILE: what`` when PyYAML gives no position)."""
+    """``FILE:LINE:COLUMN: invalid YAML: what`` for a PyYAML error (``FILE: invalid YAML: what`` when PyYAML gives
+    no position); a block-structure error (a bad indent) says so."""
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or ""
     context = getattr(exc, "context", None) or ""
-    what = problem if problem else str(exc).splitlines()[0]
+    what = problem if problem else (str(exc).splitlines() or [type(exc).__name__])[0]
     if context and problem:
         what = f"{problem} ({context})"
     what = " ".join(what.split())
+    if "<block" in problem:  # PyYAML's words for a line indented unlike its siblings
+        what += "; check the indentation of this line against the lines above"
     where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
     return f"{where}: invalid YAML: {what}"
 
@@ -65,8 +68,8 @@ def load_yaml(text: str, source: str, error: type[Exception] = InputFileError) -
     """The document in ``text`` (``yaml.safe_load``).
 
     Raises:
-        error (default :class:`InputFileError`): a YAML syntax error, as one line ``FILE:LINE:COLUMN: what``
-            (see :func:`yaml_error_message`); ``source`` names the file.
+        error (default :class:`InputFileError`): a YAML syntax error, as one line
+            ``FILE:LINE:COLUMN: invalid YAML: what`` (:func:`yaml_error_message`); ``source`` names the file.
     """
     try:
         return yaml.safe_load(text)
