@@ -177,7 +177,8 @@ def test_yaml_syntax_error_is_a_usage_error(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text("gpus: [ {a: 1")
     result = dry_run(f)
-    assert result.exit_code == 2 and "not a fake GPU description" in result.output
+    assert result.exit_code == 2 and f"{f}:1:" in result.output and "invalid YAML" in result.output
+    assert len(result.output.splitlines()) == 1
 
 
 @pytest.mark.parametrize("mig", ["true", '"yes"', "[1]"])

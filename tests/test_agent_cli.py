@@ -28,7 +28,7 @@ SHARED_H200 = ROOT.parent / "shared" / "reference" / "nvml-h200" / "nvml.json"  
 H200 = SHARED_H200
 if not H200.exists():  # a checkout without the workplace's shared folder: the copy shipped with the tests
     H200 = ROOT / "tests" / "data" / "agent" / "nvml-h200.json"
-STANDIN = {"driver": "580.159.04", "cuda_driver": "13.0", "gpus": [{"product": "NVIDIA H200", "memory_mib": 143771}]}
+STANDIN = {"driver": "580.159.04", "cuda_driver": "13.0", "gpus": [{"name": "NVIDIA H200", "memory_mib": 143771}]}
 
 
 @pytest.fixture
@@ -72,9 +72,9 @@ def test_dry_run_prints_the_report_of_the_recorded_h200(fake_file):
     ((), "no node name"),
     (("--node-name", "n", "--interval", "soon"), "not a duration"),
     (("--node-name", "n", "--interval", "0s"), "must be positive"),
-    (("--node-name", "n", "--mig-strategy", "some"), "MIG strategy"),
+    (("--node-name", "n", "--mig-strategy", "some"), "--mig-strategy: 'some' is not one of none, single, mixed"),
     (("--node-name", "n", "--backend", "fake"), "--fake-file"),
-    (("--node-name", "n", "--backend", "cuda"), "expected nvml or fake"),
+    (("--node-name", "n", "--backend", "cuda"), "--backend: 'cuda' is not one of nvml, fake\n"),
     (("--node-name", "n", "--fake-file", "x.json"), "goes with --backend fake"),
     (("--node-name", "n", "--backend", "fake", "--fake-file", "/nonexistent.json"), "no such file"),
     (("--node-name", "n", "--backend", "fake", "--fake-file", "/dev/null"), "not a regular file"),
@@ -91,7 +91,39 @@ def test_bad_fake_description_exits_2(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("nodes: []\n")
     r = invoke("--backend", "fake", "--fake-file", str(path), "--dry-run")
+    assert r.exit_code == 2 and "unknown field 'nodes' at the top level; did you mean 'node'?" in r.output
+    path.write_text("node: n\n")
+    r = invoke("--backend", "fake", "--fake-file", str(path), "--dry-run")
     assert r.exit_code == 2 and "not a fake GPU description" in r.output
+
+
+def test_a_backend_typo_is_named_before_the_fake_file_check(tmp_path):
+    # before: "--fake-file goes with --backend fake", as if the user had meant another backend
+    r = invoke("--backend", "fak", "--fake-file", str(tmp_path / "gpus.yaml"), "--dry-run")
+    assert r.exit_code == 2
+    assert r.output == "error: --backend: 'fak' is not one of nvml, fake; did you mean 'fake'?\n"
+
+
+@pytest.mark.parametrize("name, text, where", [
+    ("gpus.yaml", "gpus:\n  - index: 0\n    memory_mb: 1024\n", "3:5: unknown field 'memory_mb' in gpus[0]"),
+    ("gpus.yaml", "defaults: {memory_mb: 1024}\ngpus: [{count: 2}]\n", "1:12: unknown field 'memory_mb' in defaults"),
+    ("gpus.json", '{"gpus": [{"index": 0,\n  "memory_mb": 1024}]}', "2:3: unknown field 'memory_mb' in gpus[0]"),
+])
+def test_a_typo_in_a_fake_description_names_the_line_column_and_field_meant(tmp_path, name, text, where):
+    # before: memory_mb was ignored and the GPU got the default 81559 MiB
+    path = tmp_path / name
+    path.write_text(text)
+    r = invoke("--backend", "fake", "--fake-file", str(path), "--dry-run")
+    assert r.exit_code == 2
+    assert r.output == f"error: {path}:{where}; did you mean 'memory_mib'?\n"
+
+
+def test_a_bad_indent_in_a_fake_description_is_one_line(tmp_path):
+    path = tmp_path / "gpus.yaml"
+    path.write_text("gpus:\n  - index: 0\n   name: x\n")
+    r = invoke("--backend", "fake", "--fake-file", str(path), "--dry-run")
+    assert r.exit_code == 2 and len(r.output.splitlines()) == 1
+    assert r.output.startswith(f"error: {path}:3:4: invalid YAML: ")
 
 
 def test_no_driver_exits_3_with_what_to_check(monkeypatch):

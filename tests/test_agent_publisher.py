@@ -378,7 +378,7 @@ class Stack:
 def fake_backend(clock: FakeClock, gpus: int = 2):
     from gpupool.agent.fake import FakeBackend
 
-    return FakeBackend.from_dict({"gpus": [{"product": "NVIDIA H100 80GB HBM3", "count": gpus}]}, clock=clock.now)
+    return FakeBackend.from_dict({"gpus": [{"name": "NVIDIA H100 80GB HBM3", "count": gpus}]}, clock=clock.now)
 
 
 def make_agent(api, clock, backend=None, validator=None, exporter=None, interval_s=10.0) -> Agent:

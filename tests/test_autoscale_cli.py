@@ -66,3 +66,46 @@ def test_wide_prints_every_column_past_80() -> None:
     assert res.exit_code == 0, res.output
     header = next(line for line in res.output.splitlines() if "policy" in line and "SLO" in line)
     assert "e2e p50 s" in header and "reclaim s" in header and len(header) > 80
+
+
+def test_typos_in_a_scenario_are_refused_with_line_column_and_the_key_meant(tmp_path: Path) -> None:
+    # before: maxReplica / minReplica were ignored (the policy ran with the defaults) and the run went on
+    text = REFERENCE.read_text()
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip() == "minReplicas: 1")
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(text.replace("minReplicas: 1", "minReplica: 1", 1))
+    res = _run("--scenario", str(bad), "--hours", "0.5", "--quiet")
+    assert res.exit_code == 2, res.output
+    column = lines[first].index("minReplicas") + 1
+    assert res.output == (f"error: typo.yaml:{first + 1}:{column}: unknown field 'minReplica' in "
+                          "spec.policies.hpa-cpu.autoscaler; did you mean 'minReplicas'?\n")
+    bad.write_text(text.replace("maxReplicas: 4", "maxReplica: 4"))
+    res = _run("--scenario", str(bad), "--hours", "0.5", "--quiet")
+    assert res.exit_code == 2 and "did you mean 'maxReplicas'?" in res.output and "more unknown field" in res.output
+    for old, new, meant in (("peakHour: 14", "peakHours: 14", "peakHour"), ("  seed: 42", "  sed: 42", "seed"),
+                            ("kind: static", "kind: static\n      replica: 2", "replicas")):
+        bad.write_text(text.replace(old, new, 1))
+        res = _run("--scenario", str(bad), "--hours", "0.5", "--quiet")
+        assert res.exit_code == 2 and f"did you mean {meant!r}?" in res.output, res.output
+        assert len(res.output.splitlines()) == 1
+
+
+def test_a_bad_indent_in_a_scenario_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "indent.yaml"
+    bad.write_text(REFERENCE.read_text().replace("  seed: 42", "   seed: 42", 1))
+    res = _run("--scenario", str(bad), "--quiet")
+    assert res.exit_code == 2
+    assert len(res.output.splitlines()) == 1 and res.output.startswith("error: indent.yaml:") and "invalid YAML" in \
+        res.output, res.output
+
+
+def test_a_typo_in_a_throughput_table_names_the_line_column_and_key_meant(tmp_path: Path) -> None:
+    # before: an optional key misspelt was ignored, a required one was reported "missing" with no hint
+    table = ROOT / "src" / "gpupool" / "data" / "inference_throughput.yaml"
+    bad = tmp_path / "tp.yaml"
+    bad.write_text(table.read_text().replace("  parameters: 8.03e9", "  parameter: 8.03e9", 1))
+    res = _run("--throughput", str(bad), "--hours", "0.5", "--policies", "static", "--quiet")
+    assert res.exit_code == 2
+    line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if text.startswith("  parameter:"))
+    assert res.output == f"error: tp.yaml:{line}:3: unknown field 'parameter' in model; did you mean 'parameters'?\n"

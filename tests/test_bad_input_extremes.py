@@ -211,3 +211,28 @@ def test_an_unknown_queue_is_named_before_capacity() -> None:
     by_id = {j["job_id"]: j for j in res.jobs}
     assert by_id["huge"]["reason"].startswith("unknown queue"), by_id["huge"]["reason"]
     assert by_id["ok"]["status"] == "finished"
+
+
+# ------------------------------------------------------------------ input files: one reader, one error form
+def test_every_yaml_file_is_read_through_the_one_helper() -> None:
+    # issue 31: each loader had its own YAML error (PyYAML's multi-line dump in the queue, scenario, throughput,
+    # fake-GPU and scheduler configuration files); now gpupool.inputs reads them all, FILE:LINE:COLUMN: what
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "gpupool"
+    readers = sorted(str(p.relative_to(src)) for p in src.rglob("*.py")
+                     if re.search(r"\byaml\.(safe_)?load(_all)?\(|from yaml import", p.read_text(encoding="utf-8")))
+    # snapshots.py reads kubectl's multi-document output (safe_load_all), its errors through inputs.yaml_error_message
+    assert readers == ["inputs.py", "k8s/objects/snapshots.py"]
+
+
+def test_a_snapshot_yaml_error_is_one_line_with_file_line_and_column(tmp_path) -> None:
+    from gpupool.k8s.objects.snapshots import SnapshotError, load_snapshot
+
+    f = tmp_path / "snap.yaml"
+    f.write_text("apiVersion: v1\nkind: List\nitems:\n- kind: Node\n   metadata: {name: n}\n")
+    with pytest.raises(SnapshotError) as info:
+        load_snapshot(f)
+    assert str(info.value).startswith(f"{f}:5:") and "invalid YAML" in str(info.value)
+    assert "\n" not in str(info.value)

@@ -568,3 +568,42 @@ def test_a_bad_lines_value_beside_a_good_columns_value_is_ignored():
 def test_a_sensible_columns_value_is_honoured_when_piped():
     result = CliRunner().invoke(app, ["policies"], env={"COLUMNS": "60"})
     assert result.exit_code == 0 and max(map(len, result.output.splitlines())) <= 60
+
+
+@pytest.mark.parametrize("args, message", [
+    # before: --ratio 1e9 built the inflated workload (10**9 x capacity) before the first placement: a hang at 0 %
+    # with memory growing; --jobs-parallel 100000 forked a process per run; --size-estimates 1e300 overflowed exp
+    (("--ratio", "1e9"), "--ratio must be within (0, 10] (a multiple of the cluster's GPU capacity), got 1e+09"),
+    (("--ratio", "nan"), "--ratio must be a finite number within (0, 10]"),
+    (("--ratio", "0"), "--ratio must be within (0, 10]"),
+    (("--jobs-parallel", "100000"), "--jobs-parallel must be within [1, 256] (processes), got 100000"),
+    (("--jobs-parallel", "0"), "--jobs-parallel must be within [1, 256] (processes), got 0"),
+    (("--jobs", "j.csv", "--size-estimates", "1e300"), "--size-estimates must be within [0, 10], got 1e+300"),
+    # --repair-hours 1e300 with failures: a 3 s run took 67 s (the clock crawls to repairs that never come)
+    (("--jobs", "j.csv", "--repair-hours", "1e300"), "--repair-hours must be within [0, 8760], got 1e+300"),
+])
+def test_numbers_out_of_bounds_are_one_line_naming_option_value_and_range(tiny, args, message):
+    import time
+
+    nodes, pods = tiny
+    start = time.monotonic()
+    result = invoke("compare", "--nodes", nodes, "--pods", pods, "--policies", "best-fit", "-q", *args)
+    assert time.monotonic() - start < 30  # refused as the option is read, nothing built
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: {message}"), result.output
+    assert len(result.output.splitlines()) == 1
+
+
+def test_help_states_the_bounds():
+    text = " ".join(invoke("compare", "--help").output.split())
+    assert "(0 < R <= 10)" in text and "1 to 256" in text and "at most 10" in text and "(0 to 8760, a year)" in text
+
+
+def test_the_inflation_ratio_is_bounded_in_the_library_too():
+    from gpupool.model import PodRequest
+    from gpupool.sim.inflation import MAX_INFLATION_RATIO, build_inflation_workload
+
+    pods = [PodRequest("p", cpu_milli=1000, memory_mib=1024, num_gpu=1, gpu_milli=1000)]
+    with pytest.raises(ValueError, match=r"within \(0, 10\], got 1e\+09"):
+        build_inflation_workload(pods, 8000, 1e9)
+    assert len(build_inflation_workload(pods, 8000, MAX_INFLATION_RATIO)) == 80

@@ -307,7 +307,7 @@ def test_structural_errors(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ClusterSpecError) as info:
             load_cluster(write(tmp_path, text, "bad.yaml"))
-        assert str(info.value).startswith(f"{tmp_path / 'bad.yaml'}: ")
+        assert str(info.value).startswith(f"{tmp_path / 'bad.yaml'}" + (":" if "YAML" in message else ": "))
         assert message in str(info.value), str(info.value)
     with pytest.raises(OSError):
         load_cluster(tmp_path / "missing.yaml")
@@ -330,3 +330,12 @@ def test_unknown_gpu_model_is_kept_with_a_warning(tmp_path: Path, caplog: pytest
     # aliases of catalog models are not warned about
     alias = write(tmp_path, BASE.replace("gpuModel: T4", "gpuModel: Tesla-T4"), "alias.yaml")
     assert load_cluster(alias).warnings == []
+
+
+def test_a_yaml_error_is_one_line_with_file_line_and_column(tmp_path: Path) -> None:
+    # before: "FILE: invalid YAML: ... (line 4)", no column; now the form every loader uses (gpupool.inputs)
+    path = write(tmp_path, BASE.replace("    - name: a", "    - name: a\n   gpusPerNode: 8", 1), "bad.yaml")
+    with pytest.raises(ClusterSpecError) as info:
+        load_cluster(path)
+    line = BASE.splitlines().index("    - name: a") + 2
+    assert re.fullmatch(rf"{re.escape(str(path))}:{line}:\d+: invalid YAML: [^\n]+", str(info.value)), str(info.value)

@@ -90,7 +90,10 @@ def test_build_cpu_only_trace_is_only_shuffled() -> None:
     assert sorted(p.name for p in out) == sorted(p.name for p in trace)
 
 
-@pytest.mark.parametrize("pods, ratio, message", [([], 1.3, "empty"), (MIXED, 0.0, "> 0"), (MIXED, -1.0, "> 0")])
+@pytest.mark.parametrize("pods, ratio, message", [
+    ([], 1.3, "empty"), (MIXED, 0.0, r"within \(0, 10\]"), (MIXED, -1.0, r"within \(0, 10\]"),
+    (MIXED, 1e9, r"10\], got 1e\+09"),
+])
 def test_build_errors(pods, ratio, message) -> None:
     with pytest.raises(ValueError, match=message):
         build_inflation_workload(pods, 4000, ratio)

@@ -64,3 +64,22 @@ def test_the_scheduler_and_extender_warm_the_engine_kernels_before_the_first_pod
 
     for fn in (scheduler_cli.run_scheduler, extender_cli.run_extender):
         assert "warm_kernels(log)" in inspect.getsource(fn)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("leaderElection:\n  leaderElct: true\n", "2:3: unknown field 'leaderElct' in leaderElection; "
+                                               "did you mean 'leaderElect'?"),
+    ("telemetry:\n  prometheusUrl: http://p:9090\n", "2:3: unknown field 'prometheusUrl' in telemetry; "
+                                                      "did you mean 'prometheusURL'?"),
+    ("logging:\n  levle: debug\n", "2:3: unknown field 'levle' in logging; did you mean 'level'?"),
+    ("pool:\n  jobOrder: fifo\n   reclaim: true\n", "3:11: invalid YAML: "),
+])
+def test_config_typos_in_every_section_name_the_line_column_and_field_meant(tmp_path: Path, text: str,
+                                                                           message: str) -> None:
+    # before: leaderElection, metrics, logging and telemetry took any key (a typo was silently ignored), and a YAML
+    # error was PyYAML's multi-line dump
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}:{message}") and "\n" not in str(info.value), str(info.value)

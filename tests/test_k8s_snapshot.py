@@ -301,3 +301,17 @@ def test_cli_dry_run_waits_for_victims_in_flight_and_plans_no_second_eviction(tm
     assert sorted(by_pod) == [f"default/a-{i}" for i in range(8)]
     assert {p["node"] for p in by_pod.values()} == {"n1"}  # the GPUs the victims free
     assert all("terminate" in p["reason"] for p in by_pod.values()), [p["reason"] for p in by_pod.values()]
+
+
+@pytest.mark.parametrize("args, message", [
+    # before: Click's 4-line usage error, "Input should be greater than or equal to 0", the value not named;
+    # infinities passed
+    (("--seed", "-1"), "error: --seed must be >= 0, got -1\n"),
+    (("--reserve-after", "inf"), "error: --reserve-after must be a finite number >= 0, got inf\n"),
+    (("--min-runtime", "nan"), "error: --min-runtime must be a finite number >= 0, got nan\n"),
+    (("--min-runtime", "-5"), "error: --min-runtime must be >= 0, got -5\n"),
+])
+def test_scheduler_numbers_out_of_bounds_are_one_line(args, message):
+    result = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(SMALL), *args])
+    assert result.exit_code == 2
+    assert result.output == message

@@ -70,10 +70,10 @@ def test_file_level_errors(tmp_path):
     with pytest.raises(QueueConfigError, match="bad.yaml: expected a 'queues:' list"):
         load_queues_yaml(bad)
     bad.write_text("queue: []\n")
-    with pytest.raises(QueueConfigError, match="unknown top-level key"):
+    with pytest.raises(QueueConfigError, match="1:1: unknown field 'queue' at the top level; did you mean 'queues'"):
         load_queues_yaml(bad)
     bad.write_text("queues: [\n")
-    with pytest.raises(QueueConfigError, match="not valid YAML"):
+    with pytest.raises(QueueConfigError, match="invalid YAML"):
         load_queues_yaml(bad)
 
 
@@ -93,3 +93,24 @@ def test_example_queue_file_covers_the_philly_virtual_clusters():
     assert leaves == {"6214e9", "11cb48", "6c71a0", "b436b2", "103959", "ee9e8c", "0e4a51", "ed69ec", "7f04ca",
                       "2869ce", "e13805", "23dbec", "51b7ef", "925e2b", "795a4c"}
     assert t.quota_gpu[[t.index[n] for n in ("research", "product", "shared")]].sum() <= 512
+
+
+def test_a_bad_indent_in_a_queue_file_is_one_line_with_file_line_and_column(tmp_path):
+    # before: "not valid YAML: " and PyYAML's 8-line dump (the offending lines and a caret)
+    bad = tmp_path / "q.yaml"
+    bad.write_text("queues:\n  - name: a\n    quota: 3\n   - name: b\n")
+    with pytest.raises(QueueConfigError) as info:
+        load_queues_yaml(bad)
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"{bad}:4:4: invalid YAML: ")
+    assert str(info.value).endswith("; check the indentation of this line against the lines above")
+
+
+def test_an_unknown_queue_field_names_its_line_and_column_and_the_field_meant(tmp_path):
+    bad = tmp_path / "q.yaml"
+    bad.write_text("queues:\n  - name: a\n    quotaa: 3\n")
+    with pytest.raises(QueueConfigError) as info:
+        load_queues_yaml(bad)
+    assert str(info.value) == f"{bad}:3:5: unknown field 'quotaa' in queues[0]; did you mean 'quota'?"
+    with pytest.raises(QueueConfigError, match="did you mean 'weight'"):  # a list of dicts: no lines, still a hint
+        queues_from_dicts([{"name": "a", "weigth": 2}], "q.yaml")

@@ -48,7 +48,6 @@ once that mapping's own fields are valid. Unknown GPU models are not errors; the
 
 from __future__ import annotations
 
-import difflib
 import logging
 import math
 import os
@@ -71,6 +70,7 @@ from pydantic import (
 )
 
 from gpupool.catalog import get_model
+from gpupool.inputs import InputFileError, did_you_mean, key_position, known_keys, load_yaml, yaml_root
 from gpupool.model import MAX_CPU_MILLI, MAX_GPUS_PER_NODE, MAX_MEMORY_MIB, GpupoolError, NodeSpec
 
 MAX_CLUSTER_NODES = 1_000_000
@@ -113,15 +113,16 @@ _LABEL_KEY = re.compile(
 
 class ClusterSpecError(GpupoolError, ValueError):
     """An invalid cluster file or dict. ``file`` names the source; ``problems`` is a list of
-    ``(yaml_path, message, line)`` (``line`` is 1-based, or None when not known)."""
+    ``(yaml_path, message, line)`` (``line`` is 1-based, or None when not known); ``text``, when given, is the
+    message as it stands (a YAML syntax error: ``FILE:LINE:COLUMN: invalid YAML: what``)."""
 
-    def __init__(self, file: str, problems: list[tuple[str, str, int | None]]) -> None:
+    def __init__(self, file: str, problems: list[tuple[str, str, int | None]], text: str | None = None) -> None:
         self.file = file
         self.problems = problems
         lines = [_format_problem(path, msg, line) for path, msg, line in problems]
-        if len(lines) == 1:
+        if text is None and len(lines) == 1:
             text = f"{file}: {lines[0]}"
-        else:
+        elif text is None:
             text = f"{file}: {len(lines)} problems:\n" + "\n".join(f"  {x}" for x in lines)
         super().__init__(text)
 
@@ -412,35 +413,6 @@ def _path(loc: tuple[str | int, ...]) -> str:
     return out
 
 
-def _allowed_fields(model: type[BaseModel]) -> list[str]:
-    return [f.alias or name for name, f in model.model_fields.items()]
-
-
-def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
-    """The schema model that the (parent) path ``loc`` points into."""
-    model: type[BaseModel] | None = ClusterDoc
-    for part in loc:
-        if model is None:
-            return None
-        if isinstance(part, int):
-            continue
-        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
-        if field is None:
-            return None
-        model = _submodel(field.annotation)
-    return model
-
-
-def _submodel(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _submodel(arg)
-        if found is not None:
-            return found
-    return None
-
-
 def _describe(err: Mapping[str, Any]) -> tuple[tuple[str | int, ...], str] | list[tuple[tuple[str | int, ...], str]]:
     loc: tuple[str | int, ...] = tuple(err["loc"])
     kind = err["type"]
@@ -451,15 +423,7 @@ def _describe(err: Mapping[str, Any]) -> tuple[tuple[str | int, ...], str] | lis
     if kind == "missing":
         return loc, "required"
     if kind == "extra_forbidden":
-        parent = _model_at(loc[:-1])
-        allowed = _allowed_fields(parent) if parent else []
-        hint = ""
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        if close:
-            hint = f"; did you mean {close[0]!r}?"
-        elif allowed:
-            hint = f" (allowed: {', '.join(allowed)})"
-        return loc, f"unknown field{hint}"
+        return loc, f"unknown field{did_you_mean(str(loc[-1]), known_keys(ClusterDoc, loc[:-1]))}"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
         bound = next(iter(ctx.values()))
@@ -490,29 +454,9 @@ def _problems(exc: ValidationError, root: yaml.Node | None) -> list[tuple[str, s
     for err in exc.errors(include_url=False):
         described = _describe(err)
         for loc, msg in described if isinstance(described, list) else [described]:
-            out.append((_path(loc), msg, _line_of(root, loc)))
+            pos = key_position(root, loc)
+            out.append((_path(loc), msg, pos[0] if pos is not None else None))
     return out
-
-
-def _line_of(root: yaml.Node | None, loc: tuple[str | int, ...]) -> int | None:
-    """1-based line of the YAML node at ``loc`` (or of its deepest existing ancestor)."""
-    node = root
-    line = None if root is None else root.start_mark.line + 1
-    for part in loc:
-        nxt: yaml.Node | None = None
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-                    nxt = value
-                    line = key.start_mark.line + 1
-                    break
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
-            nxt = node.value[part]
-            line = nxt.start_mark.line + 1
-        if nxt is None:
-            break
-        node = nxt
-    return line
 
 
 # ------------------------------------------------------------------------------------------ entry points
@@ -546,7 +490,7 @@ def _parse(data: Any, source: str, text: str | None = None) -> LoadedCluster:
     try:
         doc = ClusterDoc.model_validate(data)
     except ValidationError as exc:
-        root = yaml.compose(text, Loader=yaml.SafeLoader) if text is not None else None
+        root = yaml_root(text)
         raise ClusterSpecError(source, _problems(exc, root)) from None
     nodes = build_nodes(doc)
     return LoadedCluster(nodes=nodes, doc=doc, warnings=_warnings(doc), source=source)
@@ -574,7 +518,7 @@ def cluster_from_dict(d: Mapping[str, Any], source: str = "<dict>") -> list[Node
 
 
 def load_cluster(path: str | os.PathLike[str]) -> LoadedCluster:
-    """Read and validate a cluster YAML file (``yaml.safe_load``).
+    """Read and validate a cluster YAML file (:func:`gpupool.inputs.load_yaml`).
 
     Raises:
         ClusterSpecError: invalid YAML, text that is not UTF-8, or an invalid document; the message names the
@@ -588,12 +532,9 @@ def load_cluster(path: str | os.PathLike[str]) -> LoadedCluster:
         bad = f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
         raise ClusterSpecError(source, [("", f"not UTF-8 text ({bad}); save the file as UTF-8", None)]) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        line = mark.line + 1 if mark is not None else None
-        raise ClusterSpecError(source, [("", f"invalid YAML: {problem}", line)]) from None
+        data = load_yaml(text, source)
+    except InputFileError as exc:  # one line, FILE:LINE:COLUMN: invalid YAML: what
+        raise ClusterSpecError(source, [("", "invalid YAML", None)], text=str(exc)) from None
     return _parse(data, source, text)
 
 

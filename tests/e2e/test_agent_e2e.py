@@ -51,7 +51,7 @@ def _backend() -> Any:
     if H200.exists():
         return FakeBackend.from_nvml_recording(H200)
     return FakeBackend.from_dict({"driver": "580.159.04", "cuda_driver": "13.0",
-                                  "gpus": [{"product": "NVIDIA H200", "memory_mib": 143771}]})
+                                  "gpus": [{"name": "NVIDIA H200", "memory_mib": 143771}]})
 
 
 def _node_body(name: str) -> dict[str, Any]:

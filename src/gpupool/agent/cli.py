@@ -21,16 +21,20 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from gpupool.inputs import did_you_mean
 
 __all__ = ["register", "build_backend", "build_agent", "DRIVER_HINT"]
 
 log = logging.getLogger("gpupool.agent")
 
 MIG_STRATEGIES = ("none", "single", "mixed")
+BACKENDS = ("nvml", "fake")
 MIN_INTERVAL_S = 1.0
 """Shortest ``--interval``: every round GETs the Node, so a shorter one only loads the API server (XID, ECC
 and reset events start a round at once whatever the interval)."""
@@ -68,8 +72,8 @@ def build_backend(kind: str, fake_file: Path | None) -> Any:
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError,
                 RecursionError, BackendError) as exc:  # FakeBackend raises ValueError; the rest: a safety net
             message = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-            prefix = f"{fake_file}: not a fake GPU description"
-            raise UsageError(message if message.startswith(prefix) else f"{prefix}: {message}") from None
+            prefix = f"{fake_file}: not a fake GPU description"  # unless the message names the file already
+            raise UsageError(message if message.startswith(str(fake_file)) else f"{prefix}: {message}") from None
     if kind == "nvml":
         try:
             from gpupool.agent.nvml import NvmlBackend
@@ -131,6 +135,18 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _one_of(option: str, choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A Typer callback that refuses a value not in ``choices`` at once, before any check that depends on the
+    option (``--backend fak`` is a typo, not a fake backend without ``--fake-file``)."""
+
+    def check(value: str) -> str:
+        if value not in choices:
+            _fail(f"{option}: {value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices, known=False)}")
+        return value
+
+    return check
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``agent`` command to ``app``."""
 
@@ -141,6 +157,7 @@ def register(app: typer.Typer) -> None:
             help="The Node this agent publishes on. Default: $NODE_NAME (the DaemonSet sets it from "
                  "spec.nodeName). Not needed with --dry-run.")] = None,
         backend: Annotated[str, typer.Option(
+            callback=_one_of("--backend", BACKENDS),
             help="nvml (the GPUs of this machine) or fake (a description file, --fake-file).")] = "nvml",
         fake_file: Annotated[Path | None, typer.Option(
             "--fake-file", metavar="FILE", dir_okay=False, show_default=False,
@@ -152,8 +169,8 @@ def register(app: typer.Typer) -> None:
             "--metrics-bind-address", metavar="HOST:PORT",
             help="Serve Prometheus /metrics here (DCGM exporter names); 0 = off.")] = "0.0.0.0:9400",
         mig_strategy: Annotated[str, typer.Option(
-            "--mig-strategy", help="MIG label strategy as GPU Feature Discovery has it: none, single or "
-                                   "mixed.")] = "mixed",
+            "--mig-strategy", callback=_one_of("--mig-strategy", MIG_STRATEGIES),
+            help="MIG label strategy as GPU Feature Discovery has it: none, single or mixed.")] = "mixed",
         kubeconfig: Annotated[Path | None, typer.Option(
             dir_okay=False, show_default=False,
             help="kubeconfig file. Default: in-cluster ServiceAccount, else ~/.kube/config.")] = None,

@@ -26,6 +26,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from gpupool.inputs import out_of_range
 from gpupool.model import NodeSpec, PodRequest
 from gpupool.policies import BASELINES, DEFAULT_POLICY, REGISTRY
 from gpupool.traces import TraceFormatError, load_openb_nodes, load_openb_pods
@@ -46,6 +47,21 @@ LOG_PROGRESS_INTERVAL_S = 15.0
 def fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def in_range(option: str, low: float | None = None, high: float | None = None, *, low_open: bool = False,
+             what: str = "") -> Callable[[Any], Any]:
+    """A Typer callback for a numeric option: a value outside ``[low, high]`` (``(low, high]`` with ``low_open``),
+    NaN or infinite is refused as the option is read, before anything runs: one line naming the option, the
+    range and the value (:func:`gpupool.inputs.out_of_range`), exit 2."""
+
+    def check(value: Any) -> Any:
+        message = out_of_range(option, value, low, high, low_open=low_open, what=what)
+        if message is not None:
+            fail(message)
+        return value
+
+    return check
 
 
 def trace_error(exc: TraceFormatError) -> str:

@@ -1,5 +1,6 @@
-"""The Typer option types shared by the commands (``simulate``, ``compare`` and their job-trace forms).
-Imports only constants of :mod:`gpupool.cli.common` within the CLI."""
+"""The Typer option types shared by the commands (``simulate``, ``compare`` and their job-trace forms), with the
+bounds of their numbers (refused as the option is read: :func:`gpupool.cli.common.in_range`). Imports only
+constants and :func:`~gpupool.cli.common.in_range` of :mod:`gpupool.cli.common` within the CLI."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ from typing import Annotated
 
 import typer
 
-from gpupool.cli.common import EMBEDDED_NODES, EMBEDDED_PODS, LOG_PROGRESS_INTERVAL_S
+from gpupool.cli.common import EMBEDDED_NODES, EMBEDDED_PODS, LOG_PROGRESS_INTERVAL_S, in_range
+from gpupool.sim.inflation import MAX_INFLATION_RATIO
+
+MAX_PARALLEL = 256
+"""Most --jobs-parallel processes: each holds a copy of the trace and the cluster; more than this on one machine
+is memory exhausted, not speed (a Ray cluster takes --executor ray)."""
+MAX_REPAIR_HOURS = 8760.0
+"""Longest --repair-hours: a year. Longer is no repair at all, and far out (1e300 h) the simulated clock crawls
+(a run of 3 s took 67)."""
+MAX_SIZE_SIGMA = 10.0
+"""Largest --size-estimates: exp(10 x N(0,1)) is already off by a factor of e**10 (22,000) per sigma; far above,
+exp overflows to infinity."""
 
 
 class Protocol(StrEnum):
@@ -57,7 +69,10 @@ RatioOpt = Annotated[
     float,
     typer.Option(
         "--ratio", metavar="R",
-        help="inflation only: submitted GPU demand as a multiple of the cluster GPU capacity.",
+        callback=in_range("--ratio", 0, MAX_INFLATION_RATIO, low_open=True,
+                          what="a multiple of the cluster's GPU capacity"),
+        help="inflation only: submitted GPU demand as a multiple of the cluster GPU capacity "
+             f"(0 < R <= {MAX_INFLATION_RATIO:g}).",
     ),
 ]
 OutOpt = Annotated[
@@ -142,7 +157,8 @@ GpuMtbfOpt = Annotated[
 ]
 RepairOpt = Annotated[
     float,
-    typer.Option("--repair-hours", metavar="H", help="Hours until a failed node or GPU is back.",
+    typer.Option("--repair-hours", metavar="H", callback=in_range("--repair-hours", 0, MAX_REPAIR_HOURS),
+                 help=f"Hours until a failed node or GPU is back (0 to {MAX_REPAIR_HOURS:g}, a year).",
                  rich_help_panel="Job traces"),
 ]
 ElasticOpt = Annotated[
@@ -202,9 +218,11 @@ KnobOpt = Annotated[
                                   "policy's, 8; 1 for gittins).", rich_help_panel=_MODEL)]
 EstimateOpt = Annotated[
     float | None, typer.Option("--size-estimates", metavar="SIGMA", show_default=False,
+                               callback=in_range("--size-estimates", 0, MAX_SIZE_SIGMA),
                                help="Every job carries an estimate of its size, as a user's run-time limit "
                                     "would, for gittins/remaining: its size x exp(SIGMA x N(0,1)), seeded; 0 is "
-                                    "exact (clairvoyant), 1 typically off by up to a factor e (default: none).",
+                                    "exact (clairvoyant), 1 typically off by up to a factor e, at most "
+                                    f"{MAX_SIZE_SIGMA:g} (default: none).",
                                rich_help_panel=_MODEL)]
 OneQueueOpt = Annotated[
     bool, typer.Option("--one-queue", help="Put every job in one queue (no fair share between tenants).",
@@ -219,7 +237,8 @@ ObjectiveOpt = Annotated[
                              "each and says what each traded against jct.", rich_help_panel="Job traces")]
 ParallelOpt = Annotated[
     int | None, typer.Option("--jobs-parallel", metavar="N", show_default=False,
-                             help="Runs at a time, one process each (default: all cores).")]
+                             callback=in_range("--jobs-parallel", 1, MAX_PARALLEL, what="processes"),
+                             help=f"Runs at a time, one process each, 1 to {MAX_PARALLEL} (default: all cores).")]
 ExecutorOpt = Annotated[
     str, typer.Option("--executor", metavar="local|ray",
                       help="local: processes on this machine; ray: a Ray cluster "

@@ -19,14 +19,15 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
+from pydantic import BaseModel, ConfigDict
 
+from gpupool.inputs import load_yaml, out_of_range, unknown_keys
 from gpupool.k8s import DEFAULT_SCHEDULER_NAME
 from gpupool.k8s.api.client import ConfigError, host_port, load_api_client, parse_duration
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
@@ -79,35 +80,86 @@ class Settings:
                            nonpreemptible_priority=self.nonpreemptible_priority, **knob)
 
 
-CONFIG_KEYS = {"apiVersion", "kind", "leaderElection", "profiles", "metrics", "logging", "telemetry", "pool"}
-POOL_KEYS = {"enabled", "jobOrder", "reserveAfter", "minRuntime", "consolidate", "preemption", "reclaim", "elastic",
-             "defaultQueue", "nonPreemptiblePriority"}
+class _Keys(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _LeaderElectionKeys(_Keys):
+    leaderElect: Any = None
+    resourceLock: Any = None  # kube-scheduler's; gpupool always uses a Lease
+    resourceName: Any = None
+    resourceNamespace: Any = None
+    leaseDuration: Any = None
+    renewDeadline: Any = None
+    retryPeriod: Any = None
+
+
+class _ProfileKeys(_Keys):
+    schedulerName: Any = None
+    policy: Any = None
+
+
+class _PoolKeys(_Keys):
+    enabled: Any = None
+    jobOrder: Any = None
+    reserveAfter: Any = None
+    minRuntime: Any = None
+    consolidate: Any = None
+    preemption: Any = None
+    reclaim: Any = None
+    elastic: Any = None
+    defaultQueue: Any = None
+    nonPreemptiblePriority: Any = None
+
+
+class _MetricsKeys(_Keys):
+    bindAddress: Any = None
+
+
+class _LoggingKeys(_Keys):
+    format: Any = None
+    level: Any = None
+
+
+class _TelemetryKeys(_Keys):
+    prometheusURL: Any = None
+    dcgmEndpoints: Any = None
+
+
+class ConfigKeys(_Keys):
+    """The key schema of a ``GpupoolSchedulerConfiguration`` (:func:`gpupool.inputs.unknown_keys`); the values
+    are checked by :func:`load_config`."""
+
+    apiVersion: Any = None
+    kind: Any = None
+    leaderElection: _LeaderElectionKeys | None = None
+    profiles: list[_ProfileKeys] | None = None
+    metrics: _MetricsKeys | None = None
+    logging: _LoggingKeys | None = None
+    telemetry: _TelemetryKeys | None = None
+    pool: _PoolKeys | None = None
 
 
 def load_config(path: Path, settings: Settings | None = None) -> Settings:
     """Read a ``GpupoolSchedulerConfiguration`` YAML file into ``settings`` (raises :class:`ConfigError`)."""
     s = settings or Settings()
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        text: str | None = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    source = str(path)
+    doc = load_yaml(text or "", source, ConfigError) or {}
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: expected a mapping at the top")
     if doc.get("kind") == "ConfigMap":  # deploy/configmap.yaml as it is: read its data["config.yaml"]
         inner = (doc.get("data") or {}).get("config.yaml")
         if not isinstance(inner, str):
             raise ConfigError(f"{path}: ConfigMap without a data['config.yaml'] entry")
-        try:
-            doc = yaml.safe_load(inner) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: data['config.yaml']: invalid YAML: {exc}") from None
+        source, text = f"{path}: data['config.yaml']", None  # lines within the entry are not the file's
+        doc = load_yaml(inner, source, ConfigError) or {}
         if not isinstance(doc, dict):
             raise ConfigError(f"{path}: data['config.yaml']: expected a mapping at the top")
-    unknown = sorted(set(doc) - CONFIG_KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(CONFIG_KEYS))}")
+    unknown_keys(doc, ConfigKeys, source, text, ConfigError)
 
     def section(name: str) -> dict[str, Any]:
         value = doc.get(name) or {}
@@ -133,9 +185,6 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
         prof = profiles[0] or {}
         if not isinstance(prof, dict):
             raise ConfigError(f"{path}: profiles[0]: expected a mapping")
-        bad = sorted(set(prof) - {"schedulerName", "policy"})
-        if bad:
-            raise ConfigError(f"{path}: profiles[0]: unknown field(s) {', '.join(bad)}; known: policy, schedulerName")
         s.scheduler_name = str(prof.get("schedulerName") or s.scheduler_name)
         s.policy = str(prof.get("policy") or s.policy)
     s.metrics_address = str(section("metrics").get("bindAddress") or s.metrics_address)
@@ -146,9 +195,6 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
     s.prometheus_url = str(tel.get("prometheusURL") or "")
     s.dcgm_endpoints = [str(x) for x in tel.get("dcgmEndpoints") or []]
     pool = section("pool")
-    bad = sorted(set(pool) - POOL_KEYS)
-    if bad:
-        raise ConfigError(f"{path}: pool: unknown field(s) {', '.join(bad)}; known: {', '.join(sorted(POOL_KEYS))}")
     for key, attr in (("enabled", "pool"), ("consolidate", "consolidate"), ("preemption", "preemption"),
                       ("reclaim", "reclaim"), ("elastic", "elastic")):
         if key in pool:
@@ -195,6 +241,19 @@ def nonpreemptible_priority(raw: Any, where: str) -> int | None:
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+def _in_range(option: str, low: float) -> Callable[[Any], Any]:
+    """A Typer callback: a value below ``low``, NaN or infinite is refused as the option is read, in one line
+    naming the option, the range and the value (:func:`gpupool.inputs.out_of_range`), exit 2."""
+
+    def check(value: Any) -> Any:
+        message = out_of_range(option, value, low)
+        if message is not None:
+            _fail(message)
+        return value
+
+    return check
 
 
 def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings, seed: int,
@@ -398,7 +457,8 @@ def register(app: typer.Typer) -> None:
             help=f"Schedule pods whose spec.schedulerName is this. Default: {DEFAULT_SCHEDULER_NAME}.")] = None,
         policy: Annotated[str | None, typer.Option(
             show_default=False, help=f"Placement policy: {', '.join(REGISTRY)}. Default: {DEFAULT_POLICY}.")] = None,
-        seed: Annotated[int, typer.Option(min=0, help="Seed of the tie-break between equal nodes (>= 0).")] = 0,
+        seed: Annotated[int, typer.Option(callback=_in_range("--seed", 0),
+                                          help="Seed of the tie-break between equal nodes (>= 0).")] = 0,
         leader_elect: Annotated[bool | None, typer.Option(
             "--leader-elect/--no-leader-elect", show_default=False,
             help="Elect one binding replica through a coordination.k8s.io Lease. Default: off "
@@ -426,10 +486,10 @@ def register(app: typer.Typer) -> None:
                  "(by job sizes learned from the jobs that left, and a run-time limit a job declares: Kueue's "
                  "max-exec-time-seconds label or the pod's activeDeadlineSeconds). Default: fifo.")] = None,
         reserve_after: Annotated[float | None, typer.Option(
-            "--reserve-after", metavar="SECONDS", min=0, show_default=False,
+            "--reserve-after", metavar="SECONDS", callback=_in_range("--reserve-after", 0), show_default=False,
             help="Reserve nodes for a gang that waited this long (0: never). Default: 600.")] = None,
         min_runtime: Annotated[float | None, typer.Option(
-            "--min-runtime", metavar="SECONDS", min=0, show_default=False,
+            "--min-runtime", metavar="SECONDS", callback=_in_range("--min-runtime", 0), show_default=False,
             help="A pod runs at least this long before it may be evicted. Default: 60.")] = None,
         consolidate: Annotated[bool | None, typer.Option(
             "--consolidate/--no-consolidate", show_default=False,

@@ -51,9 +51,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-import yaml
 
+from gpupool.inputs import load_yaml, unknown_keys
 from gpupool.model import GpupoolError
+
+from .inference_schema import ThroughputKeys
 
 __all__ = [
     "DAY_S",
@@ -177,12 +179,10 @@ def load_throughput_table(path: str | Path | None = None, gpu_model: str = "H200
             text = Path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise InferenceConfigError(f"{source}: not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InferenceConfigError(f"{source}: not valid YAML: {exc}") from None
+    doc = load_yaml(text, source, InferenceConfigError)
     if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict) or not isinstance(doc.get("gpus"), dict):
         raise InferenceConfigError(f"{source}: expected a mapping with 'model' and 'gpus'")
+    unknown_keys(doc, ThroughputKeys, source, text, InferenceConfigError)
     m = doc["model"]
     where = f"{source}: model"
     model = ServedModel(

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from gpupool.engine.autoscale import AutoscalerSpec, MetricTarget, Recommender
 from gpupool.engine.rightsize import RightSizer, SliceOption, slice_catalog
+from gpupool.inputs import load_yaml, unknown_keys
 
 from .inference import (
     MAX_DURATION_S,
@@ -55,6 +55,7 @@ from .inference import (
     SliceThroughput,
     ThroughputTable,
 )
+from .inference_schema import ScenarioKeys
 
 __all__ = [
     "Capacity",
@@ -352,10 +353,14 @@ def _get(d: Mapping[str, Any], key: str, where: str, default: Any = ..., *, kind
     return v
 
 
-def parse_scenario(doc: Any, source: str = "<scenario>") -> Scenario:
-    """A :class:`Scenario` from the parsed YAML; raises InferenceConfigError naming ``source`` and the field."""
+def parse_scenario(doc: Any, source: str = "<scenario>", text: str | None = None) -> Scenario:
+    """A :class:`Scenario` from the parsed YAML; raises InferenceConfigError naming ``source`` and the field.
+
+    A key the format does not have (:class:`~gpupool.sim.inference_schema.ScenarioKeys`) is refused with its
+    line and column in ``text`` (the file's YAML, when given) and the closest known key."""
     if not isinstance(doc, dict) or doc.get("kind") != "InferenceScenario" or not isinstance(doc.get("spec"), dict):
         raise InferenceConfigError(f"{source}: expected 'kind: InferenceScenario' with a 'spec' mapping")
+    unknown_keys(doc, ScenarioKeys, source, text, InferenceConfigError)
     spec = doc["spec"]
     w = f"{source}: spec"
     name = str((doc.get("metadata") or {}).get("name", Path(source).stem))
@@ -433,12 +438,10 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read a scenario YAML file; raises InferenceConfigError (file and field) or OSError."""
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise InferenceConfigError(f"{p.name}: not valid YAML: {exc}") from None
+        text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InferenceConfigError(f"{p.name}: not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
-    return parse_scenario(doc, p.name)
+    return parse_scenario(load_yaml(text, p.name, InferenceConfigError), p.name, text)
 
 
 #: Most replicas a simulated policy may be asked to run from the start (static replicas, minReplicas): the

@@ -23,17 +23,23 @@ from gpupool.metrics import ClusterMetrics, cluster_metrics
 from gpupool.model import NodeSpec, PodRequest
 from gpupool.policies import make_policy
 
+MAX_INFLATION_RATIO = 10.0
+"""Largest inflation ratio (submitted GPU demand / cluster GPU capacity). The workload is built before the first
+placement: at 10**9 x capacity that is billions of pod copies (a hang with memory growing); past a few x capacity
+every further pod is refused anyway (the FGD paper stops at 1.3)."""
+
 
 def build_inflation_workload(pods: Sequence[PodRequest], capacity_milli: int, ratio: float = 1.3,
                              seed: int = 0) -> list[PodRequest]:
     """Shuffle ``pods`` and resample (or thin) them until their GPU demand is about ``ratio`` x capacity.
 
-    Resampled copies are named ``<name>-tuned-<i>``. Raises ValueError on an empty trace or ratio <= 0.
+    Resampled copies are named ``<name>-tuned-<i>``. Raises ValueError on an empty trace or a ratio outside
+    (0, :data:`MAX_INFLATION_RATIO`].
     """
     if not pods:
         raise ValueError("the pod trace is empty")
-    if not (math.isfinite(ratio) and ratio > 0):
-        raise ValueError(f"inflation ratio must be a finite number > 0, got {ratio}")
+    if not (math.isfinite(ratio) and 0 < ratio <= MAX_INFLATION_RATIO):
+        raise ValueError(f"inflation ratio must be within (0, {MAX_INFLATION_RATIO:g}], got {ratio:g}")
     rng = np.random.default_rng(seed)
     out = [pods[i] for i in rng.permutation(len(pods))]
     target = ratio * capacity_milli

@@ -23,6 +23,7 @@ from gpupool.agent.backend import (
 )
 from gpupool.agent.fake.description import (
     MAX_INDEX,
+    DescriptionKeys,
     build_mig_instances,
     default_sample,
     default_topology,
@@ -36,6 +37,7 @@ from gpupool.agent.fake.description import (
     text_field,
 )
 from gpupool.agent.fake.recording import device_from_recording, sample_fields_from_recording
+from gpupool.inputs import load_yaml, unknown_keys
 from gpupool.model import MAX_GPUS_PER_NODE
 
 
@@ -74,22 +76,21 @@ class FakeBackend:
             text = Path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise ValueError(f"{where}: not UTF-8 text ({exc})") from None
-        try:
-            if str(path).endswith((".yaml", ".yml")):
-                import yaml
-
-                try:
-                    doc = yaml.safe_load(text)
-                except yaml.YAMLError as exc:
-                    raise ValueError(f"YAML syntax error: {exc}") from None
-            else:
+        if str(path).endswith((".yaml", ".yml")):
+            doc = load_yaml(text, str(path), ValueError)  # one line: FILE:LINE:COLUMN: invalid YAML: what
+        else:
+            try:
                 doc = json.loads(text, parse_constant=no_constant)
-        except RecursionError:
-            raise ValueError(f"{where}: nested too deeply") from None
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
+            except RecursionError:
+                raise ValueError(f"{where}: nested too deeply") from None
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
         if not isinstance(doc, Mapping):
             raise ValueError(f"{where}: expected a mapping with 'gpus', got {type(doc).__name__}")
+        if not looks_recorded(doc):
+            unknown_keys(doc, DescriptionKeys, str(path), text, ValueError)
         try:
             if looks_recorded(doc):
                 return cls.from_recording(doc, clock=clock)
@@ -128,6 +129,7 @@ class FakeBackend:
         duplicate index or UUID."""
         if not isinstance(doc, Mapping):
             raise ValueError(f"GPU description: expected a mapping with 'gpus', got {type(doc).__name__}")
+        unknown_keys(doc, DescriptionKeys, "GPU description", error=ValueError)
         if "gpus" not in doc:
             raise ValueError("GPU description: 'gpus' is required")
         gpus = doc["gpus"]

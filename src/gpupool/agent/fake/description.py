@@ -10,6 +10,8 @@ import uuid as uuidlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, create_model
+
 from gpupool.agent.backend import (
     GpuDevice,
     GpuSample,
@@ -35,6 +37,76 @@ _SAMPLE_KINDS: dict[str, tuple[str, float, float]] = {
     "retired_pages_pending": ("bool", 0, 0), "throttle_reasons": ("int", 0, 2**64 - 1), "lost": ("bool", 0, 0),
 }
 """How each :class:`GpuSample` field is checked: kind, lowest, highest."""
+
+
+class _Keys(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+_SampleKeys = create_model("_SampleKeys", __base__=_Keys, **{k: (Any, None) for k in sorted(_SAMPLE_FIELDS)})
+
+
+class _MigProfileKeys(_Keys):
+    id: Any = None
+    name: Any = None
+    slices: Any = None
+    instances: Any = None
+    memory_mib: Any = None
+    sms: Any = None
+
+
+class _MigInstanceKeys(_Keys):
+    profile: Any = None
+    start: Any = None
+    size: Any = None
+    uuid: Any = None
+    memory_mib: Any = None
+
+
+class _MigKeys(_Keys):
+    enabled: Any = None
+    instances: list[_MigInstanceKeys] | None = None
+
+
+class _GpuKeys(_Keys):
+    """The fields of a GPU entry (``gpus[i]`` and ``defaults``), as :func:`device_from_entry` reads them."""
+
+    count: Any = None
+    index: Any = None
+    uuid: Any = None
+    name: Any = None
+    memory_mib: Any = None
+    minor: Any = None
+    compute: Any = None
+    architecture: Any = None
+    pci_bus_id: Any = None
+    numa_node: Any = None
+    power_limit_w: Any = None
+    serial: Any = None
+    vbios: Any = None
+    mig: _MigKeys | None = None
+    mig_profiles: list[_MigProfileKeys] | None = None
+    sample: _SampleKeys | None = None  # type: ignore[valid-type]
+
+
+class _TopologyKeys(_Keys):
+    gpus: Any = None
+    level: Any = None
+
+
+class DescriptionKeys(_Keys):
+    """The key schema of the description format (:func:`gpupool.inputs.unknown_keys`): a key not listed here
+    (``memory_mb`` for ``memory_mib``) is refused with its line and column and the closest known key. The
+    values are checked by the validators of this module."""
+
+    driver: Any = None
+    cuda_driver: Any = None
+    nvml: Any = None
+    node: Any = None
+    defaults: _GpuKeys | None = None
+    gpus: list[_GpuKeys] | None = None
+    nvlink: Any = None
+    topology: list[_TopologyKeys] | None = None
 
 
 def kind_of(value: Any) -> str:

@@ -39,10 +39,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["QueueConfigError", "QueueSpec", "QueueTree", "load_queues_yaml", "queues_from_dicts"]
+from gpupool.inputs import did_you_mean, load_yaml, unknown_keys
+
+__all__ = ["QueueConfigError", "QueueFile", "QueueSpec", "QueueTree", "load_queues_yaml", "queues_from_dicts"]
 
 
 class QueueConfigError(ValueError):
@@ -201,11 +202,23 @@ class QueueTree:
         return [s.model_dump(exclude_none=True) for s in self.specs]
 
 
+class QueueFile(BaseModel):
+    """The key schema of a queue file (:func:`gpupool.inputs.unknown_keys`): a ``queues`` list of
+    :class:`QueueSpec`; the values are checked by :func:`queues_from_dicts`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queues: list[QueueSpec] | None = None
+
+
 def _format_validation(exc: ValidationError, label: str) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(queue)"
-        parts.append(f"{label}: field {loc!r}: {err['msg']}")
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field{did_you_mean(str(err['loc'][-1]), QueueSpec.model_fields)}"
+        parts.append(f"{label}: field {loc!r}: {msg}")
     return "; ".join(parts)
 
 
@@ -244,15 +257,9 @@ def load_queues_yaml(path: str | Path) -> QueueTree:
     """
     path = Path(path)
     text = path.read_text(encoding="utf-8")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise QueueConfigError(f"{path}: not valid YAML: {exc}") from None
+    doc = load_yaml(text, str(path), QueueConfigError)
     if isinstance(doc, dict):
-        unknown = set(doc) - {"queues"}
-        if unknown:
-            raise QueueConfigError(f"{path}: unknown top-level key(s) {', '.join(sorted(map(str, unknown)))}; "
-                                   "expected 'queues'")
+        unknown_keys(doc, QueueFile, str(path), text, QueueConfigError)
         items = doc.get("queues")
     else:
         items = doc

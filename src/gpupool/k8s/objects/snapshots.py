@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from gpupool.inputs import yaml_error_message
 from gpupool.k8s import POD_GROUP_API, QUEUE_API, VOLCANO_POD_GROUP_API
 from gpupool.model import GpupoolError
 
@@ -100,11 +101,9 @@ def load_snapshot(path: str | Path) -> ClusterSnapshot:
         else:
             docs = list(yaml.safe_load_all(text))
     except json.JSONDecodeError as exc:
-        raise SnapshotError(f"{p}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise SnapshotError(f"{p}: {where}invalid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise SnapshotError(f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
+    except yaml.YAMLError as exc:  # one line, FILE:LINE:COLUMN: invalid YAML: what
+        raise SnapshotError(yaml_error_message(exc, str(p))) from None
     except (ValueError, RecursionError) as exc:  # e.g. a YAML value PyYAML cannot construct
         raise SnapshotError(f"{p}: unreadable: {exc}") from None
     if not any(isinstance(d, Mapping | list) for d in docs):
