@@ -11,6 +11,7 @@ defaults that keep table-driven test cases to one readable line each.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -22,6 +23,19 @@ from gpupool.engine.core import Engine, Policy
 from gpupool.frag import TypicalPods
 from gpupool.model import MILLI, NodeSpec, PodRequest
 from gpupool.policies import make_policy
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    """A test that runs a component's CLI installs its log handler on the root logger (``logging_setup``) at INFO;
+    undo that after the test, so that a later test's output (a CliRunner mixes stderr into ``output``) holds only
+    what that test wrote."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(h)
+    root.setLevel(level)
 
 ALL_POLICIES = (
     "round-robin", "single-node", "lowest-power", "random", "k8s-default", "best-fit", "spread",
