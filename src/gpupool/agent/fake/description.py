@@ -84,6 +84,7 @@ class _GpuKeys(_Keys):
     power_limit_w: Any = None
     serial: Any = None
     vbios: Any = None
+    lost: Any = None  # fell off the bus before it was read (FakeBackend)
     mig: _MigKeys | None = None
     mig_profiles: list[_MigProfileKeys] | None = None
     sample: _SampleKeys | None = None  # type: ignore[valid-type]
