@@ -7,6 +7,7 @@ import inspect
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -286,6 +287,25 @@ class RunProgress:
                 f"elapsed {_duration(elapsed)}, ETA {eta}")
 
 
+def warm_engine(quiet: bool) -> None:
+    """Compile the engine's numba kernels (the first run on a machine: numba's disk cache is empty) or load them
+    from the cache, once, before any run, so that no run's decisions/s carries the compilation; when it takes more
+    than two seconds (a first run), a line on stderr says what the wait is."""
+    from gpupool.engine import kernels
+
+    if not kernels.enabled():
+        return
+    note = threading.Timer(2.0, lambda: print("compiling the engine's kernels (numba; once per machine, later runs "
+                                              "load them from its cache)...", file=sys.stderr, flush=True))
+    note.daemon = True
+    if not quiet:
+        note.start()
+    try:
+        kernels.warm_up()
+    finally:
+        note.cancel()
+
+
 def run_all(items: Sequence[tuple[str, int]], run_one: Callable[[str, int, Callable[[int, int], None]], Any],
             *, quiet: bool, errors: tuple[type[BaseException], ...], workers: int | None = 1,
             executor: str = "local") -> tuple[list[Any], bool]:
@@ -294,6 +314,7 @@ def run_all(items: Sequence[tuple[str, int]], run_one: Callable[[str, int, Calla
     (None: all cores) or ``executor="ray"``: in parallel (:mod:`gpupool.sweep`), same results."""
     from gpupool import sweep
 
+    warm_engine(quiet)
     if workers is not None and workers < 1:
         fail(f"--jobs-parallel must be >= 1, got {workers}")
     if executor not in sweep.EXECUTORS:

@@ -133,8 +133,8 @@ def _execute(
         )
         print_table(console, report.results_table(summary, proto, title,
                                                   **table_kwargs(report.results_table, wide)), wide)
-        console.print("dec/s: pods per second of Engine.place in this run, first calls and other runs on the "
-                      "machine included; benchmarks/bench_decisions.py measures it alone on one core "
+        console.print("dec/s: pods per second of Engine.place in this run (kernels compiled beforehand), other runs "
+                      "on the machine included; benchmarks/bench_decisions.py measures it alone on one core "
                       "(docs/benchmarks.md)", style="dim", highlight=False, soft_wrap=wide)
         if len(summary) > 1:
             best = report.best_line(summary, proto)

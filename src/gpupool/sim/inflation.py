@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from gpupool.cluster import ClusterState
+from gpupool.engine import kernels
 from gpupool.engine.core import Engine, Policy
 from gpupool.metrics import ClusterMetrics, cluster_metrics
 from gpupool.model import NodeSpec, PodRequest
@@ -116,6 +117,8 @@ def run_inflation(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy:
     held = 0
     failed: list[dict] = []
     spent = 0.0
+    if kernels.enabled():
+        kernels.warm_up()  # compiled (or loaded from numba's cache) now: decision_seconds times decisions only
     for i, pod in enumerate(workload):
         t0 = time.perf_counter()
         decision = engine.place(pod)

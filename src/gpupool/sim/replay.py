@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpupool.cluster import ClusterState
+from gpupool.engine import kernels
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.filters import EffectiveRequest, feasible
 from gpupool.metrics import ClusterMetrics, cluster_metrics
@@ -249,6 +250,8 @@ def run_replay(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], policy: st
     failed: list[dict] = []
     decisions = 0
     spent = 0.0
+    if kernels.enabled():
+        kernels.warm_up()  # compiled (or loaded from numba's cache) now: decision_seconds times decisions only
     held = 0
     n_pending = 0
     n_running = 0
