@@ -85,18 +85,23 @@ def evict(api_client: client.ApiClient, key: str, uid: str, dry_run: bool, timeo
          path_params={"namespace": ns, "name": name})
 
 
+def _patch_disruption_target(api_client: client.ApiClient, key: str, status: str, reason: str, message: str,
+                             timeout: Timeout) -> None:
+    ns, name = split_key(key)
+    body = {"status": {"conditions": [{
+        "type": DISRUPTION_TARGET, "status": status, "reason": reason,
+        "message": message, "lastTransitionTime": _now()}]}}
+    call(api_client, "PATCH", POD_STATUS_PATH, body, content_type=STRATEGIC_PATCH,
+         timeout=timeout,
+         path_params={"namespace": ns, "name": name})
+
+
 def mark_disruption_target(api_client: client.ApiClient, key: str, reason: str,
                            timeout: Timeout = None) -> None:
     """PATCH (strategic merge, ``pods/status``) the ``DisruptionTarget=True`` condition onto victim ``key``, as
     kube-scheduler does before it removes a victim (reason ``PreemptionByScheduler``, ``reason`` as the
     message). Raises :class:`ApiException` (``404``: the pod is gone) and transport errors."""
-    ns, name = split_key(key)
-    body = {"status": {"conditions": [{
-        "type": DISRUPTION_TARGET, "status": "True", "reason": PREEMPTION_BY_SCHEDULER,
-        "message": reason, "lastTransitionTime": _now()}]}}
-    call(api_client, "PATCH", POD_STATUS_PATH, body, content_type=STRATEGIC_PATCH,
-         timeout=timeout,
-         path_params={"namespace": ns, "name": name})
+    _patch_disruption_target(api_client, key, "True", PREEMPTION_BY_SCHEDULER, reason, timeout)
 
 
 def clear_disruption_target(api_client: client.ApiClient, key: str, message: str,
@@ -105,13 +110,7 @@ def clear_disruption_target(api_client: client.ApiClient, key: str, message: str
     :func:`mark_disruption_target` announced was refused and the pod runs on (what Kubernetes' disruption
     controller does to a stale condition after two minutes; reason ``EvictionRefused``, ``message`` why). Raises
     :class:`ApiException` (``404``: the pod is gone) and transport errors."""
-    ns, name = split_key(key)
-    body = {"status": {"conditions": [{
-        "type": DISRUPTION_TARGET, "status": "False", "reason": EVICTION_REFUSED,
-        "message": message, "lastTransitionTime": _now()}]}}
-    call(api_client, "PATCH", POD_STATUS_PATH, body, content_type=STRATEGIC_PATCH,
-         timeout=timeout,
-         path_params={"namespace": ns, "name": name})
+    _patch_disruption_target(api_client, key, "False", EVICTION_REFUSED, message, timeout)
 
 
 def set_nominated_node(api_client: client.ApiClient, ns: str, name: str, node: str | None,
