@@ -231,3 +231,19 @@ def test_time_sliced_replicas_bound_by_others_count_a_share():
     assert not info["skipped_pods"]
     assert list(state.gpu_free[0][:2]) == [0, 250]  # 5 x 250 + 500 = 1750 of 2000 milli
     state.check_invariants()
+
+
+def test_repeated_device_indices_in_an_annotation_are_not_trusted():
+    """Issue 33 item 7: a foreign pod annotated with GPU "5,5,5,5" made gpupool book GPU 5 four times. Repeated
+    indices are unreadable: the pod is counted on distinct devices, and no GPU is booked twice."""
+    hostile = {"gpupool.io/node": "n1", "gpupool.io/gpu-index": "5,5,5,5", "gpupool.io/gpu-milli": "1000"}
+    p = pod("hostile", "n1", gpus=4, annotations=hostile)
+    assert annotated_devices(p) is None
+    other = pod("other", "n1", gpus=1, annotations={"gpupool.io/node": "n1", "gpupool.io/gpu-index": "5",
+                                                    "gpupool.io/gpu-milli": "1000"})
+    state, info = build_state([node("n1", gpus=8)], [p, other])
+    a = info["assignments"]
+    assert len(set(a["default/hostile"].gpus)) == 4 and a["default/other"].gpus == (5,)
+    assert not set(a["default/hostile"].gpus) & {5}
+    assert (state.gpu_free[0] >= 0).all() and int((state.gpu_free[0] == 0).sum()) == 5
+    state.check_invariants()

@@ -152,8 +152,8 @@ def lenient_info(pod: Mapping[str, Any], error: Exception) -> PodInfo:
 
 
 def annotated_devices(pod: Mapping[str, Any]) -> tuple[tuple[int, ...], int] | None:
-    """(device indices, milli per device) gpupool wrote on a bound pod; None unless they are readable and
-    ``gpupool.io/node`` names the node the pod is bound to."""
+    """(device indices, milli per device) gpupool wrote on a bound pod; None unless they are readable, distinct,
+    and ``gpupool.io/node`` names the node the pod is bound to (the pod is then counted as an unannotated one)."""
     ann = annotations_of(pod)
     node = node_name_of(pod)
     if not node or ann.get(ANN_NODE) != node or ANN_GPU_INDEX not in ann:
@@ -167,6 +167,8 @@ def annotated_devices(pod: Mapping[str, Any]) -> tuple[tuple[int, ...], int] | N
     if len(gpus) > 1024:
         return None
     if any(g < 0 for g in gpus) or not (0 <= milli <= MILLI):
+        return None
+    if len(set(gpus)) != len(gpus):  # "5,5,5,5": one card named for several, never a way to book it twice
         return None
     return gpus, milli
 
