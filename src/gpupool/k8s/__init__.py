@@ -108,6 +108,10 @@ VOLCANO_POD_GROUP_API = ("scheduling.volcano.sh", "v1beta1", "podgroups")
 """Volcano ``PodGroup`` (namespaced; ``spec.minMember``, ``spec.queue``)."""
 QUEUE_API = ("gpupool.io", "v1alpha1", "queues")
 """gpupool's ``Queue`` (cluster-scoped; ``spec.quota``, ``spec.limit``, ``spec.weight``, ``spec.parent``)."""
+# Dynamic Resource Allocation (Kubernetes 1.34+: GA, resource.k8s.io/v1)
+DRA_SLICE_API = ("resource.k8s.io", "v1", "resourceslices")
+DRA_CLASS_API = ("resource.k8s.io", "v1", "deviceclasses")
+DRA_CLAIM_API = ("resource.k8s.io", "v1", "resourceclaims")
 
 DEFAULT_SCHEDULER_NAME = "gpupool"
 

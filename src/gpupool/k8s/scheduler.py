@@ -52,6 +52,9 @@ from gpupool.k8s import (
     ANN_GPU_INDEX,
     ANN_NODE,
     DEFAULT_SCHEDULER_NAME,
+    DRA_CLAIM_API,
+    DRA_CLASS_API,
+    DRA_SLICE_API,
     POD_GROUP_API,
     QUEUE_API,
     VOLCANO_POD_GROUP_API,
@@ -67,6 +70,7 @@ from gpupool.k8s.api.calls import (
     set_nominated_node,
     set_unschedulable,
     split_key,
+    write_claim_allocation,
 )
 from gpupool.k8s.api.events import EventRecorder
 from gpupool.k8s.api.status import StatusWriter
@@ -75,6 +79,7 @@ from gpupool.k8s.api.wire import Outage, api_reason, ensure_pool
 from gpupool.k8s.api.wire import log_event as _log
 from gpupool.k8s.cycle.plan import Placement, Plan, Preemption, assignment_annotations
 from gpupool.k8s.cycle.pool import PoolDriver
+from gpupool.k8s.objects.dra import FINALIZER_DELETE_PROTECTION, claim_allocation_status
 from gpupool.k8s.objects.fields import annotations_of, node_name_of, pod_key
 from gpupool.k8s.objects.snapshots import ClusterSnapshot
 from gpupool.k8s.state import ClusterModel
@@ -197,6 +202,10 @@ class Scheduler:
             Reflector("podgroups", self._custom_lister(*POD_GROUP_API), self.cache, cfg, optional=True),
             Reflector("volcanopodgroups", self._custom_lister(*VOLCANO_POD_GROUP_API), self.cache, cfg, optional=True),
             Reflector("queues", self._custom_lister(*QUEUE_API), self.cache, cfg, optional=True),
+            # DRA (resource.k8s.io/v1, Kubernetes 1.34+): absent or not granted -> no claims are placed
+            Reflector("resourceslices", self._custom_lister(*DRA_SLICE_API), self.cache, cfg, optional=True),
+            Reflector("deviceclasses", self._custom_lister(*DRA_CLASS_API), self.cache, cfg, optional=True),
+            Reflector("resourceclaims", self._custom_lister(*DRA_CLAIM_API), self.cache, cfg, optional=True),
         ]
 
     def _custom_lister(self, group: str, version: str, plural: str) -> Callable[..., Any]:
@@ -350,6 +359,8 @@ class Scheduler:
                 self.model.preemption_refused(key, arg)
             elif op == "evict_failed":
                 self.model.eviction_failed(key, arg)
+            elif op == "claim":  # what the API server answered to a claim write (ahead of its watch event)
+                self.model.apply("resourceclaims", "MODIFIED", arg)
         with self._lock:
             for key in [k for k in self._reported if self.cache.get("pods", k) is None]:
                 del self._reported[key]
@@ -461,6 +472,10 @@ class Scheduler:
             _log(logging.INFO, "bind_skipped", pod=key, node=node, reason="node no longer exists")
             self._forget(key, a)
             return "node_gone"
+        if a.placement.claims:
+            failed = self._write_claims(pod, a)
+            if failed:
+                return failed
         try:
             post_binding(self.api_client, ns, name, a.uid, a.annotations, node,
                          timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
@@ -499,6 +514,46 @@ class Scheduler:
         self._bind_outage.success()
         self._bound(pod, key, a, node)
         return "bound"
+
+    def _write_claims(self, pod: Mapping[str, Any], a: _Assumed) -> str:
+        """Allocate and reserve the pod's ResourceClaims as planned, before the binding (kube-scheduler's DRA
+        PreBind): "" when every claim is written, else the outcome (the pod is planned again: a claim changed
+        meanwhile answers 409, a claim or pod gone 404). What the API server answered is fed to the model, so the
+        devices stay held even when the binding then fails."""
+        key = a.placement.pod
+        meta = pod.get("metadata") or {}
+        ref = {"resource": "pods", "name": meta.get("name", ""), "uid": a.uid}
+        for ca in a.placement.claims:
+            claim = ca.claim
+            reserved = [{"resource": "pods", "name": n, "uid": u} for n, u in claim.reserved_for]
+            if any(r["uid"] == a.uid for r in reserved) and not ca.results:
+                continue  # reserved for this pod already (a restart, or a retried binding)
+            reserved.append(ref)
+            finalizers = None
+            if ca.results and FINALIZER_DELETE_PROTECTION not in claim.finalizers:
+                finalizers = [*claim.finalizers, FINALIZER_DELETE_PROTECTION]
+            try:
+                obj = write_claim_allocation(
+                    self.api_client, claim.namespace, claim.name, claim.resource_version, finalizers,
+                    claim_allocation_status(ca.results, ca.node) if ca.results else None, reserved,
+                    timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
+            except ApiException as exc:
+                _log(logging.INFO if exc.status in (404, 409) else logging.WARNING, "claim_write_failed",
+                     pod=key, claim=claim.key, status=exc.status, reason=exc.reason)
+                self._forget(key, a)
+                if exc.status not in (404, 409):
+                    self._report_unschedulable(pod, f"ResourceClaim {claim.key} not written: {exc.status} "
+                                                    f"{exc.reason}", force=True)
+                return "conflict" if exc.status == 409 else "error"
+            except Exception as exc:  # transport trouble: re-read the claim from the watch before planning again
+                _log(logging.WARNING, "claim_write_failed", pod=key, claim=claim.key, error=type(exc).__name__,
+                     detail=str(exc)[:200])
+                self._forget(key, a)
+                return "error"
+            self._model_ops.append(("claim", key, obj))
+            _log(logging.INFO, "claim_allocated" if ca.results else "claim_reserved", pod=key, claim=claim.key,
+                 node=ca.node, devices=",".join(r.device for r in ca.results) or "-")
+        return ""
 
     def _bound(self, pod: Mapping[str, Any], key: str, a: _Assumed, node: str, note: str = "") -> None:
         """Record a binding the API server accepted: assumption done, ``Scheduled`` Event queued, metric."""

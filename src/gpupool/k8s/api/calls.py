@@ -124,3 +124,34 @@ def set_nominated_node(api_client: client.ApiClient, ns: str, name: str, node: s
 __all__ = ["EVICTION_PATH", "POD_STATUS_PATH", "DISRUPTION_TARGET", "PREEMPTION_BY_SCHEDULER", "EVICTION_REFUSED",
            "Timeout", "split_key", "post_binding", "read_pod", "set_unschedulable", "evict", "mark_disruption_target",
            "clear_disruption_target", "set_nominated_node"]
+
+
+CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+CLAIM_STATUS_PATH = CLAIM_PATH + "/status"
+
+
+def write_claim_allocation(api_client: client.ApiClient, ns: str, name: str, resource_version: str,
+                           finalizers: list[str] | None, allocation: Mapping[str, Any] | None,
+                           reserved_for: list[Mapping[str, str]], timeout: Timeout = None) -> dict[str, Any]:
+    """Allocate ResourceClaim ``ns/name`` and reserve it for pods, as kube-scheduler's DRA plugin does in PreBind.
+
+    ``finalizers`` (None: unchanged) are written first (the scheduler adds ``resource.kubernetes.io/delete-protection``
+    before it allocates, so that the claim is not deleted while allocated and the resourceclaim controller
+    deallocates it when no pod holds it); then the status: ``allocation`` (None: the claim is allocated already,
+    only ``reserved_for`` changes) and the whole ``reservedFor`` list. Each write carries the resourceVersion it
+    was computed from (merge patch with ``metadata.resourceVersion``): a claim changed meanwhile answers 409 and the
+    caller plans again. Needs ``update``/``patch`` on ``resourceclaims``, ``resourceclaims/status`` and (1.36)
+    ``resourceclaims/binding``. Returns the claim as the API server last answered. Raises :class:`ApiException`."""
+    params = {"namespace": ns, "name": name}
+    rv = resource_version
+    if finalizers is not None:
+        out = json.loads(call(api_client, "PATCH", CLAIM_PATH, {"metadata": {
+            "resourceVersion": rv, "finalizers": list(finalizers)}}, content_type=MERGE_PATCH, timeout=timeout,
+            path_params=params))
+        rv = out["metadata"]["resourceVersion"]
+    status: dict[str, Any] = {"reservedFor": [dict(r) for r in reserved_for]}
+    if allocation is not None:
+        status["allocation"] = dict(allocation)
+    return json.loads(call(api_client, "PATCH", CLAIM_STATUS_PATH, {"metadata": {"resourceVersion": rv},
+                                                                    "status": status},
+                           content_type=MERGE_PATCH, timeout=timeout, path_params=params))

@@ -63,7 +63,8 @@ class ClusterCache:
     at the start of each cycle (:meth:`drain`): reflectors never touch the model.
     """
 
-    KINDS = ("nodes", "pods", "podgroups", "volcanopodgroups", "queues")
+    KINDS = ("nodes", "pods", "podgroups", "volcanopodgroups", "queues", "resourceslices", "deviceclasses",
+             "resourceclaims")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

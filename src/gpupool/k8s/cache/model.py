@@ -48,6 +48,7 @@ from gpupool.k8s.cache.devices import (
     lenient_info,
     time_sliced,
 )
+from gpupool.k8s.cache.dra import DRA_KINDS, DraInventory
 from gpupool.k8s.cache.eligibility import ConstrainedRequest, Constraints, Eligibility
 from gpupool.k8s.cache.queues import QueueBook, queue_book
 from gpupool.k8s.cache.records import Assumption, NodeRecord, PodRecord, queue_charge
@@ -144,6 +145,8 @@ class ClusterModel:
         self._check = False  # compare the rebuilt books with the incremental ones (after a relist)
         self.pool: Any = None  # a gpupool.k8s.cycle.pool.driver.PoolDriver when the pool scheduler runs the cluster
         self.count_log: list[str] = []  # pods counted, uncounted or forgotten since the pool last looked
+        self.dra = DraInventory()  # ResourceSlices, DeviceClasses, ResourceClaims (DRA)
+        self.claims_of: dict[str, list[str]] = {}  # assumed pod -> claim keys whose allocation it carries
         self.stats = {"events": 0, "parsed_pods": 0, "parsed_nodes": 0, "rebuilds": 0, "drift": 0,
                       "incremental": 0, "skipped_unchanged": 0}
 
@@ -157,6 +160,10 @@ class ClusterModel:
         model.replace(PODS, snapshot.pods)
         model.replace(PODGROUPS, snapshot.pod_groups)
         model.replace(QUEUES, snapshot.queues)
+        for kind in DRA_KINDS:
+            items = getattr(snapshot, kind, None)
+            if items:
+                model.replace(kind, items)
         return model
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
@@ -164,7 +171,10 @@ class ClusterModel:
         self.stats["events"] += 1
         if event_type not in ("ADDED", "MODIFIED", "DELETED"):
             return  # BOOKMARK and the like carry no object change
-        if kind == NODES:
+        if kind in DRA_KINDS:
+            self.dra.apply(kind, event_type, obj)
+            self._epoch += 1  # devices freed or added: pods that failed are planned again
+        elif kind == NODES:
             name = node_name(obj)
             if not name:
                 self._bad_node(obj, len(self.bad_nodes), name)
@@ -208,7 +218,10 @@ class ClusterModel:
         """A (re)list of ``kind``: records not in ``items`` go, the rest are updated; ``None`` = the kind is not
         served (CRD not installed: for Queues, no limits). A relist of nodes or pods rebuilds the state and
         checks it against the incremental books."""
-        if kind == NODES:
+        if kind in DRA_KINDS:
+            self.dra.replace(kind, items)
+            self._epoch += 1
+        elif kind == NODES:
             self.bad_nodes.clear()
             seen: set[str] = set()
             for index, obj in enumerate(items or []):
@@ -545,6 +558,8 @@ class ClusterModel:
         a = self.assumed.get(key)
         if a is None or (uid is not None and a.uid != uid):
             return False
+        for claim_key in self.claims_of.pop(key, ()):
+            self.dra.forget(claim_key)
         self._drop_assumption(key)
         rec = self.pods.get(key)
         if rec is not None:

@@ -29,6 +29,7 @@ class Placement:
     invalid: bool = False  # the pod's request could not be read (not a matter of capacity)
     nominated: bool = False  # held on ``node`` while preemption victims terminate: set nominatedNodeName, no bind
     waited_s: float | None = None  # seconds since the preemption that made room for it (None: no preemption)
+    claims: tuple[Any, ...] = ()  # ClaimAllocation per ResourceClaim to allocate before binding (DRA)
 
     def to_json(self) -> dict[str, Any]:
         """``gpu_milli`` and ``gpu_memory_mib`` are per listed GPU (MiB; 0 = in proportion to the share);
@@ -44,6 +45,11 @@ class Placement:
             out["invalid"] = True
         if self.nominated:
             out["nominated"] = True
+        if self.claims:
+            out["claims"] = [{"claim": ca.claim.key, "devices": [
+                {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device,
+                 **({"consumedCapacity": {k: str(v) for k, v in r.consumed.items()}} if r.consumed else {})}
+                for r in ca.results]} for ca in self.claims]
         if self.node is not None:
             out["annotations"] = assignment_annotations(self)
         return out

@@ -20,6 +20,8 @@ from typing import Any
 from gpupool.cluster import ClusterState
 from gpupool.k8s.cache.eligibility import constraints_of
 from gpupool.k8s.cache.model import ClusterModel
+from gpupool.k8s.cycle.claims import has_claims, place_claim_unit
+from gpupool.k8s.cycle.dra import DraAllocator
 from gpupool.k8s.cycle.plan import Placement, Plan
 from gpupool.k8s.cycle.pool import PoolDriver
 from gpupool.k8s.cycle.units import Unit, identity_problem, place_unit, unsupported_constraint
@@ -138,6 +140,9 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
                                              m[1].key))
             units.append(unit)
 
+    claim_units = [u for u in units if any(has_claims(p) for p, _ in u.members)]
+    if claim_units:
+        units = [u for u in units if u not in claim_units]
     if model.pool is not None:  # the pool scheduler runs the cluster (gpupool.k8s.pool)
         before = set(model.assumed)
         mark = model.pool.mark()
@@ -157,6 +162,8 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
                 return Plan(out, None, model.policy_name, skipped_nodes=model.skipped_nodes())
             units = [u for u in units if all(i.key in model.pending for _, i in u.members)]
         else:
+            if claim_units and model.state is not None and model.engine is not None:
+                plan.placements.extend(place_claims(model, claim_units, model.queue_book()))
             model._after_cycle()
             if full_inventory:
                 plan.inventory = model.inventory()
@@ -169,6 +176,8 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
             if info.mig:
                 elig.pending_mig[info.key] = info.mig
     pol = engine.policy
+    if claim_units:
+        out.extend(place_claims(model, claim_units, book))
     epoch = model._epoch
     for unit in sorted(units, key=Unit.order):
         single = unit.members[0][1].key if unit.gang is None else None
@@ -202,3 +211,37 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
     model._after_cycle()
     inventory = model.inventory() if full_inventory else None
     return Plan(out, inventory, model.policy_name, state, book)
+
+
+def place_claims(model: ClusterModel, units: list[Unit], book: Any) -> list[Placement]:
+    """Place the units whose pods hold ResourceClaims (:mod:`gpupool.k8s.cycle.claims`), in unit order; placed
+    pods and their claims' allocations are assumed until the watch shows them."""
+    engine = model.engine
+    assert engine is not None
+    allocator = getattr(model, "dra_allocator", None)
+    if allocator is None or allocator.inv is not model.dra:
+        allocator = model.dra_allocator = DraAllocator(model.dra)
+    usage = model.dra.usage()
+    nodes = {name: rec.obj for name, rec in model.nodes.items()}
+    out: list[Placement] = []
+    for unit in sorted(units, key=Unit.order):
+        try:
+            placed = place_claim_unit(unit.members, max(1, unit.need), unit.gang, engine, engine.policy,
+                                      allocator, usage, book, nodes)
+        except Exception as exc:  # noqa: BLE001 - a unit that trips the allocator fails alone
+            log.error("claim allocation failed", exc_info=True,
+                      extra={"event": "placement_error", "pods": [i.key for _, i in unit.members]})
+            placed = [Placement(i.key, None, gang=unit.gang,
+                                reason=f"gpupool could not allocate this pod's claims: {type(exc).__name__}: {exc}")
+                      for _, i in unit.members]
+        for p in placed:
+            if p.node is not None:
+                model.assume(p.pod, p.node)
+                keys = []
+                for ca in p.claims:
+                    if ca.results:
+                        model.dra.assume(ca.claim.key, ca.results, ca.node)
+                        keys.append(ca.claim.key)
+                model.claims_of[p.pod] = keys
+        out.extend(placed)
+    return out

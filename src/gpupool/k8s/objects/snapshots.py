@@ -33,6 +33,9 @@ class ClusterSnapshot:
     pod_groups: list[dict[str, Any]] = field(default_factory=list)
     queues: list[dict[str, Any]] | None = None
     ignored: int = 0
+    resourceslices: list[dict[str, Any]] = field(default_factory=list)  # resource.k8s.io (DRA)
+    deviceclasses: list[dict[str, Any]] = field(default_factory=list)
+    resourceclaims: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _group(obj: Mapping[str, Any]) -> str:
@@ -78,6 +81,9 @@ def snapshot_from_objects(objects: Iterable[Any]) -> ClusterSnapshot:
             snap.pod_groups.append(dict(obj))
         elif kind == "Queue" and group == QUEUE_API[0]:
             queues.append(dict(obj))
+        elif group == "resource.k8s.io" and kind in ("ResourceSlice", "DeviceClass", "ResourceClaim"):
+            {"ResourceSlice": snap.resourceslices, "DeviceClass": snap.deviceclasses,
+             "ResourceClaim": snap.resourceclaims}[str(kind)].append(dict(obj))
         else:
             snap.ignored += 1
     snap.queues = queues or ([] if queue_crd else None)

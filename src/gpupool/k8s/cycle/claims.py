@@ -1,0 +1,98 @@
+"""Pods with ResourceClaims in the planning cycle: the node from the engine's filters (CPU, memory, selectors,
+affinity, taints) and the DRA allocator's choice (:mod:`gpupool.k8s.cycle.dra`); gangs all or nothing; queues
+charged the whole-GPU equivalents the claims hold. No I/O: the placements carry the allocations, which the live
+scheduler writes into the claims before it binds (:func:`gpupool.k8s.api.calls.write_claim_allocation`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gpupool.engine.core import Engine
+from gpupool.k8s.cache.dra import Usage
+from gpupool.k8s.cache.queues import QueueBook
+from gpupool.k8s.cycle.dra import DraAllocator, NodeFit
+from gpupool.k8s.cycle.plan import Placement
+from gpupool.k8s.objects.pods import PodInfo
+from gpupool.model import MILLI
+
+
+def has_claims(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod names ResourceClaims (``spec.resourceClaims``)."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    return bool(isinstance(spec, Mapping) and spec.get("resourceClaims"))
+
+
+def _charge(book: QueueBook, info: PodInfo, gpus: float) -> tuple[dict[str, int], dict[str, int]]:
+    """({queue: milli-GPU}, {queue: non-preemptible part}) for a pod whose claims hold ``gpus`` GPU equivalents."""
+    milli = int(round(gpus * MILLI))
+    if not info.queue or not milli:
+        return {}, {}
+    return {info.queue: milli}, ({info.queue: milli} if book.nonpreemptible(info.request.priority) else {})
+
+
+def place_claim_unit(members: Sequence[tuple[Mapping[str, Any], PodInfo]], need: int, gang: str | None,
+                     engine: Engine, pol: Any, allocator: DraAllocator, usage: Usage, book: QueueBook,
+                     nodes: Mapping[str, Mapping[str, Any]]) -> list[Placement]:
+    """Place pods that hold ResourceClaims: each on the node where its claims allocate best (``usage`` is updated
+    with what it takes). A gang (``gang`` set) places its first ``need`` members all or nothing."""
+    state = engine.state
+    placed: list[tuple[PodInfo, NodeFit]] = []
+    saved = usage.copy()
+    out: list[Placement] = []
+    failed: dict[str, str] = {}
+    for pod, info in members:
+        claims, why = allocator.pod_claims(pod)
+        if not why:
+            mask = engine.feasible_mask(pol.effective(info.request))
+            idx = mask.nonzero()[0].tolist()
+            candidates = [(state.node_names[i], nodes.get(state.node_names[i])) for i in idx]
+            if not candidates:
+                why = engine.unschedulable_reason(pol.effective(info.request))
+            else:
+                fit = allocator.best(claims, candidates, usage)
+                if isinstance(fit, str):
+                    why = fit
+                else:
+                    charges = _charge(book, info, fit.gpus)
+                    refused = book.admit(*charges)
+                    if refused:
+                        why = refused
+                    else:
+                        book_charge(book, charges)
+                        state.allocate(info.request, state.node_index[fit.node], (), None)
+                        devices = allocator.inv.devices()
+                        for ca in fit.allocations:
+                            for r in ca.results:
+                                usage.add(devices.get(r.key), r)
+                        placed.append((info, fit))
+                        continue
+        failed[info.key] = f"pod {info.key}: {why}" if not why.startswith("pod ") else why
+        if gang is not None and len(placed) < need:
+            break
+    if gang is not None and len(placed) < need:  # the minimum all at once, or nothing starts
+        for info, fit in placed:
+            engine.release(info.key)
+            book_charge(book, _charge(book, info, fit.gpus), -1)
+        usage.restore(saved)
+        first = next(iter(failed.values()), "no room")
+        return [Placement(i.key, None, reason=f"gang {gang} cannot be placed together: {first}", gang=gang)
+                for _, i in members]
+    fits = {i.key: f for i, f in placed}
+    for _, info in members:
+        f = fits.get(info.key)
+        if f is None:
+            why = failed.get(info.key, "waits for its gang's next cycle")
+            out.append(Placement(info.key, None, reason=why, gang=gang))
+            continue
+        devices = ", ".join(f"{r.device}" for ca in f.allocations for r in ca.results) or "claims allocated already"
+        out.append(Placement(info.key, f.node, reason=f"claims allocated on {f.node}: {devices}", gang=gang,
+                             claims=tuple(f.allocations)))
+    return out
+
+
+def book_charge(book: QueueBook, charges: tuple[dict[str, int], dict[str, int]], sign: int = 1) -> None:
+    """Add (``sign`` 1) or take back (-1) a charge on the queue book."""
+    every, np_part = charges
+    for queue, milli in every.items():
+        book.charge(queue, sign * milli, sign * np_part.get(queue, 0))
