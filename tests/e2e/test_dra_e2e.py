@@ -1,0 +1,224 @@
+"""DRA end to end on a real kube-apiserver v1.36: gpupool allocates ResourceClaims (resource.k8s.io/v1) itself.
+
+Nodes offer GPUs only through ResourceSlices (no ``nvidia.com/gpu`` in allocatable), as NVIDIA's DRA driver
+publishes them for a DGX H100 with DynamicMIG (:mod:`gpupool.k8s.objects.dra_nvidia`): whole GPUs and every MIG
+partition, drawing on per-GPU shared counters. Checked against what the API
+server stores: every pod with claims is bound to the node its claims' allocation names, reserved in
+``status.reservedFor``, the claim carries the scheduler's finalizer, no device is in two claims and no counter
+set is overdrawn. With the controller-manager running (``KCP_WITH=controller-manager``), claims made from
+templates are allocated too and the devices of deleted pods come back.
+"""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupool.k8s.objects.dra_nvidia import preset_slices
+from gpupool.k8s.objects.fields import quantity
+
+from . import livecluster as lc
+from .livecluster import E2E
+
+pytestmark = pytest.mark.real_apiserver
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+DRIVER = "gpu.nvidia.com"
+WITH_CONTROLLERS = "controller-manager" in os.environ.get("KCP_WITH", "")
+
+
+def _slices(node: str, preset: str = "dgx-h100") -> list[dict[str, Any]]:
+    """The node's pool as NVIDIA's DRA driver publishes it (DynamicMIG: a slice of counter sets, a slice per GPU)."""
+    out = preset_slices(preset, node)
+    for s in out:
+        s["metadata"]["labels"] = {lc.E2E_LABEL: "1"}
+    return out
+
+
+CLASSES = {
+    "e2e-gpu.nvidia.com": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'",
+    "e2e-mig.nvidia.com": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'mig'",
+}
+
+
+def _setup(e2e: E2E, nodes: list[str]) -> None:
+    custom = client.CustomObjectsApi(e2e.admin)
+    for name, expr in CLASSES.items():
+        try:
+            custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "DeviceClass",
+                "metadata": {"name": name, "labels": {lc.E2E_LABEL: "1"}},
+                "spec": {"selectors": [{"cel": {"expression": expr}}]}})
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+    for node in nodes:
+        lc.make_node(e2e.admin, node, gpus=0)
+        for body in _slices(node):
+            custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+
+
+def _teardown(e2e: E2E) -> None:
+    custom = client.CustomObjectsApi(e2e.admin)
+    custom.delete_collection_cluster_custom_object(GROUP, VERSION, "resourceslices",
+                                                   label_selector=f"{lc.E2E_LABEL}=1")
+
+
+def _claim(ns: str, name: str, cls: str, count: int = 1, selectors: list[str] | None = None,
+           profile: str | None = None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls, "count": count}
+    sels = list(selectors or [])
+    if profile:
+        sels.append(f"device.attributes['{DRIVER}'].profile == '{profile}'")
+    if sels:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in sels]
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def _pod(ns: str, name: str, claims: list[tuple[str, str]], template: bool = False) -> dict[str, Any]:
+    body = lc.pod_body(name, ns, gpus=None)
+    key = "resourceClaimTemplateName" if template else "resourceClaimName"
+    body["spec"]["resourceClaims"] = [{"name": entry, key: target} for entry, target in claims]
+    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": entry} for entry, _ in claims]
+    return body
+
+
+def _claims(e2e: E2E) -> list[dict[str, Any]]:
+    return client.CustomObjectsApi(e2e.admin).list_namespaced_custom_object(GROUP, VERSION, e2e.ns,
+                                                                           "resourceclaims")["items"]
+
+
+def _check_allocations(e2e: E2E) -> dict[str, Any]:
+    """No device in two claims, no counter set overdrawn, every reserved pod bound where its claim is allocated."""
+    custom = client.CustomObjectsApi(e2e.admin)
+    slices = custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices")["items"]
+    consumes, totals = {}, {}
+    for s in slices:
+        pool = s["spec"]["pool"]["name"]
+        for cs in s["spec"].get("sharedCounters") or ():
+            totals[(pool, cs["name"])] = {k: quantity(v["value"], k) for k, v in cs["counters"].items()}
+        for d in s["spec"].get("devices") or ():
+            consumes[(pool, d["name"])] = d.get("consumesCounters") or []
+    pods = {p["metadata"]["name"]: p for p in lc.list_pods(e2e.admin, e2e.ns)}
+    held: dict[tuple[str, str], str] = {}
+    used: dict[tuple[str, str], dict[str, Decimal]] = {}
+    for c in _claims(e2e):
+        alloc = (c.get("status") or {}).get("allocation")
+        if not alloc:
+            continue
+        node = alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+        for r in alloc["devices"]["results"]:
+            key = (r["pool"], r["device"])
+            assert key not in held, f"device {key} allocated to {held[key]} and {c['metadata']['name']}"
+            held[key] = c["metadata"]["name"]
+            assert r["pool"] == node, f"claim {c['metadata']['name']}: device of {r['pool']} on node {node}"
+            for cc in consumes[key]:
+                u = used.setdefault((r["pool"], cc["counterSet"]), {})
+                for k, v in cc["counters"].items():
+                    u[k] = u.get(k, Decimal(0)) + quantity(v["value"], k)
+        for ref in (c.get("status") or {}).get("reservedFor") or ():
+            pod = pods.get(ref["name"])
+            if pod is not None and pod["spec"].get("nodeName"):
+                assert pod["spec"]["nodeName"] == node, (ref["name"], pod["spec"]["nodeName"], node)
+    for key, u in used.items():
+        for k, v in u.items():
+            assert v <= totals[key][k], f"counter {k} of {key} overdrawn: {v} > {totals[key][k]}"
+    return {"devices": len(held)}
+
+
+def test_claims_allocated_before_binding(e2e: E2E) -> None:
+    """Whole GPUs and MIG partitions from direct claims; a claim shared by two pods; a pod without claims on a
+    DRA-only cluster; a claim no node can satisfy stays pending with the request named."""
+    nodes = ["dra-a", "dra-b"]
+    _setup(e2e, nodes)
+    try:
+        custom = client.CustomObjectsApi(e2e.admin)
+        core = client.CoreV1Api(e2e.admin)
+        want = []
+        specs = [("whole2", "e2e-gpu.nvidia.com", 2, None), ("whole1", "e2e-gpu.nvidia.com", 1, None),
+                 ("mig1a", "e2e-mig.nvidia.com", 1, "1g.10gb"), ("mig1b", "e2e-mig.nvidia.com", 1, "1g.10gb"),
+                 ("mig3", "e2e-mig.nvidia.com", 1, "3g.40gb"), ("shared", "e2e-gpu.nvidia.com", 1, None),
+                 ("toomany", "e2e-gpu.nvidia.com", 9, None)]
+        for name, cls, count, profile in specs:
+            custom.create_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims",
+                                                   _claim(e2e.ns, name, cls, count, profile=profile))
+        for name, *_ in specs:
+            if name == "shared":
+                continue
+            lc.create_pod(e2e.admin, _pod(e2e.ns, f"p-{name}", [("gpu", name)]))
+            if name != "toomany":
+                want.append(f"p-{name}")
+        for i in (1, 2):
+            lc.create_pod(e2e.admin, _pod(e2e.ns, f"p-shared-{i}", [("gpu", "shared")]))
+            want.append(f"p-shared-{i}")
+        lc.create_pod(e2e.admin, lc.pod_body("p-plain", e2e.ns, gpus=None))
+        want.append("p-plain")
+        sched = e2e.scheduler_inprocess()
+        pods = lc.wait_bound(e2e.admin, e2e.ns, want, 60)
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        claims = {c["metadata"]["name"]: c for c in _claims(e2e)}
+        for name, *_ in specs:
+            c = claims[name]
+            if name == "toomany":
+                assert not (c.get("status") or {}).get("allocation")
+                continue
+            assert "resource.kubernetes.io/delete-protection" in c["metadata"].get("finalizers", []), name
+            reserved = {r["name"] for r in c["status"].get("reservedFor", [])}
+            holders = {"p-shared-1", "p-shared-2"} if name == "shared" else {f"p-{name}"}
+            assert reserved == holders, (name, reserved)
+            node = c["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+            for h in holders:
+                assert by_name[h]["spec"]["nodeName"] == node
+        assert len(claims["whole2"]["status"]["allocation"]["devices"]["results"]) == 2
+        figures = _check_allocations(e2e)
+        # both 1g partitions on one GPU (gpupool packs partitions), and the pods packed onto one node
+        mig_parents = {r["device"].rsplit("-mig-", 1)[0] + "@" + r["pool"]
+                       for n in ("mig1a", "mig1b") for r in claims[n]["status"]["allocation"]["devices"]["results"]}
+        assert len(mig_parents) == 1, mig_parents
+        lc.wait_for(lambda: any("toomany" in (e.get("message") or "") and "request gpu" in (e.get("message") or "")
+                                for e in lc.events_for(e2e.admin, e2e.ns, "FailedScheduling")), 20,
+                    "FailedScheduling naming the request of the claim that fits nowhere")
+        pod = core.read_namespaced_pod("p-toomany", e2e.ns)
+        assert not pod.spec.node_name
+        lc.RESULTS["dra_devices_allocated"] = figures["devices"]
+        assert sched is not None
+    finally:
+        _teardown(e2e)
+
+
+@pytest.mark.skipif(not WITH_CONTROLLERS, reason="needs KCP_WITH=controller-manager (ResourceClaimTemplates, "
+                    "claim release)")
+def test_claims_from_templates_and_release(e2e: E2E) -> None:
+    """Claims made by the resourceclaim controller from templates are allocated; when the pods are deleted the
+    claims go (with the controller) and their devices are allocated again to new pods."""
+    nodes = ["dra-t"]
+    _setup(e2e, nodes)
+    try:
+        custom = client.CustomObjectsApi(e2e.admin)
+        custom.create_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaimtemplates", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two-gpus", "namespace": e2e.ns},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "e2e-gpu.nvidia.com", "count": 2}}]}}}})
+        e2e.scheduler_inprocess()
+        first = [f"t-{i}" for i in range(4)]  # 4 x 2 GPUs: the node's 8
+        for name in first:
+            lc.create_pod(e2e.admin, _pod(e2e.ns, name, [("gpu", "two-gpus")], template=True))
+        lc.wait_bound(e2e.admin, e2e.ns, first, 60)
+        _check_allocations(e2e)
+        lc.create_pod(e2e.admin, _pod(e2e.ns, "t-late", [("gpu", "two-gpus")], template=True))
+        core = client.CoreV1Api(e2e.admin)
+        lc.wait_for(lambda: any(e.get("involvedObject", {}).get("name") == "t-late"
+                                for e in lc.events_for(e2e.admin, e2e.ns, "FailedScheduling")), 30,
+                    "t-late refused while the node's GPUs are all allocated")
+        assert not core.read_namespaced_pod("t-late", e2e.ns).spec.node_name
+        core.delete_namespaced_pod(first[0], e2e.ns, grace_period_seconds=0)
+        lc.wait_bound(e2e.admin, e2e.ns, ["t-late"], 90)  # the controller released t-0's claim, gpupool reused it
+        _check_allocations(e2e)
+    finally:
+        _teardown(e2e)
