@@ -247,6 +247,21 @@ class DraAllocator:
                     loss += device_value(e, None, full.get(e.key))
         return loss
 
+    @staticmethod
+    def _leftover(d: Device, u: Usage, cons: Mapping[str, Decimal] | None) -> float:
+        """Fraction of a shared device's capacity left after this share (best fit among shared devices); 0 for
+        a device taken whole."""
+        if not d.allow_multiple or not cons:
+            return 0.0
+        used = u.shared.get(d.key, {})
+        fractions = []
+        for q, amount in cons.items():
+            dom, _, name = q.rpartition("/")
+            cap = d.capacity.get(dom, {}).get(name)
+            if cap:
+                fractions.append(float((cap - used.get(q, Decimal(0)) - amount) / cap))
+        return min(fractions) if fractions else 0.0
+
     def _take(self, d: Device, sub: SubRequest, request_name: str, u: Usage,
               consumption: Mapping[str, Decimal] | None) -> AllocatedDevice:
         r = AllocatedDevice(request=request_name, driver=d.driver, pool=d.pool, device=d.name,
@@ -351,14 +366,15 @@ class DraAllocator:
                     continue
                 if not constraint_ok(rname.split("/")[0], d):
                     continue
-                options.append((0.0 if sub.admin_access else self._loss(d, u, totals), d, cons))
+                lo = 0.0 if sub.admin_access else self._loss(d, u, totals)
+                options.append((lo, self._leftover(d, u, cons), d, cons))
             if len(options) < need:
                 return False
             if every:
                 options = options[:1]
             else:
-                options.sort(key=lambda o: o[0])
-            for lo, d, cons in options:
+                options.sort(key=lambda o: (o[0], o[1]))  # least blocked, then the fullest shared device
+            for lo, _, d, cons in options:
                 mark = (len(chosen), len(results), loss[0])
                 saved = u.copy()
                 results.append(self._take(d, sub, rname, u, cons))
