@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupool.k8s.objects.dra_nvidia import preset_slices
+from gpupool.k8s.objects.dra_nvidia import nvidia_device_classes, preset_slices
 from gpupool.k8s.objects.fields import quantity
 
 from . import livecluster as lc
@@ -222,3 +222,43 @@ def test_claims_from_templates_and_release(e2e: E2E) -> None:
         _check_allocations(e2e)
     finally:
         _teardown(e2e)
+
+
+def test_extended_resource_backed_by_dra(e2e: E2E) -> None:
+    """``nvidia.com/gpu: 2`` on nodes whose GPUs only NVIDIA's DRA driver offers (its chart's class names the
+    extended resource): gpupool makes the pod's claim as kube-scheduler does (generateName, annotation, owner),
+    allocates it, names it in the pod's ``status.extendedResourceClaimStatus`` and binds."""
+    custom = client.CustomObjectsApi(e2e.admin)
+    made = []
+    for cls in nvidia_device_classes(compute_domains=False):
+        cls["metadata"]["labels"] = {lc.E2E_LABEL: "1"}
+        try:
+            custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+            made.append(cls["metadata"]["name"])
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+    _setup(e2e, ["dra-x"])
+    try:
+        e2e.scheduler_inprocess()
+        lc.create_pod(e2e.admin, lc.pod_body("ext-2", e2e.ns, gpus=2))
+        lc.create_pod(e2e.admin, lc.pod_body("ext-8", e2e.ns, gpus=8))  # 6 left: waits
+        pods = lc.wait_bound(e2e.admin, e2e.ns, ["ext-2"], 60)
+        status = pods[0].get("status") or {}
+        ext = status.get("extendedResourceClaimStatus") or {}
+        assert ext.get("resourceClaimName", "").startswith("ext-2-extended-resources-"), status
+        assert ext["requestMappings"] == [{"containerName": "main", "resourceName": "nvidia.com/gpu",
+                                           "requestName": "container-0-request-2"}]  # cpu, memory, nvidia.com/gpu
+        c = custom.get_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims", ext["resourceClaimName"])
+        assert c["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+        assert c["metadata"]["ownerReferences"][0]["name"] == "ext-2"
+        assert len(c["status"]["allocation"]["devices"]["results"]) == 2
+        assert [r["name"] for r in c["status"]["reservedFor"]] == ["ext-2"]
+        _check_allocations(e2e)
+        lc.wait_for(lambda: any(e.get("involvedObject", {}).get("name") == "ext-8"
+                                for e in lc.events_for(e2e.admin, e2e.ns, "FailedScheduling")), 30,
+                    "ext-8 refused: 6 GPUs left")
+    finally:
+        _teardown(e2e)
+        for name in made:
+            custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
@@ -63,10 +63,13 @@ from gpupool.k8s.api.calls import (
     DISRUPTION_TARGET,
     PREEMPTION_BY_SCHEDULER,
     clear_disruption_target,
+    create_claim,
+    delete_claim,
     evict,
     mark_disruption_target,
     post_binding,
     read_pod,
+    set_extended_claim_status,
     set_nominated_node,
     set_unschedulable,
     split_key,
@@ -360,7 +363,9 @@ class Scheduler:
             elif op == "evict_failed":
                 self.model.eviction_failed(key, arg)
             elif op == "claim":  # what the API server answered to a claim write (ahead of its watch event)
-                self.model.apply("resourceclaims", "MODIFIED", arg)
+                planned_key, obj = arg
+                self.model.apply("resourceclaims", "MODIFIED", obj)
+                self.model.dra.forget(planned_key)  # a claim made now was assumed under its generateName
         with self._lock:
             for key in [k for k in self._reported if self.cache.get("pods", k) is None]:
                 del self._reported[key]
@@ -523,6 +528,7 @@ class Scheduler:
         key = a.placement.pod
         meta = pod.get("metadata") or {}
         ref = {"resource": "pods", "name": meta.get("name", ""), "uid": a.uid}
+        timeout = (self.config.connect_timeout_s, self.config.bind_timeout_s)
         for ca in a.placement.claims:
             claim = ca.claim
             reserved = [{"resource": "pods", "name": n, "uid": u} for n, u in claim.reserved_for]
@@ -532,12 +538,23 @@ class Scheduler:
             finalizers = None
             if ca.results and FINALIZER_DELETE_PROTECTION not in claim.finalizers:
                 finalizers = [*claim.finalizers, FINALIZER_DELETE_PROTECTION]
+            created = None
             try:
+                if ca.create is not None:  # extended resources backed by DRA: the pod's claim is made now
+                    created = create_claim(self.api_client, claim.namespace, ca.create, timeout=timeout)
+                    cmeta = created["metadata"]
+                    claim = replace(claim, name=cmeta["name"], uid=cmeta.get("uid", ""),
+                                    resource_version=cmeta["resourceVersion"])
                 obj = write_claim_allocation(
                     self.api_client, claim.namespace, claim.name, claim.resource_version, finalizers,
                     claim_allocation_status(ca.results, ca.node) if ca.results else None, reserved,
-                    timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
+                    timeout=timeout)
+                if created is not None:
+                    set_extended_claim_status(self.api_client, claim.namespace, meta.get("name", ""), claim.name,
+                                              list(ca.mappings), timeout=timeout)
             except ApiException as exc:
+                if created is not None:
+                    self._drop_claim(claim)
                 _log(logging.INFO if exc.status in (404, 409) else logging.WARNING, "claim_write_failed",
                      pod=key, claim=claim.key, status=exc.status, reason=exc.reason)
                 self._forget(key, a)
@@ -548,12 +565,23 @@ class Scheduler:
             except Exception as exc:  # transport trouble: re-read the claim from the watch before planning again
                 _log(logging.WARNING, "claim_write_failed", pod=key, claim=claim.key, error=type(exc).__name__,
                      detail=str(exc)[:200])
+                if created is not None:
+                    self._drop_claim(claim)
                 self._forget(key, a)
                 return "error"
-            self._model_ops.append(("claim", key, obj))
+            self._model_ops.append(("claim", key, (ca.claim.key, obj)))
             _log(logging.INFO, "claim_allocated" if ca.results else "claim_reserved", pod=key, claim=claim.key,
                  node=ca.node, devices=",".join(r.device for r in ca.results) or "-")
         return ""
+
+    def _drop_claim(self, claim: Any) -> None:
+        """Delete a claim this scheduler made for a pod's extended resources whose writes then failed (as
+        kube-scheduler does): the pod is planned again and gets a new one."""
+        try:
+            delete_claim(self.api_client, claim.namespace, claim.name,
+                         timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
+        except Exception as exc:  # noqa: BLE001 - the pod owns it: garbage collection removes it with the pod
+            _log(logging.WARNING, "claim_delete_failed", claim=claim.key, error=type(exc).__name__)
 
     def _bound(self, pod: Mapping[str, Any], key: str, a: _Assumed, node: str, note: str = "") -> None:
         """Record a binding the API server accepted: assumption done, ``Scheduled`` Event queued, metric."""

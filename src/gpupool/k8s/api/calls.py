@@ -155,3 +155,25 @@ def write_claim_allocation(api_client: client.ApiClient, ns: str, name: str, res
     return json.loads(call(api_client, "PATCH", CLAIM_STATUS_PATH, {"metadata": {"resourceVersion": rv},
                                                                     "status": status},
                            content_type=MERGE_PATCH, timeout=timeout, path_params=params))
+
+
+def create_claim(api_client: client.ApiClient, ns: str, body: Mapping[str, Any], timeout: Timeout = None
+                 ) -> dict[str, Any]:
+    """POST a ResourceClaim (the one made for a pod's extended resources backed by DRA); returns it as stored."""
+    return json.loads(call(api_client, "POST", "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
+                           body, timeout=timeout, path_params={"namespace": ns}))
+
+
+def delete_claim(api_client: client.ApiClient, ns: str, name: str, timeout: Timeout = None) -> None:
+    """DELETE ResourceClaim ``ns/name``."""
+    call(api_client, "DELETE", CLAIM_PATH, timeout=timeout, path_params={"namespace": ns, "name": name})
+
+
+def set_extended_claim_status(api_client: client.ApiClient, ns: str, pod: str, claim: str,
+                              mappings: list[Mapping[str, str]], timeout: Timeout = None) -> None:
+    """Name the claim of pod ``ns/pod``'s extended resources in ``status.extendedResourceClaimStatus`` (which the
+    kubelet reads to hand each container its devices), merge patch on ``pods/status``."""
+    body = {"status": {"extendedResourceClaimStatus": {"resourceClaimName": claim,
+                                                       "requestMappings": [dict(m) for m in mappings]}}}
+    call(api_client, "PATCH", POD_STATUS_PATH, body, content_type=MERGE_PATCH, timeout=timeout,
+         path_params={"namespace": ns, "name": pod})

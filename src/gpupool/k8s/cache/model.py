@@ -328,7 +328,11 @@ class ClusterModel:
     def _parse(self, obj: Mapping[str, Any]) -> tuple[PodInfo | None, RequestParseError | None]:
         self.stats["parsed_pods"] += 1
         try:
-            return self.describe(obj), None
+            info = self.describe(obj)
+            if info.request.num_gpu and ((obj.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+                    "resourceClaimName"):  # its GPUs are a DRA claim's (extended resources backed by DRA)
+                info = replace(info, request=replace(info.request, num_gpu=0, gpu_milli=0, gpu_memory_mib=0))
+            return info, None
         except RequestParseError as exc:
             return None, exc
         except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the others

@@ -5,22 +5,49 @@ scheduler writes into the claims before it binds (:func:`gpupool.k8s.api.calls.w
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gpupool.engine.core import Engine
 from gpupool.k8s.cache.dra import Usage
 from gpupool.k8s.cache.queues import QueueBook
-from gpupool.k8s.cycle.dra import DraAllocator, NodeFit
+from gpupool.k8s.cycle.dra import ClaimAllocation, DraAllocator, NodeFit
 from gpupool.k8s.cycle.plan import Placement
+from gpupool.k8s.objects.dra import extended_resource_classes
 from gpupool.k8s.objects.pods import PodInfo
 from gpupool.model import MILLI
 
 
-def has_claims(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod names ResourceClaims (``spec.resourceClaims``)."""
+def has_claims(pod: Mapping[str, Any], backed: Mapping[str, str] | None = None) -> bool:
+    """Whether the pod names ResourceClaims (``spec.resourceClaims``), or asks an extended resource that
+    ``backed`` (resource -> DeviceClass) says DRA provides."""
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
-    return bool(isinstance(spec, Mapping) and spec.get("resourceClaims"))
+    if not isinstance(spec, Mapping):
+        return False
+    if spec.get("resourceClaims"):
+        return True
+    if backed:
+        for c in list(spec.get("initContainers") or ()) + list(spec.get("containers") or ()):
+            res = c.get("resources") if isinstance(c, Mapping) else None
+            if isinstance(res, Mapping) and any(
+                    r in backed for part in ("requests", "limits") for r in (res.get(part) or {})):
+                return True
+    return False
+
+
+def dra_backed(classes: Mapping[str, Any], nodes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Extended resources backed by DRA on this cluster (resource -> DeviceClass): those a class provides and no
+    node advertises in ``status.allocatable`` (a device plugin serves those; a cluster mixing both for one
+    resource is served by the device plugin's nodes)."""
+    backed = extended_resource_classes(classes)
+    if not backed:
+        return {}
+    advertised: set[str] = set()
+    for node in nodes:
+        alloc = ((node.get("status") or {}).get("allocatable") or {}) if isinstance(node, Mapping) else {}
+        advertised.update(k for k, v in alloc.items() if k in backed and str(v) not in ("0", ""))
+    return {r: c for r, c in backed.items() if r not in advertised}
 
 
 def _charge(book: QueueBook, info: PodInfo, gpus: float) -> tuple[dict[str, int], dict[str, int]]:
@@ -33,7 +60,8 @@ def _charge(book: QueueBook, info: PodInfo, gpus: float) -> tuple[dict[str, int]
 
 def place_claim_unit(members: Sequence[tuple[Mapping[str, Any], PodInfo]], need: int, gang: str | None,
                      engine: Engine, pol: Any, allocator: DraAllocator, usage: Usage, book: QueueBook,
-                     nodes: Mapping[str, Mapping[str, Any]]) -> list[Placement]:
+                     nodes: Mapping[str, Mapping[str, Any]], backed: Mapping[str, str] | None = None
+                     ) -> list[Placement]:
     """Place pods that hold ResourceClaims: each on the node where its claims allocate best (``usage`` is updated
     with what it takes). A gang (``gang`` set) places its first ``need`` members all or nothing."""
     state = engine.state
@@ -43,12 +71,17 @@ def place_claim_unit(members: Sequence[tuple[Mapping[str, Any], PodInfo]], need:
     failed: dict[str, str] = {}
     for pod, info in members:
         claims, why = allocator.pod_claims(pod)
+        ext = allocator.extended_claim(pod, backed or {}) if not why else None
+        request = info.request
+        if ext is not None:  # its GPUs come from the claim made for it, not from a device plugin
+            claims = [*claims, ext[0]]
+            request = replace(request, num_gpu=0, gpu_milli=0, gpu_memory_mib=0)
         if not why:
-            mask = engine.feasible_mask(pol.effective(info.request))
+            mask = engine.feasible_mask(pol.effective(request))
             idx = mask.nonzero()[0].tolist()
             candidates = [(state.node_names[i], nodes.get(state.node_names[i])) for i in idx]
             if not candidates:
-                why = engine.unschedulable_reason(pol.effective(info.request))
+                why = engine.unschedulable_reason(pol.effective(request))
             else:
                 fit = allocator.best(claims, candidates, usage)
                 if isinstance(fit, str):
@@ -60,7 +93,10 @@ def place_claim_unit(members: Sequence[tuple[Mapping[str, Any], PodInfo]], need:
                         why = refused
                     else:
                         book_charge(book, charges)
-                        state.allocate(info.request, state.node_index[fit.node], (), None)
+                        state.allocate(request, state.node_index[fit.node], (), None)
+                        if ext is not None:
+                            fit.allocations = [ClaimAllocation(ca.claim, ca.results, ca.node, ext[1], ext[2])
+                                               if ca.claim is ext[0] else ca for ca in fit.allocations]
                         devices = allocator.inv.devices()
                         for ca in fit.allocations:
                             for r in ca.results:

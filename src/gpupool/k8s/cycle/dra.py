@@ -37,6 +37,8 @@ from gpupool.k8s.objects.dra import (
     Claim,
     Device,
     SubRequest,
+    extended_claim_body,
+    extended_requests,
     pod_claim_names,
 )
 
@@ -57,6 +59,8 @@ class ClaimAllocation:
     claim: Claim
     results: tuple[AllocatedDevice, ...]
     node: str
+    create: Mapping[str, Any] | None = None  # the claim to create first (extended resources backed by DRA)
+    mappings: tuple[Mapping[str, str], ...] = ()  # its pod's status.extendedResourceClaimStatus.requestMappings
 
 
 @dataclass
@@ -124,7 +128,30 @@ class DraAllocator:
             if claim.deleting:
                 return [], f"ResourceClaim {ns}/{name} is being deleted"
             out.append(claim)
+        ext = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+        if ext:  # the claim made for its extended resources earlier (this scheduler before a restart, or another)
+            claim = self.inv.claims.get(f"{ns}/{ext}")
+            if claim is None:
+                return [], f'waiting for ResourceClaim "{ext}" (its extended resources) to be seen'
+            out.append(claim)
         return out, ""
+
+    def extended_claim(self, pod: Mapping[str, Any], backed: Mapping[str, str]
+                       ) -> tuple[Claim, Mapping[str, Any], tuple[Mapping[str, str], ...]] | None:
+        """The claim to make for the pod's extended resources backed by DRA (``backed``: resource -> class, see
+        :func:`~gpupool.k8s.objects.dra.extended_resource_classes`), its body and request mappings; None when the
+        pod asks none, or has its claim already."""
+        if not backed or ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+                "resourceClaimName"):
+            return None
+        reqs, mappings = extended_requests(pod, backed)
+        if not reqs:
+            return None
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace", "default")), str(meta.get("name", ""))
+        claim = Claim(namespace=ns, name=f"{name}-extended-resources-", uid="", resource_version="",
+                      requests=tuple(reqs), extended=True)
+        return claim, extended_claim_body(pod, reqs), tuple(mappings)
 
     # -- matching
     def _matches(self, selectors: tuple[str, ...], d: Device) -> tuple[bool, str | None]:

@@ -20,7 +20,7 @@ from typing import Any
 from gpupool.cluster import ClusterState
 from gpupool.k8s.cache.eligibility import constraints_of
 from gpupool.k8s.cache.model import ClusterModel
-from gpupool.k8s.cycle.claims import has_claims, place_claim_unit
+from gpupool.k8s.cycle.claims import dra_backed, has_claims, place_claim_unit
 from gpupool.k8s.cycle.dra import DraAllocator
 from gpupool.k8s.cycle.plan import Placement, Plan
 from gpupool.k8s.cycle.pool import PoolDriver
@@ -140,7 +140,8 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
                                              m[1].key))
             units.append(unit)
 
-    claim_units = [u for u in units if any(has_claims(p) for p, _ in u.members)]
+    backed = dra_backed(model.dra.classes, (r.obj for r in model.nodes.values())) if model.dra.classes else {}
+    claim_units = [u for u in units if any(has_claims(p, backed) for p, _ in u.members)]
     if claim_units:
         units = [u for u in units if u not in claim_units]
     if model.pool is not None:  # the pool scheduler runs the cluster (gpupool.k8s.pool)
@@ -163,7 +164,7 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
             units = [u for u in units if all(i.key in model.pending for _, i in u.members)]
         else:
             if claim_units and model.state is not None and model.engine is not None:
-                plan.placements.extend(place_claims(model, claim_units, model.queue_book()))
+                plan.placements.extend(place_claims(model, claim_units, model.queue_book(), backed))
             model._after_cycle()
             if full_inventory:
                 plan.inventory = model.inventory()
@@ -177,7 +178,7 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
                 elig.pending_mig[info.key] = info.mig
     pol = engine.policy
     if claim_units:
-        out.extend(place_claims(model, claim_units, book))
+        out.extend(place_claims(model, claim_units, book, backed))
     epoch = model._epoch
     for unit in sorted(units, key=Unit.order):
         single = unit.members[0][1].key if unit.gang is None else None
@@ -213,7 +214,8 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
     return Plan(out, inventory, model.policy_name, state, book)
 
 
-def place_claims(model: ClusterModel, units: list[Unit], book: Any) -> list[Placement]:
+def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapping[str, str] | None = None
+                 ) -> list[Placement]:
     """Place the units whose pods hold ResourceClaims (:mod:`gpupool.k8s.cycle.claims`), in unit order; placed
     pods and their claims' allocations are assumed until the watch shows them."""
     engine = model.engine
@@ -227,7 +229,7 @@ def place_claims(model: ClusterModel, units: list[Unit], book: Any) -> list[Plac
     for unit in sorted(units, key=Unit.order):
         try:
             placed = place_claim_unit(unit.members, max(1, unit.need), unit.gang, engine, engine.policy,
-                                      allocator, usage, book, nodes)
+                                      allocator, usage, book, nodes, backed)
         except Exception as exc:  # noqa: BLE001 - a unit that trips the allocator fails alone
             log.error("claim allocation failed", exc_info=True,
                       extra={"event": "placement_error", "pods": [i.key for _, i in unit.members]})
@@ -238,7 +240,7 @@ def place_claims(model: ClusterModel, units: list[Unit], book: Any) -> list[Plac
             if p.node is not None:
                 model.assume(p.pod, p.node)
                 keys = []
-                for ca in p.claims:
+                for ca in p.claims:  # a claim to be made is assumed under its generateName until it exists
                     if ca.results:
                         model.dra.assume(ca.claim.key, ca.results, ca.node)
                         keys.append(ca.claim.key)

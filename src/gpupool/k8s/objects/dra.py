@@ -446,3 +446,70 @@ def claim_allocation_status(devices: Sequence[AllocatedDevice], node: str) -> di
     return {"devices": {"results": results},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+
+
+# ------------------------------------------------------------------ extended resources backed by DRA (1.34+)
+IMPLICIT_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
+"""Every DeviceClass also backs the extended resource ``deviceclass.resource.kubernetes.io/<class name>``."""
+
+
+def extended_resource_classes(classes: Mapping[str, DeviceClass]) -> dict[str, str]:
+    """Extended resource name -> DeviceClass backing it: ``spec.extendedResourceName`` (the first class by name
+    when several name one resource) and the implicit ``deviceclass.resource.kubernetes.io/<class>``."""
+    out: dict[str, str] = {}
+    for name in sorted(classes):
+        c = classes[name]
+        out.setdefault(IMPLICIT_EXTENDED_PREFIX + name, name)
+        if c.extended_resource_name:
+            out.setdefault(c.extended_resource_name, name)
+    return out
+
+
+def extended_requests(pod: Mapping[str, Any], backed: Mapping[str, str]) -> tuple[list[Request], list[dict[str, str]]]:
+    """The device requests kube-scheduler puts in the claim it makes for a pod's extended resources backed by DRA,
+    and the pod's ``status.extendedResourceClaimStatus.requestMappings``: one request per container (init
+    containers first) and resource, named ``container-<container index>-request-<index of the resource among the
+    container's sorted request names>``, ``ExactCount`` of the requested amount, sorted by name (the spelling of
+    kube-scheduler's dynamicresources plugin, KEP-5004)."""
+    spec = pod.get("spec") or {}
+    containers = list(spec.get("initContainers") or ()) + list(spec.get("containers") or ())
+    reqs: list[Request] = []
+    mappings: list[dict[str, str]] = []
+    for i, c in enumerate(containers):
+        res = (c.get("resources") or {}) if isinstance(c, Mapping) else {}
+        asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        keys = sorted(asked)
+        for ridx, rname in enumerate(keys):
+            cls = backed.get(rname)
+            if cls is None:
+                continue
+            try:
+                count = int(quantity(asked[rname], rname))
+            except RequestParseError:
+                continue
+            if count <= 0:
+                continue
+            req_name = f"container-{i}-request-{ridx}"
+            reqs.append(Request(req_name, (SubRequest(req_name, cls, count=count),)))
+            mappings.append({"containerName": str(c.get("name", "")), "resourceName": rname,
+                             "requestName": req_name})
+    reqs.sort(key=lambda r: r.name)
+    return reqs, mappings
+
+
+def extended_claim_body(pod: Mapping[str, Any], requests: Sequence[Request]) -> dict[str, Any]:
+    """The ResourceClaim kube-scheduler creates for a pod's extended resources backed by DRA: ``generateName``
+    ``<pod>-extended-resources-``, the annotation :data:`ANN_EXTENDED_RESOURCE_CLAIM`, owned by the pod (so it
+    goes with it)."""
+    meta = pod.get("metadata") or {}
+    return {"apiVersion": DRA_API, "kind": "ResourceClaim",
+            "metadata": {"generateName": f"{meta.get('name', '')}-extended-resources-",
+                         "namespace": meta.get("namespace", "default"),
+                         "annotations": {ANN_EXTENDED_RESOURCE_CLAIM: "true"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta.get("name", ""),
+                                              "uid": meta.get("uid", ""), "controller": True,
+                                              "blockOwnerDeletion": True}]},
+            "spec": {"devices": {"requests": [
+                {"name": r.name, "exactly": {"deviceClassName": r.alternatives[0].device_class,
+                                             "allocationMode": ALLOCATION_MODE_EXACT,
+                                             "count": r.alternatives[0].count}} for r in requests]}}}
