@@ -380,3 +380,19 @@ def test_domain_rewrite_leaves_strings_comments_and_other_receivers_alone():
     assert match(nested, d) is True
     assert match("[{'attributes': 1}].all(m, m.attributes == 1)", d) is True
     assert match("device.capacity['no.such'].size() == 0 && !('memory' in device.capacity['no.such'])", d) is True
+
+
+def test_domain_as_field_optional_field_and_has_follow_the_always_found_map():
+    # Kubernetes' attributes map answers every domain lookup as found (an empty map when absent), so a domain
+    # spelled as a field behaves as the index form, .?domain holds a value and has(device.attributes.x) is true
+    d = dev("local", {"model": "m1"}, {"slots": 4})
+    assert match("device.attributes.local.model == 'm1'", d) is True
+    assert match("size(device.attributes.other) == 0", d) is True
+    assert match("device.attributes.?other.hasValue()", d) is True
+    assert match("has(device.attributes.other)", d) is True
+    assert match("has(device.attributes.local.model)", d) is True
+    assert match("has(device.attributes.other.model)", d) is False
+    assert match("device.capacity.local.slots.compareTo(quantity('4')) == 0", d) is True
+    assert match("device.attributes.exists(k, k == 'other')", d) is False
+    with pytest.raises(CelSelectorError, match="no such key: model"):
+        match("device.attributes.other.model == 'm1'", d)

@@ -27,8 +27,9 @@ Semantics found in the Kubernetes source (k8s.io/dynamic-resource-allocation v0.
     ``"name" in device.attributes[d] && ...``, ``device.attributes[d].?name.orValue(x)`` or ``[?"name"]``.
     Here the domain lookup is rewritten before compilation to
     ``cel.bind(k, d, k in device.attributes ? device.attributes[k] : <empty map>)`` (the checked expression is
-    the user's own, so compile errors and positions are unchanged). Not rewritten: a domain spelled as a field
-    (``device.attributes.example``, impossible for domains with a dot) and ``has(device.attributes.x)``.
+    the user's own, so compile errors and positions are unchanged); as the wrapper's ``Find`` always answers
+    "found", ``device.attributes[?d]`` and ``.?d`` give ``optional.of({})`` and ``has(device.attributes.d)``
+    is true for any ``d`` (cel-go ``interpreter/attributes.go`` ``refQualify`` asks ``Find``).
     A ``version`` attribute that is not semantic version 2.0 fails every selector on that device
     ("attribute X: parse semantic version: ..."), as ``DeviceMatches`` converts all attributes first.
 (b) Runtime errors (``structured/internal/stable/allocator_stable.go`` ``selectorsMatch``/``isSelectable``;
@@ -345,52 +346,73 @@ def _tokens(src: str) -> list[tuple[str, str]]:
     return [(m.lastgroup or "p", m.group()) for m in _TOKEN_RE.finditer(src)]
 
 
+def _closing(toks: list[tuple[str, str]], sig: list[int], open_k: int) -> int | None:
+    """Index in ``sig`` of the bracket closing the one at ``sig[open_k]``, None if unbalanced."""
+    depth = 0
+    for j in range(open_k, len(sig)):
+        kind, text = toks[sig[j]]
+        if kind == "p" and text in "[({":
+            depth += 1
+        elif kind == "p" and text in "])}":
+            depth -= 1
+        if depth == 0:
+            return j
+    return None
+
+
+def _lookup(field: str, key: str) -> str:
+    return (
+        f"(cel.bind({_BIND_VAR}, ({key}), {_BIND_VAR} in device.{field} ? "
+        f"device.{field}[{_BIND_VAR}] : {_EMPTY[field]}))"
+    )
+
+
 def _rewrite(src: str) -> str:
-    """``device.attributes[X]`` -> a lookup that yields an empty map for a missing domain (same for capacity
-    and for ``[?X]``, which yields ``optional.of`` that map), as the DRA environment's map does."""
+    """Domain lookups on ``device.attributes`` / ``device.capacity`` -> lookups that yield an empty map for a
+    missing domain, as the DRA environment's map does (its ``Find`` always answers found): ``[X]`` and ``.name``
+    give the map, ``[?X]`` and ``.?name`` give ``optional.of`` it, ``has(device.attributes.name)`` is true.
+    Method calls on the maps (``device.attributes.exists(...)``), ``in`` and ``size`` see the real domains."""
     toks = _tokens(src)
     sig = [i for i, (kind, _) in enumerate(toks) if kind != "ws"]
+
+    def text(k: int) -> str:
+        return toks[sig[k]][1] if 0 <= k < len(sig) else ""
+
     out: list[str] = []
     pos = 0  # next token index not yet copied
     k = 0
     while k < len(sig):
-        i = sig[k]
-        if (
-            toks[i] == ("id", "device")
-            and k + 3 < len(sig)
-            and (k == 0 or toks[sig[k - 1]][1] != ".")
-            and toks[sig[k + 1]][1] == "."
-            and toks[sig[k + 2]][0] == "id" and toks[sig[k + 2]][1] in _EMPTY
-            and toks[sig[k + 3]][1] == "["
+        if not (
+            text(k) == "device" and text(k - 1) != "." and text(k + 1) == "."
+            and text(k + 2) in _EMPTY and toks[sig[k + 2]][0] == "id"
         ):
-            field = toks[sig[k + 2]][1]
-            open_k = k + 3
-            optional = open_k + 1 < len(sig) and toks[sig[open_k + 1]][1] == "?"
-            depth, j = 0, open_k
-            while j < len(sig):
-                kind, text = toks[sig[j]]
-                if kind == "p" and text in "[({":
-                    depth += 1
-                elif kind == "p" and text in "])}":
-                    depth -= 1
-                if depth == 0:
-                    break
-                j += 1
-            if j == len(sig):  # unbalanced: leave it to the compiler
-                break
-            inner_start = sig[open_k + 1 + optional]
-            inner = _rewrite("".join(t for _, t in toks[inner_start : sig[j]]))
-            lookup = (
-                f"cel.bind({_BIND_VAR}, ({inner}), {_BIND_VAR} in device.{field} ? "
-                f"device.{field}[{_BIND_VAR}] : {_EMPTY[field]})"
-            )
-            out.append("".join(t for _, t in toks[pos:i]))
-            out.append(f"optional.of({lookup})" if optional else f"({lookup})")
-            pos = sig[j] + 1
-            while k < len(sig) and sig[k] <= sig[j]:
-                k += 1
+            k += 1
             continue
-        k += 1
+        field, start, nxt = text(k + 2), sig[k], k + 3
+        if text(nxt) == "[":
+            close = _closing(toks, sig, nxt)
+            if close is None:  # unbalanced: the checked compile has already failed
+                break
+            optional = text(nxt + 1) == "?"
+            inner = _rewrite("".join(t for _, t in toks[sig[nxt + 1 + optional] : sig[close]]))
+            replacement, last = _lookup(field, inner), close
+        elif text(nxt) == ".":
+            optional = text(nxt + 1) == "?"
+            name_k = nxt + 1 + optional
+            if name_k >= len(sig) or toks[sig[name_k]][0] != "id" or text(name_k + 1) == "(":
+                k += 1  # a method call on the map (exists, all, size, ...) sees the real domains
+                continue
+            replacement, last = _lookup(field, f'"{text(name_k)}"'), name_k
+            if not optional and text(k - 1) == "(" and text(k - 2) == "has" and text(k - 3) != "." \
+                    and text(name_k + 1) == ")":
+                start, replacement, last = sig[k - 2], "true", name_k + 1  # has(device.attributes.name)
+        else:
+            k += 1
+            continue
+        out.append("".join(t for _, t in toks[pos:start]))
+        out.append(f"optional.of{replacement}" if optional else replacement)
+        pos = sig[last] + 1
+        k = last + 1
     out.append("".join(t for _, t in toks[pos:]))
     return "".join(out)
 
