@@ -396,3 +396,20 @@ def test_domain_as_field_optional_field_and_has_follow_the_always_found_map():
     assert match("device.attributes.exists(k, k == 'other')", d) is False
     with pytest.raises(CelSelectorError, match="no such key: model"):
         match("device.attributes.other.model == 'm1'", d)
+
+
+def test_kubernetes_base_environment_extensions():
+    d = gpu("NVIDIA A100-SXM4-80GB")
+    p = "device.attributes['gpu.nvidia.com'].productName"
+    assert match(f"{p}.split('-')[1].substring(0, 3) == 'SXM'", d) is True
+    assert match(f"{p}.replace('NVIDIA ', '') == 'A100-SXM4-80GB'", d) is True
+    assert match("math.greatest(device.attributes['gpu.nvidia.com'].index, 3) == 3", d) is True
+    with pytest.raises(CelSelectorError, match="undeclared reference to 'reverse'"):  # strings v3, not in Kubernetes
+        compile_selector(f"{p}.reverse() == ''")
+
+
+@pytest.mark.xfail(strict=True, reason="cel-expr-python 0.1.3 (cel-cpp) rejects substring(start, end) with end == "
+                   "size(); cel-go, hence Kubernetes, returns the tail (end is exclusive)")
+def test_substring_to_the_end_known_library_deviation():
+    expr = "device.attributes['gpu.nvidia.com'].productName.substring(7, 11) == 'A100'"
+    assert match(expr, gpu("NVIDIA A100")) is True

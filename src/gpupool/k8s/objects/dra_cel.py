@@ -13,9 +13,12 @@ field; equality (``==``) therefore compares values as Kubernetes' ``Equal`` does
 The environment, as ``k8s.io/dynamic-resource-allocation/cel/compile.go`` (v0.36) builds it:
 ``device.driver`` (string), ``device.attributes`` (map domain -> map name -> bool | int | string | Semver),
 ``device.capacity`` (map domain -> map name -> Quantity), ``device.allowMultipleAllocations`` (bool, false when
-unset; the DRAConsumableCapacity field). An unqualified attribute or capacity name belongs to the driver's
-domain (``parseQualifiedName``). A compiled expression must have type bool or dyn, else compile error
-"must evaluate to bool or the unknown type, not int".
+unset; declared while the DRAConsumableCapacity gate is on: beta and on by default since 1.36,
+``pkg/features/kube_features.go``). List-valued attributes and ``includes()`` (DRAListTypeAttributes, alpha and
+off in 1.36) are absent. An unqualified attribute or capacity name belongs to the driver's domain
+(``parseQualifiedName``). A compiled expression must have type bool or dyn, else compile error "must evaluate
+to bool or the unknown type, not int". The allocator compiles each expression again (``celCache``) and treats a
+compile error as it treats a runtime error (b).
 
 Semantics found in the Kubernetes source (k8s.io/dynamic-resource-allocation v0.36.2):
 
@@ -42,11 +45,16 @@ Semantics found in the Kubernetes source (k8s.io/dynamic-resource-allocation v0.
     A non-bool result is such an error ("CEL result of type string could not be converted to bool").
     ``&&``/``||`` absorb errors as CEL specifies (``false && error`` is false), so guarded forms never error.
 
-Not provided (compile error "undeclared reference", where Kubernetes would accept): the Kubernetes libraries
-rarely seen in selectors (regex ``find``/``findAll``, lists ``sum``/``min``/``isSorted``..., ``url``, ``ip``,
-``cidr``, ``sets``, ``format`` named formats, the 1.36 alpha ``includes``) and the whole ``device`` value
-(``cel.bind(d, device, ...)``: each field is declared on its own). Not enforced: the runtime cost limit
-(``CELSelectorExpressionMaxCost``; the API server rejects expressions whose estimated cost exceeds it).
+Also there, as in Kubernetes' base environment (``k8s.io/apiserver/pkg/cel/environment/base.go``): the strings
+extension at version 2 (``lowerAscii``, ``upperAscii``, ``split``, ``substring``, ``indexOf``, ``replace``,
+``trim``, ``join``, ``format``...), ``math.*`` and ``base64.*``; ``matches`` is RE2 in both. Known library
+deviation: cel-expr-python 0.1.3 errors on ``s.substring(i, size(s))`` (end == size), which cel-go accepts. Not provided
+(compile error "undeclared reference", where Kubernetes would accept): the libraries rarely seen in selectors
+(regex ``find``/``findAll``, Kubernetes lists ``sum``/``min``/``isSorted``..., the ``lists`` and ``sets``
+extensions, ``url``, ``ip``, ``cidr``, named ``format`` checks) and the whole ``device`` value
+(``cel.bind(d, device, ...)``): each field is declared as a qualified variable of its own, which also makes
+``device.vendor`` an "undeclared reference" where Kubernetes says "undefined field". Not enforced: the runtime
+cost limit (``CELSelectorExpressionMaxCost``; the API server rejects expressions whose estimated cost exceeds it).
 ``quantity("1").value`` / ``semver("1.0.0").version`` compile here (message fields), not in Kubernetes.
 
 Speed (warm, best of 5 x 5,000, 2-core x86_64 development VM, Python 3.11, cel-expr-python 0.1.3,
@@ -69,7 +77,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from cel_expr_python import cel
-from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
+from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_optional, ext_strings
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from kubernetes.utils.quantity import parse_quantity
 
@@ -316,7 +324,10 @@ def _env(extra: Mapping[str, Any], with_impl: bool) -> Any:
     return cel.NewEnv(
         descriptor_pool=_POOL,
         variables={**_DEVICE_VARS, **extra},
-        extensions=[ext_bindings.ExtBindings(), ext_optional.ExtOptional(), ext_strings.ExtStrings()],
+        extensions=[  # Kubernetes' base environment has the strings extension at version 2, math, encoders
+            ext_bindings.ExtBindings(), ext_optional.ExtOptional(), ext_strings.ExtStrings(2), ext_math.ExtMath(),
+            ext_encoders.ExtEncoders(),
+        ],
         functions=_overloads(with_impl),
     )
 
