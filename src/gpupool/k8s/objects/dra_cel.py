@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import functools
 import re
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -459,8 +460,21 @@ class SelectorInput:
     error: str | None = None
 
 
+_INPUTS: dict[int, SelectorInput] = {}  # id(device) -> its input, dropped when the device is collected
+
+
 def selector_input(device: Device) -> SelectorInput:
-    """The CEL input of ``device`` (attribute versions as Semver, capacities as Quantity)."""
+    """The CEL input of ``device`` (attribute versions as Semver, capacities as Quantity), built once per
+    :class:`Device` object (records are immutable: a changed slice is parsed into new ones)."""
+    key = id(device)
+    cached = _INPUTS.get(key)
+    if cached is None:
+        cached = _INPUTS[key] = _build_input(device)
+        weakref.finalize(device, _INPUTS.pop, key, None)
+    return cached
+
+
+def _build_input(device: Device) -> SelectorInput:
     attributes: dict[str, dict[str, Any]] = {}
     error = None
     for domain, names in device.attributes.items():
