@@ -13,12 +13,13 @@ from decimal import Decimal
 
 import pytest
 
-from gpupool.k8s.objects.dra import Device, SemVer
+from gpupool.k8s.objects.dra import Device, DeviceClass, SemVer
 from gpupool.k8s.objects.dra_cel import (
     CelSelectorError,
     CompiledSelector,
     compile_selector,
     device_matches,
+    request_matches,
     selector_input,
 )
 
@@ -413,3 +414,23 @@ def test_kubernetes_base_environment_extensions():
 def test_substring_to_the_end_known_library_deviation():
     expr = "device.attributes['gpu.nvidia.com'].productName.substring(7, 11) == 'A100'"
     assert match(expr, gpu("NVIDIA A100")) is True
+
+
+def test_request_matches_checks_the_class_then_the_request():
+    gpu_class = DeviceClass(name="gpu.nvidia.com", selectors=(GPU_CLASS,))
+    a100 = ("device.attributes['gpu.nvidia.com'].productName.contains('A100')",)
+    assert request_matches(gpu_class, a100, gpu(), "ns/c") == (True, None)
+    assert request_matches(gpu_class, a100, gpu("NVIDIA H100 80GB HBM3"), "ns/c") == (False, None)
+    assert request_matches(gpu_class, a100, mig("1g.5gb", 14, 5), "ns/c") == (False, None)  # the class says no
+    assert request_matches(None, a100, mig("1g.5gb", 14, 5), "ns/c") == (True, None)
+    ok, reason = request_matches(gpu_class, ("device.attributes['gpu.nvidia.com'].profile == 'x'",), gpu(), "ns/c")
+    assert (ok, reason) == (False, "claim ns/c: selector #0: CEL runtime error: no such key: profile")
+    broken = DeviceClass(name="broken", selectors=("device.attributes['gpu.nvidia.com'].nope",))
+    assert request_matches(broken, a100, gpu(), "ns/c") == (
+        False, "class broken: selector #0: CEL runtime error: no such key: nope")
+
+
+def test_selector_input_is_built_once_per_device_record():
+    a, b = gpu(), gpu()
+    assert selector_input(a) is selector_input(a)
+    assert selector_input(a) is not selector_input(b)

@@ -82,7 +82,7 @@ from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_option
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from kubernetes.utils.quantity import parse_quantity
 
-from gpupool.k8s.objects.dra import Device, DraParseError, SemVer
+from gpupool.k8s.objects.dra import Device, DeviceClass, DraParseError, SemVer
 
 __all__ = [
     "CelSelectorError",
@@ -90,6 +90,7 @@ __all__ = [
     "SelectorInput",
     "compile_selector",
     "device_matches",
+    "request_matches",
     "selector_input",
 ]
 
@@ -570,3 +571,16 @@ def device_matches(
         except CelSelectorError as exc:
             return False, f"{prefix}selector #{i}: CEL runtime error: {exc.detail}"
     return True, None
+
+
+def request_matches(
+    device_class: DeviceClass | None, request_selectors: Iterable[str], device: Device | SelectorInput, claim: str
+) -> tuple[bool, str | None]:
+    """The allocator's ``isSelectable`` for one (sub)request and device: the class's selectors first (reasons
+    "class NAME: selector #i: ..."), then the request's ("claim NS/NAME: selector #i: ..."); answers as
+    :func:`device_matches`."""
+    if device_class is not None:
+        ok, reason = device_matches(device_class.selectors, device, f"class {device_class.name}")
+        if not ok:
+            return ok, reason
+    return device_matches(request_selectors, device, f"claim {claim}")
