@@ -57,11 +57,11 @@ extensions, ``url``, ``ip``, ``cidr``, named ``format`` checks) and the whole ``
 cost limit (``CELSelectorExpressionMaxCost``; the API server rejects expressions whose estimated cost exceeds it).
 ``quantity("1").value`` / ``semver("1.0.0").version`` compile here (message fields), not in Kubernetes.
 
-Speed (warm, best of 5 x 5,000, 2-core x86_64 development VM, Python 3.11, cel-expr-python 0.1.3,
-``benchmarks/dra_cel_eval.py``): the NVIDIA ``gpu.nvidia.com`` class selector costs 2.4 µs per device with a
-prepared :func:`selector_input` and 14.5 µs when the input is built from the :class:`Device` each time; the
-gpu-test4 regex selector 12 µs, the MIG quantity selector 14 µs and a semver comparison 7.5 µs (prepared; the
-Kubernetes functions are Python callbacks). The pure-Python cel-python 0.5.0 took 335 µs for the class
+Speed (warm, best of 5 x 5,000, 2-core x86_64 development VM under load, Python 3.11, cel-expr-python 0.1.3,
+``benchmarks/dra_cel_eval.py``): the NVIDIA ``gpu.nvidia.com`` class selector costs 2.3 µs per device once the
+device's input exists (kept per Device object), the gpu-test4 regex selector 12 µs, the MIG quantity selector
+14-18 µs and a semver comparison 9 µs (the Kubernetes functions are Python callbacks); building the input on a
+device's first evaluation adds about 20-30 µs. The pure-Python cel-python 0.5.0 took 335 µs for the class
 selector on the same machine, and has no type checker, optionals nor ``cel.bind``.
 
 Imports nothing of gpupool.k8s above ``objects``.
