@@ -9,6 +9,7 @@ devices that differ in the one thing the expression reads.
 
 from __future__ import annotations
 
+import pickle
 from decimal import Decimal
 
 import pytest
@@ -303,6 +304,8 @@ def test_syntax_error_names_expression_and_position():
     assert "Syntax error" in str(e) and "device.driver == 'gpu.nvidia.com' &&" in str(e)
     assert (e.line, e.column) == (1, 37)
     assert "ERROR: <input>:1:37:" in e.detail
+    copy = pickle.loads(pickle.dumps(e))  # crosses process pools intact
+    assert (str(copy), copy.line, copy.column) == (str(e), 1, 37)
     with pytest.raises(CelSelectorError, match="Syntax error") as err:
         compile_selector("?!")
     assert err.value.line == 1

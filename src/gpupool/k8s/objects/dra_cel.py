@@ -108,6 +108,9 @@ class CelSelectorError(DraParseError):
         self.line = line
         self.column = column
 
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across process pools despite the extra arguments
+        return (type(self), (self.expression, self.detail, self.line, self.column))
+
 
 # ------------------------------------------------------------------ Kubernetes types as messages
 def _message_types() -> tuple[Any, Any, descriptor_pool.DescriptorPool]:
