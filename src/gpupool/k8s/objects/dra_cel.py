@@ -13,9 +13,12 @@ field; equality (``==``) therefore compares values as Kubernetes' ``Equal`` does
 The environment, as ``k8s.io/dynamic-resource-allocation/cel/compile.go`` (v0.36) builds it:
 ``device.driver`` (string), ``device.attributes`` (map domain -> map name -> bool | int | string | Semver),
 ``device.capacity`` (map domain -> map name -> Quantity), ``device.allowMultipleAllocations`` (bool, false when
-unset; the DRAConsumableCapacity field). An unqualified attribute or capacity name belongs to the driver's
-domain (``parseQualifiedName``). A compiled expression must have type bool or dyn, else compile error
-"must evaluate to bool or the unknown type, not int".
+unset; declared while the DRAConsumableCapacity gate is on: beta and on by default since 1.36,
+``pkg/features/kube_features.go``). List-valued attributes and ``includes()`` (DRAListTypeAttributes, alpha and
+off in 1.36) are absent. An unqualified attribute or capacity name belongs to the driver's domain
+(``parseQualifiedName``). A compiled expression must have type bool or dyn, else compile error "must evaluate
+to bool or the unknown type, not int". The allocator compiles each expression again (``celCache``) and treats a
+compile error as it treats a runtime error (b).
 
 Semantics found in the Kubernetes source (k8s.io/dynamic-resource-allocation v0.36.2):
 
@@ -27,8 +30,9 @@ Semantics found in the Kubernetes source (k8s.io/dynamic-resource-allocation v0.
     ``"name" in device.attributes[d] && ...``, ``device.attributes[d].?name.orValue(x)`` or ``[?"name"]``.
     Here the domain lookup is rewritten before compilation to
     ``cel.bind(k, d, k in device.attributes ? device.attributes[k] : <empty map>)`` (the checked expression is
-    the user's own, so compile errors and positions are unchanged). Not rewritten: a domain spelled as a field
-    (``device.attributes.example``, impossible for domains with a dot) and ``has(device.attributes.x)``.
+    the user's own, so compile errors and positions are unchanged); as the wrapper's ``Find`` always answers
+    "found", ``device.attributes[?d]`` and ``.?d`` give ``optional.of({})`` and ``has(device.attributes.d)``
+    is true for any ``d`` (cel-go ``interpreter/attributes.go`` ``refQualify`` asks ``Find``).
     A ``version`` attribute that is not semantic version 2.0 fails every selector on that device
     ("attribute X: parse semantic version: ..."), as ``DeviceMatches`` converts all attributes first.
 (b) Runtime errors (``structured/internal/stable/allocator_stable.go`` ``selectorsMatch``/``isSelectable``;
@@ -41,16 +45,24 @@ Semantics found in the Kubernetes source (k8s.io/dynamic-resource-allocation v0.
     A non-bool result is such an error ("CEL result of type string could not be converted to bool").
     ``&&``/``||`` absorb errors as CEL specifies (``false && error`` is false), so guarded forms never error.
 
-Not provided (compile error "undeclared reference", where Kubernetes would accept): the Kubernetes libraries
-rarely seen in selectors (regex ``find``/``findAll``, lists ``sum``/``min``/``isSorted``..., ``url``, ``ip``,
-``cidr``, ``sets``, ``format`` named formats, the 1.36 alpha ``includes``) and the whole ``device`` value
-(``cel.bind(d, device, ...)``: each field is declared on its own). Not enforced: the runtime cost limit
-(``CELSelectorExpressionMaxCost``; the API server rejects expressions whose estimated cost exceeds it).
+Also there, as in Kubernetes' base environment (``k8s.io/apiserver/pkg/cel/environment/base.go``): the strings
+extension at version 2 (``lowerAscii``, ``upperAscii``, ``split``, ``substring``, ``indexOf``, ``replace``,
+``trim``, ``join``, ``format``...), ``math.*`` and ``base64.*``; ``matches`` is RE2 in both. Known library
+deviation: cel-expr-python 0.1.3 errors on ``s.substring(i, size(s))`` (end == size), which cel-go accepts. Not provided
+(compile error "undeclared reference", where Kubernetes would accept): the libraries rarely seen in selectors
+(regex ``find``/``findAll``, Kubernetes lists ``sum``/``min``/``isSorted``..., the ``lists`` and ``sets``
+extensions, ``url``, ``ip``, ``cidr``, named ``format`` checks) and the whole ``device`` value
+(``cel.bind(d, device, ...)``): each field is declared as a qualified variable of its own, which also makes
+``device.vendor`` an "undeclared reference" where Kubernetes says "undefined field". Not enforced: the runtime
+cost limit (``CELSelectorExpressionMaxCost``; the API server rejects expressions whose estimated cost exceeds it).
 ``quantity("1").value`` / ``semver("1.0.0").version`` compile here (message fields), not in Kubernetes.
 
-Speed (warm, one core of the 2-core development VM, cel-expr-python 0.1.3): the NVIDIA ``gpu.nvidia.com``
-class selector costs about 3 µs per device with a prepared :func:`selector_input` and about 13 µs when the
-input is built from the :class:`Device` each time (``benchmarks/dra_cel_eval.py``).
+Speed (warm, best of 5 x 5,000, 2-core x86_64 development VM under load, Python 3.11, cel-expr-python 0.1.3,
+``benchmarks/dra_cel_eval.py``): the NVIDIA ``gpu.nvidia.com`` class selector costs 2.3 µs per device once the
+device's input exists (kept per Device object), the gpu-test4 regex selector 12 µs, the MIG quantity selector
+14-18 µs and a semver comparison 9 µs (the Kubernetes functions are Python callbacks); building the input on a
+device's first evaluation adds about 20-30 µs. The pure-Python cel-python 0.5.0 took 335 µs for the class
+selector on the same machine, and has no type checker, optionals nor ``cel.bind``.
 
 Imports nothing of gpupool.k8s above ``objects``.
 """
@@ -59,17 +71,18 @@ from __future__ import annotations
 
 import functools
 import re
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from cel_expr_python import cel
-from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
+from cel_expr_python.ext import ext_bindings, ext_encoders, ext_math, ext_optional, ext_strings
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from kubernetes.utils.quantity import parse_quantity
 
-from gpupool.k8s.objects.dra import Device, DraParseError, SemVer
+from gpupool.k8s.objects.dra import Device, DeviceClass, DraParseError, SemVer
 
 __all__ = [
     "CelSelectorError",
@@ -77,6 +90,7 @@ __all__ = [
     "SelectorInput",
     "compile_selector",
     "device_matches",
+    "request_matches",
     "selector_input",
 ]
 
@@ -93,6 +107,9 @@ class CelSelectorError(DraParseError):
         self.detail = detail
         self.line = line
         self.column = column
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across process pools despite the extra arguments
+        return (type(self), (self.expression, self.detail, self.line, self.column))
 
 
 # ------------------------------------------------------------------ Kubernetes types as messages
@@ -312,7 +329,10 @@ def _env(extra: Mapping[str, Any], with_impl: bool) -> Any:
     return cel.NewEnv(
         descriptor_pool=_POOL,
         variables={**_DEVICE_VARS, **extra},
-        extensions=[ext_bindings.ExtBindings(), ext_optional.ExtOptional(), ext_strings.ExtStrings()],
+        extensions=[  # Kubernetes' base environment has the strings extension at version 2, math, encoders
+            ext_bindings.ExtBindings(), ext_optional.ExtOptional(), ext_strings.ExtStrings(2), ext_math.ExtMath(),
+            ext_encoders.ExtEncoders(),
+        ],
         functions=_overloads(with_impl),
     )
 
@@ -342,52 +362,73 @@ def _tokens(src: str) -> list[tuple[str, str]]:
     return [(m.lastgroup or "p", m.group()) for m in _TOKEN_RE.finditer(src)]
 
 
+def _closing(toks: list[tuple[str, str]], sig: list[int], open_k: int) -> int | None:
+    """Index in ``sig`` of the bracket closing the one at ``sig[open_k]``, None if unbalanced."""
+    depth = 0
+    for j in range(open_k, len(sig)):
+        kind, text = toks[sig[j]]
+        if kind == "p" and text in "[({":
+            depth += 1
+        elif kind == "p" and text in "])}":
+            depth -= 1
+        if depth == 0:
+            return j
+    return None
+
+
+def _lookup(field: str, key: str) -> str:
+    return (
+        f"(cel.bind({_BIND_VAR}, ({key}), {_BIND_VAR} in device.{field} ? "
+        f"device.{field}[{_BIND_VAR}] : {_EMPTY[field]}))"
+    )
+
+
 def _rewrite(src: str) -> str:
-    """``device.attributes[X]`` -> a lookup that yields an empty map for a missing domain (same for capacity
-    and for ``[?X]``, which yields ``optional.of`` that map), as the DRA environment's map does."""
+    """Domain lookups on ``device.attributes`` / ``device.capacity`` -> lookups that yield an empty map for a
+    missing domain, as the DRA environment's map does (its ``Find`` always answers found): ``[X]`` and ``.name``
+    give the map, ``[?X]`` and ``.?name`` give ``optional.of`` it, ``has(device.attributes.name)`` is true.
+    Method calls on the maps (``device.attributes.exists(...)``), ``in`` and ``size`` see the real domains."""
     toks = _tokens(src)
     sig = [i for i, (kind, _) in enumerate(toks) if kind != "ws"]
+
+    def text(k: int) -> str:
+        return toks[sig[k]][1] if 0 <= k < len(sig) else ""
+
     out: list[str] = []
     pos = 0  # next token index not yet copied
     k = 0
     while k < len(sig):
-        i = sig[k]
-        if (
-            toks[i] == ("id", "device")
-            and k + 3 < len(sig)
-            and (k == 0 or toks[sig[k - 1]][1] != ".")
-            and toks[sig[k + 1]][1] == "."
-            and toks[sig[k + 2]][0] == "id" and toks[sig[k + 2]][1] in _EMPTY
-            and toks[sig[k + 3]][1] == "["
+        if not (
+            text(k) == "device" and text(k - 1) != "." and text(k + 1) == "."
+            and text(k + 2) in _EMPTY and toks[sig[k + 2]][0] == "id"
         ):
-            field = toks[sig[k + 2]][1]
-            open_k = k + 3
-            optional = open_k + 1 < len(sig) and toks[sig[open_k + 1]][1] == "?"
-            depth, j = 0, open_k
-            while j < len(sig):
-                kind, text = toks[sig[j]]
-                if kind == "p" and text in "[({":
-                    depth += 1
-                elif kind == "p" and text in "])}":
-                    depth -= 1
-                if depth == 0:
-                    break
-                j += 1
-            if j == len(sig):  # unbalanced: leave it to the compiler
-                break
-            inner_start = sig[open_k + 1 + optional]
-            inner = _rewrite("".join(t for _, t in toks[inner_start : sig[j]]))
-            lookup = (
-                f"cel.bind({_BIND_VAR}, ({inner}), {_BIND_VAR} in device.{field} ? "
-                f"device.{field}[{_BIND_VAR}] : {_EMPTY[field]})"
-            )
-            out.append("".join(t for _, t in toks[pos:i]))
-            out.append(f"optional.of({lookup})" if optional else f"({lookup})")
-            pos = sig[j] + 1
-            while k < len(sig) and sig[k] <= sig[j]:
-                k += 1
+            k += 1
             continue
-        k += 1
+        field, start, nxt = text(k + 2), sig[k], k + 3
+        if text(nxt) == "[":
+            close = _closing(toks, sig, nxt)
+            if close is None:  # unbalanced: the checked compile has already failed
+                break
+            optional = text(nxt + 1) == "?"
+            inner = _rewrite("".join(t for _, t in toks[sig[nxt + 1 + optional] : sig[close]]))
+            replacement, last = _lookup(field, inner), close
+        elif text(nxt) == ".":
+            optional = text(nxt + 1) == "?"
+            name_k = nxt + 1 + optional
+            if name_k >= len(sig) or toks[sig[name_k]][0] != "id" or text(name_k + 1) == "(":
+                k += 1  # a method call on the map (exists, all, size, ...) sees the real domains
+                continue
+            replacement, last = _lookup(field, f'"{text(name_k)}"'), name_k
+            if not optional and text(k - 1) == "(" and text(k - 2) == "has" and text(k - 3) != "." \
+                    and text(name_k + 1) == ")":
+                start, replacement, last = sig[k - 2], "true", name_k + 1  # has(device.attributes.name)
+        else:
+            k += 1
+            continue
+        out.append("".join(t for _, t in toks[pos:start]))
+        out.append(f"optional.of{replacement}" if optional else replacement)
+        pos = sig[last] + 1
+        k = last + 1
     out.append("".join(t for _, t in toks[pos:]))
     return "".join(out)
 
@@ -423,8 +464,21 @@ class SelectorInput:
     error: str | None = None
 
 
+_INPUTS: dict[int, SelectorInput] = {}  # id(device) -> its input, dropped when the device is collected
+
+
 def selector_input(device: Device) -> SelectorInput:
-    """The CEL input of ``device`` (attribute versions as Semver, capacities as Quantity)."""
+    """The CEL input of ``device`` (attribute versions as Semver, capacities as Quantity), built once per
+    :class:`Device` object (records are immutable: a changed slice is parsed into new ones)."""
+    key = id(device)
+    cached = _INPUTS.get(key)
+    if cached is None:
+        cached = _INPUTS[key] = _build_input(device)
+        weakref.finalize(device, _INPUTS.pop, key, None)
+    return cached
+
+
+def _build_input(device: Device) -> SelectorInput:
     attributes: dict[str, dict[str, Any]] = {}
     error = None
     for domain, names in device.attributes.items():
@@ -520,3 +574,16 @@ def device_matches(
         except CelSelectorError as exc:
             return False, f"{prefix}selector #{i}: CEL runtime error: {exc.detail}"
     return True, None
+
+
+def request_matches(
+    device_class: DeviceClass | None, request_selectors: Iterable[str], device: Device | SelectorInput, claim: str
+) -> tuple[bool, str | None]:
+    """The allocator's ``isSelectable`` for one (sub)request and device: the class's selectors first (reasons
+    "class NAME: selector #i: ..."), then the request's ("claim NS/NAME: selector #i: ..."); answers as
+    :func:`device_matches`."""
+    if device_class is not None:
+        ok, reason = device_matches(device_class.selectors, device, f"class {device_class.name}")
+        if not ok:
+            return ok, reason
+    return device_matches(request_selectors, device, f"claim {claim}")
