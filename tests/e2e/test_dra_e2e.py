@@ -262,3 +262,46 @@ def test_extended_resource_backed_by_dra(e2e: E2E) -> None:
         _teardown(e2e)
         for name in made:
             custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
+
+
+def test_pool_mode_claims_and_queue_limits(e2e: E2E) -> None:
+    """The pool scheduler on a DRA-only cluster: a pod without claims, pods with claims and a pod asking
+    ``nvidia.com/gpu`` run; a queue is charged what its pods' claims hold, and a claim past its limit waits."""
+    from gpupool.k8s.cycle.pool import live_config
+
+    custom = client.CustomObjectsApi(e2e.admin)
+    made = []
+    for cls in nvidia_device_classes(compute_domains=False):
+        cls["metadata"]["labels"] = {lc.E2E_LABEL: "1"}
+        try:
+            custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+            made.append(cls["metadata"]["name"])
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+    _setup(e2e, ["dra-p"])
+    queue = f"{e2e.ns}-team"[:63]
+    lc.create_queue(e2e.admin, queue, {"quota": 2, "limit": 4})
+    try:
+        e2e.scheduler_inprocess("e2e-pool", pool_config=live_config(min_run_s=0.0), resync_s=0.5,
+                                queue_status_s=0.5)
+        labels = {"kueue.x-k8s.io/queue-name": queue}
+        for name, count in (("q-a", 2), ("q-b", 1), ("q-c", 2)):
+            custom.create_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims",
+                                                   _claim(e2e.ns, name, "gpu.nvidia.com", count))
+            body = _pod(e2e.ns, f"p-{name}", [("gpu", name)])
+            body["metadata"]["labels"].update(labels)
+            lc.create_pod(e2e.admin, body)
+        lc.create_pod(e2e.admin, lc.pod_body("p-plain", e2e.ns, gpus=None))
+        lc.create_pod(e2e.admin, lc.pod_body("p-ext", e2e.ns, gpus=1))
+        lc.wait_bound(e2e.admin, e2e.ns, ["p-q-a", "p-q-b", "p-plain", "p-ext"], 60)
+        lc.wait_for(lambda: any(e.get("involvedObject", {}).get("name") == "p-q-c"
+                                and queue in (e.get("message") or "")
+                                for e in lc.events_for(e2e.admin, e2e.ns, "FailedScheduling")), 30,
+                    "p-q-c refused: its queue would hold 5 GPUs over its limit of 4")
+        assert not client.CoreV1Api(e2e.admin).read_namespaced_pod("p-q-c", e2e.ns).spec.node_name
+        _check_allocations(e2e)
+    finally:
+        _teardown(e2e)
+        for name in made:
+            custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)

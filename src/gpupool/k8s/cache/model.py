@@ -747,7 +747,30 @@ class ClusterModel:
             if rec is not None and rec.info is not None and rec.info.queue and state is not None:
                 milli = queue_charge(rec.info, state.assignments.get(key), state)
                 book.charge(rec.info.queue, milli, milli if book.nonpreemptible(rec.info.request.priority) else 0)
+        self._charge_claims(book)
         return book
+
+    def _charge_claims(self, book: QueueBook) -> None:
+        """Charge each pod's queue the whole-GPU equivalents its allocated (or assumed) claims hold (a claim shared
+        by several pods is charged once, to its first holder's queue)."""
+        if not self.dra.claims and not self.dra.assumed:
+            return
+        by_uid = {r.uid: r for r in self.pods.values() if r.uid}
+        for key, results, _ in self.dra.allocations():
+            claim = self.dra.claims.get(key)
+            holder = None
+            if claim is not None:
+                for _, uid in claim.reserved_for:
+                    holder = by_uid.get(uid)
+                    if holder is not None:
+                        break
+            if holder is None:
+                holder = next((self.pods.get(p) for p, keys in self.claims_of.items() if key in keys), None)
+            if holder is None or holder.info is None or not holder.info.queue or holder.terminal:
+                continue
+            milli = int(round(self.dra.gpu_equivalents(results) * MILLI))
+            book.charge(holder.info.queue, milli,
+                        milli if book.nonpreemptible(holder.info.request.priority) else 0)
 
     def nonpreemptible_shares(self, priority: int) -> dict[str, int]:
         """{queue: milli-GPU} its own pods at or above ``priority`` that ask no whole GPUs (shares, GPU memory,
