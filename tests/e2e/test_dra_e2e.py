@@ -305,3 +305,53 @@ def test_pool_mode_claims_and_queue_limits(e2e: E2E) -> None:
         _teardown(e2e)
         for name in made:
             custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
+
+
+def test_restart_with_claim_half_written_and_slices_that_change(e2e: E2E) -> None:
+    """A claim allocated and reserved for a pod that was never bound (the scheduler died between the two
+    writes): the next scheduler binds that pod where its claim is and gives its devices to nobody else. The driver
+    republished one pool (generation 2) without gpu-7: no claim gets it."""
+    _setup(e2e, ["dra-r1", "dra-r2"])
+    custom = client.CustomObjectsApi(e2e.admin)
+    try:
+        for s in custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices")["items"]:
+            if s["spec"]["nodeName"] != "dra-r1":
+                continue
+            s["spec"]["pool"]["generation"] = 2
+            if s["spec"].get("devices"):
+                s["spec"]["devices"] = [d for d in s["spec"]["devices"] if not d["name"].startswith("gpu-7")]
+            custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", s["metadata"]["name"], s)
+        custom.create_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims",
+                                               _claim(e2e.ns, "half", "e2e-gpu.nvidia.com", 1))
+        lc.create_pod(e2e.admin, _pod(e2e.ns, "p-half", [("gpu", "half")]))
+        pod = client.CoreV1Api(e2e.admin).read_namespaced_pod("p-half", e2e.ns)
+        c = custom.get_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims", "half")
+        c["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+        c = custom.replace_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims", "half", c)
+        c["status"] = {"allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": "dra-r2", "device": "gpu-3"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": ["dra-r2"]}]}]}},
+            "reservedFor": [{"resource": "pods", "name": "p-half", "uid": pod.metadata.uid}]}
+        custom.replace_namespaced_custom_object_status(GROUP, VERSION, e2e.ns, "resourceclaims", "half", c)
+        # 15 single-GPU claims; 16 GPUs less gpu-7 of dra-r1 (gone) and gpu-3 of dra-r2 (held): 14 fit
+        names = []
+        for i in range(15):
+            custom.create_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims",
+                                                   _claim(e2e.ns, f"one-{i}", "e2e-gpu.nvidia.com", 1))
+            lc.create_pod(e2e.admin, _pod(e2e.ns, f"p-one-{i}", [("gpu", f"one-{i}")]))
+            names.append(f"p-one-{i}")
+        e2e.scheduler_inprocess()
+        lc.wait_for(lambda: len(lc.bound(lc.list_pods(e2e.admin, e2e.ns))) == 15, 90, "15 pods bound")
+        lc.wait_for(lambda: any(e.get("involvedObject", {}).get("name") in names
+                                for e in lc.events_for(e2e.admin, e2e.ns, "FailedScheduling")), 30,
+                    "the 15th single-GPU pod refused: no GPU left")
+        pods = {p["metadata"]["name"]: p for p in lc.list_pods(e2e.admin, e2e.ns)}
+        assert pods["p-half"]["spec"]["nodeName"] == "dra-r2"
+        assert sum(1 for n in names if pods[n]["spec"].get("nodeName")) == 14
+        for claim in _claims(e2e):
+            for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
+                assert (r["pool"], r["device"]) != ("dra-r1", "gpu-7")
+        _check_allocations(e2e)
+    finally:
+        _teardown(e2e)
