@@ -12,8 +12,8 @@ A100-SXM4-80GB with DynamicMIG and MIG mode on (partitions only, as on Ampere), 
 Pods: drawn with a seeded RNG, with replacement, from the GPU pods (``num_gpu`` >= 1: counts 1/2/4/8 and
 ``gpu_milli`` shares) of openb's ``multigpu50`` pod list (sampled by openb from its default list so that 2/4/8-GPU
 pods make half of the GPU demand; ``--trace`` picks another) until their demand reaches ``--load`` x 160 GPUs,
-in that fixed order; CPU and memory requests are the trace's. A whole-GPU ask of N becomes a request for N devices of class
-``gpu.nvidia.com``; a share f < 1 becomes, with probability 0.8 (seeded), a MIG partition of class
+in that fixed order; CPU and memory requests are the trace's. A whole-GPU ask of N becomes a request for N
+devices of class ``gpu.nvidia.com``; a share f < 1 becomes, with probability 0.8 (seeded), a MIG partition of class
 ``mig.nvidia.com`` with the fewest compute slices g in {1,2,3,4,7} with g/7 >= f and a selector on the profile
 names of that size on the cluster's GPUs (``1g.10gb``/``1g.18gb``...), else a share of an L40S's memory
 (``capacity.requests.memory`` = ceil(f x 46068 Mi)). Each pod's ask is also written as JSON in its annotation
