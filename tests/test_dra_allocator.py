@@ -230,3 +230,42 @@ def test_every_preset_allocates_whole_gpus_or_partitions(preset: str) -> None:
     assert not isinstance(w, str) or preset == "a100-40gb" or preset == "a100-80gb"  # Ampere with MIG on
     assert not isinstance(m, str) or preset == "l40s"
     check_books(inv)
+
+
+def test_gpus_the_agent_calls_unhealthy_are_not_allocated() -> None:
+    import json
+
+    inv = inventory({"n1": "dgx-h100"}, [claim("all8", count=8), claim("seven", count=7),
+                                         claim("m", "mig.nvidia.com")])
+    uuids = {d.name: d.attribute("uuid") for d in inv.node_devices("n1") if d.attribute("type") == "gpu"}
+    node = {"metadata": {"name": "n1", "annotations": {"gpupool.io/gpu-inventory": json.dumps({"gpus": [
+        {"index": i, "uuid": uuids[f"gpu-{i}"], "healthy": i != 2} for i in range(8)]})}}}
+    alloc = DraAllocator(inv)
+    assert isinstance(alloc.fit([inv.claims["default/all8"]], "n1", node, inv.usage()), str)
+    fit = alloc.fit([inv.claims["default/seven"]], "n1", node, inv.usage())
+    assert "gpu-2" not in {r.device for r in fit.allocations[0].results}
+    m = alloc.fit([inv.claims["default/m"]], "n1", node, inv.usage())
+    assert not m.allocations[0].results[0].device.startswith("gpu-2-")
+
+
+def test_gang_with_claims_all_or_nothing() -> None:
+    def member(i: int) -> dict[str, Any]:
+        p = _pod(f"g{i}", [f"gc{i}"])
+        p["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "gang"}
+        return p
+
+    group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+             "metadata": {"name": "gang", "namespace": "default"}, "spec": {"minMember": 3}}
+    objs: list[dict[str, Any]] = [_node("n1"), group, *preset_slices("dgx-h100", "n1"), *nvidia_device_classes()]
+    objs += [claim(f"gc{i}", count=4) for i in range(3)] + [member(i) for i in range(3)]
+    res = plan(snapshot_from_objects(objs))  # 3 x 4 GPUs on 8: none starts
+    assert all(p.node is None for p in res.placements), [p.reason for p in res.placements]
+    assert "cannot be placed together" in res.placements[0].reason
+    objs2 = [o for o in objs if not (o["kind"] == "ResourceClaim" and o["metadata"]["name"] == "gc2")]
+    objs2 += [claim("gc2", count=0 + 1)]
+    res = plan(snapshot_from_objects(objs2))  # 4 + 4 + 1 > 8: still none
+    assert all(p.node is None for p in res.placements)
+    objs3 = [o for o in objs2 if not (o["kind"] == "ResourceClaim" and o["metadata"]["name"] == "gc0")]
+    objs3 += [claim("gc0", count=3)]
+    res = plan(snapshot_from_objects(objs3))  # 3 + 4 + 1 = 8: all three
+    assert all(p.node == "n1" for p in res.placements), [p.reason for p in res.placements]

@@ -41,6 +41,7 @@ from gpupool.k8s.objects.dra import (
     extended_requests,
     pod_claim_names,
 )
+from gpupool.k8s.objects.nodes import agent_unhealthy_uuids
 
 Matcher = Callable[[Sequence[str], Device], tuple[bool, "str | None"]]
 
@@ -301,6 +302,9 @@ class DraAllocator:
     # -- one claim on one node
     def _node_devices(self, node: str, node_obj: Mapping[str, Any] | None) -> list[Device]:
         out = list(self.inv.node_devices(node))
+        bad = agent_unhealthy_uuids(node_obj) if node_obj is not None else frozenset()
+        if bad:  # GPUs gpupool's node agent found unhealthy: none of their devices (the GPU, its MIG partitions)
+            out = [d for d in out if d.attribute("uuid") not in bad and d.attribute("parentUUID") not in bad]
         for d in self.inv.cluster_devices():
             if d.all_nodes:
                 out.append(d)

@@ -278,6 +278,12 @@ def agent_healthy_count(node: Mapping[str, Any]) -> int | None:
     return sum(1 for g in gpus if _agent_healthy(g))
 
 
+def agent_unhealthy_uuids(node: Mapping[str, Any]) -> frozenset[str]:
+    """UUIDs of the GPUs the node agent's inventory calls unhealthy (whole or in MIG mode): DRA devices of those
+    GPUs (their ``uuid``, or a MIG device's ``parentUUID``) are not allocated."""
+    return frozenset(_agent_uuid(g) for g in _agent_gpus(node) if _agent_uuid(g) and not _agent_healthy(g))
+
+
 def agent_marked(node: Mapping[str, Any], spec: NodeSpec) -> tuple[int, ...]:
     """Device indices (gpupool's) of the GPUs the node agent marked unhealthy, matched by UUID
     (``spec.gpu_ids``). When the agent marks GPUs that cannot be matched to advertised devices (no
