@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
@@ -63,18 +63,15 @@ from gpupool.k8s.api.calls import (
     DISRUPTION_TARGET,
     PREEMPTION_BY_SCHEDULER,
     clear_disruption_target,
-    create_claim,
-    delete_claim,
     evict,
     mark_disruption_target,
     post_binding,
     read_pod,
-    set_extended_claim_status,
     set_nominated_node,
     set_unschedulable,
     split_key,
-    write_claim_allocation,
 )
+from gpupool.k8s.api.claims import ClaimWriteError, write_pod_claims
 from gpupool.k8s.api.events import EventRecorder
 from gpupool.k8s.api.status import StatusWriter
 from gpupool.k8s.api.watch import Backoff, ClusterCache, Reflector, list_all
@@ -82,7 +79,6 @@ from gpupool.k8s.api.wire import Outage, api_reason, ensure_pool
 from gpupool.k8s.api.wire import log_event as _log
 from gpupool.k8s.cycle.plan import Placement, Plan, Preemption, assignment_annotations
 from gpupool.k8s.cycle.pool import PoolDriver
-from gpupool.k8s.objects.dra import FINALIZER_DELETE_PROTECTION, claim_allocation_status
 from gpupool.k8s.objects.fields import annotations_of, node_name_of, pod_key
 from gpupool.k8s.objects.snapshots import ClusterSnapshot
 from gpupool.k8s.state import ClusterModel
@@ -522,66 +518,29 @@ class Scheduler:
 
     def _write_claims(self, pod: Mapping[str, Any], a: _Assumed) -> str:
         """Allocate and reserve the pod's ResourceClaims as planned, before the binding (kube-scheduler's DRA
-        PreBind): "" when every claim is written, else the outcome (the pod is planned again: a claim changed
-        meanwhile answers 409, a claim or pod gone 404). What the API server answered is fed to the model, so the
-        devices stay held even when the binding then fails."""
+        PreBind; :func:`gpupool.k8s.api.claims.write_pod_claims`): "" when every claim is written, else the
+        outcome (the pod is planned again: a claim changed meanwhile answers 409, a claim or pod gone 404). What
+        the API server answered is fed to the model, so the devices stay held even when the binding then fails."""
         key = a.placement.pod
-        meta = pod.get("metadata") or {}
-        ref = {"resource": "pods", "name": meta.get("name", ""), "uid": a.uid}
-        timeout = (self.config.connect_timeout_s, self.config.bind_timeout_s)
-        for ca in a.placement.claims:
-            claim = ca.claim
-            reserved = [{"resource": "pods", "name": n, "uid": u} for n, u in claim.reserved_for]
-            if any(r["uid"] == a.uid for r in reserved) and not ca.results:
-                continue  # reserved for this pod already (a restart, or a retried binding)
-            reserved.append(ref)
-            finalizers = None
-            if ca.results and FINALIZER_DELETE_PROTECTION not in claim.finalizers:
-                finalizers = [*claim.finalizers, FINALIZER_DELETE_PROTECTION]
-            created = None
-            try:
-                if ca.create is not None:  # extended resources backed by DRA: the pod's claim is made now
-                    created = create_claim(self.api_client, claim.namespace, ca.create, timeout=timeout)
-                    cmeta = created["metadata"]
-                    claim = replace(claim, name=cmeta["name"], uid=cmeta.get("uid", ""),
-                                    resource_version=cmeta["resourceVersion"])
-                obj = write_claim_allocation(
-                    self.api_client, claim.namespace, claim.name, claim.resource_version, finalizers,
-                    claim_allocation_status(ca.results, ca.node) if ca.results else None, reserved,
-                    timeout=timeout)
-                if created is not None:
-                    set_extended_claim_status(self.api_client, claim.namespace, meta.get("name", ""), claim.name,
-                                              list(ca.mappings), timeout=timeout)
-            except ApiException as exc:
-                if created is not None:
-                    self._drop_claim(claim)
-                _log(logging.INFO if exc.status in (404, 409) else logging.WARNING, "claim_write_failed",
-                     pod=key, claim=claim.key, status=exc.status, reason=exc.reason)
-                self._forget(key, a)
-                if exc.status not in (404, 409):
-                    self._report_unschedulable(pod, f"ResourceClaim {claim.key} not written: {exc.status} "
-                                                    f"{exc.reason}", force=True)
-                return "conflict" if exc.status == 409 else "error"
-            except Exception as exc:  # transport trouble: re-read the claim from the watch before planning again
-                _log(logging.WARNING, "claim_write_failed", pod=key, claim=claim.key, error=type(exc).__name__,
-                     detail=str(exc)[:200])
-                if created is not None:
-                    self._drop_claim(claim)
-                self._forget(key, a)
-                return "error"
-            self._model_ops.append(("claim", key, (ca.claim.key, obj)))
-            _log(logging.INFO, "claim_allocated" if ca.results else "claim_reserved", pod=key, claim=claim.key,
-                 node=ca.node, devices=",".join(r.device for r in ca.results) or "-")
-        return ""
-
-    def _drop_claim(self, claim: Any) -> None:
-        """Delete a claim this scheduler made for a pod's extended resources whose writes then failed (as
-        kube-scheduler does): the pod is planned again and gets a new one."""
         try:
-            delete_claim(self.api_client, claim.namespace, claim.name,
-                         timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
-        except Exception as exc:  # noqa: BLE001 - the pod owns it: garbage collection removes it with the pod
-            _log(logging.WARNING, "claim_delete_failed", claim=claim.key, error=type(exc).__name__)
+            written = write_pod_claims(self.api_client, pod, a.uid, a.placement.claims,
+                                       timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
+        except ClaimWriteError as err:
+            for planned, obj in err.written:
+                self._model_ops.append(("claim", key, (planned, obj)))
+            quiet = err.status in (404, 409)
+            _log(logging.INFO if quiet else logging.WARNING, "claim_write_failed", pod=key, claim=err.claim,
+                 status=err.status, reason=err.reason)
+            self._forget(key, a)
+            if err.status is not None and not quiet:
+                self._report_unschedulable(pod, f"{err}", force=True)
+            return "conflict" if err.status == 409 else "error"
+        for planned, obj, ca in written:
+            self._model_ops.append(("claim", key, (planned, obj)))
+            _log(logging.INFO, "claim_allocated" if ca.results else "claim_reserved", pod=key,
+                 claim=f"{ca.claim.namespace}/{obj['metadata']['name']}", node=ca.node,
+                 devices=",".join(r.device for r in ca.results) or "-")
+        return ""
 
     def _bound(self, pod: Mapping[str, Any], key: str, a: _Assumed, node: str, note: str = "") -> None:
         """Record a binding the API server accepted: assumption done, ``Scheduled`` Event queued, metric."""
