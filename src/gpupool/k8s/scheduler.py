@@ -872,7 +872,8 @@ class Scheduler:
 
 
 def read_cluster(api_client: client.ApiClient, page: int = 500) -> ClusterSnapshot:
-    """One consistent-enough read of the cluster (Nodes, Pods, PodGroups, Queues) for a dry run."""
+    """One consistent-enough read of the cluster (Nodes, Pods, PodGroups, Queues, and DRA's ResourceSlices,
+    DeviceClasses and ResourceClaims) for a dry run."""
     core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
 
     def optional(*api: str) -> list[dict[str, Any]] | None:
@@ -886,7 +887,10 @@ def read_cluster(api_client: client.ApiClient, page: int = 500) -> ClusterSnapsh
     groups = (optional(*POD_GROUP_API) or []) + (optional(*VOLCANO_POD_GROUP_API) or [])
     return ClusterSnapshot(nodes=list_all(core.list_node, page=page),
                            pods=list_all(core.list_pod_for_all_namespaces, page=page),
-                           pod_groups=groups, queues=optional(*QUEUE_API))
+                           pod_groups=groups, queues=optional(*QUEUE_API),
+                           resourceslices=optional(*DRA_SLICE_API) or [],
+                           deviceclasses=optional(*DRA_CLASS_API) or [],
+                           resourceclaims=optional(*DRA_CLAIM_API) or [])
 
 
 __all__ = ["read_cluster", "Scheduler", "SchedulerConfig", "Reflector", "ClusterCache", "Backoff",

@@ -436,8 +436,8 @@ def register(app: typer.Typer) -> None:
             "--dry-run", help="Print where each pending pod would go and why; bind nothing.")] = False,
         snapshot: Annotated[Path | None, typer.Option(
             "--snapshot", metavar="FILE", dir_okay=False, show_default=False,
-            help="With --dry-run: a cluster snapshot (kubectl get nodes,pods,podgroups,queues -A -o yaml|json) "
-                 "instead of the live cluster.")] = None,
+            help="With --dry-run: a cluster snapshot (kubectl get nodes,pods,podgroups,queues -A -o yaml|json; "
+                 "add resourceslices,deviceclasses,resourceclaims for DRA) instead of the live cluster.")] = None,
         json_out: Annotated[str | None, typer.Option(
             "--json", metavar="OUT", show_default=False,
             help='With --dry-run: write {"placements": [...]} to OUT ("-" for stdout).')] = None,

@@ -185,6 +185,9 @@ class DraAllocator:
             if any(t.effect in ("NoSchedule", "NoExecute") and not any(tol.tolerates(t) for tol in sub.tolerations)
                    for t in d.taints):
                 continue
+            if sub.capacity and not all((cap := d.capacity_of(q)) is not None and cap >= amount
+                                        for q, amount in sub.capacity.items()):
+                continue  # a capacity request the device cannot give at all (shared or not)
             out.append(d)
         return out
 
