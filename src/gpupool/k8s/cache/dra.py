@@ -114,6 +114,7 @@ class DraInventory:
         self.assumed: dict[str, tuple[tuple[AllocatedDevice, ...], str]] = {}  # claim key -> (results, node)
         self.served = False  # a slice, class or claim was ever listed (the API group exists and may be read)
         self.version = 0  # bumped on every change
+        self.devices_version = 0  # bumped when slices or classes change (not claims)
         self._rv: dict[tuple[str, str], str] = {}
         self._devices: tuple[int, dict[DeviceKey, Device], dict[str, list[Device]], dict[CounterKey, dict[str, Decimal]]
                              ] | None = None
@@ -129,6 +130,8 @@ class DraInventory:
         key = f"{meta.get('namespace')}/{name}" if kind == RESOURCE_CLAIMS else name
         rv = str(meta.get("resourceVersion", ""))
         self.version += 1
+        if kind != RESOURCE_CLAIMS:
+            self.devices_version += 1
         self.served = True
         store: dict[str, Any] = {RESOURCE_SLICES: self.slices, DEVICE_CLASSES: self.classes,
                                  RESOURCE_CLAIMS: self.claims}[kind]
@@ -161,6 +164,8 @@ class DraInventory:
         store: dict[str, Any] = {RESOURCE_SLICES: self.slices, DEVICE_CLASSES: self.classes,
                                  RESOURCE_CLAIMS: self.claims}[kind]
         self.version += 1
+        if kind != RESOURCE_CLAIMS:
+            self.devices_version += 1
         if items is None:
             store.clear()
             return
@@ -197,7 +202,7 @@ class DraInventory:
 
     # -- read-outs
     def _index(self) -> tuple[dict[DeviceKey, Device], dict[str, list[Device]], dict[CounterKey, dict[str, Decimal]]]:
-        if self._devices is not None and self._devices[0] == self.version:
+        if self._devices is not None and self._devices[0] == self.devices_version:
             return self._devices[1], self._devices[2], self._devices[3]
         pools: dict[tuple[str, str], list[Slice]] = {}
         for s in self.slices.values():
@@ -228,7 +233,7 @@ class DraInventory:
                     full[k] = mem
         self.full_memory = {d.key: max(full.get((d.driver, d.pool, cs), Decimal(0)) for cs, _ in d.consumes)
                             for d in devices.values() if d.consumes}
-        self._devices = (self.version, devices, by_node, counters)
+        self._devices = (self.devices_version, devices, by_node, counters)
         return devices, by_node, counters
 
     def devices(self) -> dict[DeviceKey, Device]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from gpupool.k8s.cache.dra import CounterKey, DeviceKey, DraInventory, Usage, device_value
+from gpupool.k8s.cache.dra import CounterKey, DraInventory, Usage, device_value
 from gpupool.k8s.cache.eligibility import matches_node_selector_term
 from gpupool.k8s.objects.dra import (
     ALLOCATION_MODE_ALL,
@@ -69,12 +69,15 @@ class NodeFit:
     node: str
     allocations: list[ClaimAllocation]
     loss: float
-    free_whole_after: int
+    free_after: float  # whole-GPU equivalents left free on the node
     gpus: float  # whole-GPU equivalents newly allocated
+    flexibility: float = 0.0  # the taken devices' GPUs' flexibility, weighted by their whole-GPU equivalents
 
     @property
-    def score(self) -> tuple[float, int]:
-        return (round(self.loss, 6), self.free_whole_after)
+    def score(self) -> tuple[float, float, float]:
+        """Lower is better: the least flexible GPUs, then the least fragmentation, then the fewest GPUs left free
+        (best fit)."""
+        return (round(self.flexibility, 6), round(self.loss, 6), round(self.free_after, 6))
 
 
 class _NoFit(Exception):
@@ -109,7 +112,9 @@ class DraAllocator:
         self.matcher = matcher  # None: the CEL library, loaded at the first selector
         self.step_limit = step_limit
         self._match_cache: dict[tuple[tuple[str, ...], int], tuple[Device, bool, str | None]] = {}
-        self._members: tuple[int, dict[CounterKey, list[Device]]] | None = None
+        self._members: tuple[int, dict[CounterKey, tuple[int, list[Device]]]] | None = None
+        self._strand_cache: dict[tuple, Any] = {}
+        self._kind_cache: dict[tuple, tuple[Device, frozenset[str]]] = {}
 
     # -- the pod's claims
     def pod_claims(self, pod: Mapping[str, Any]) -> tuple[list[Claim], str]:
@@ -247,36 +252,112 @@ class DraAllocator:
                     return False
         return True
 
-    def _set_members(self) -> dict[CounterKey, list[Device]]:
-        if self._members is not None and self._members[0] == self.inv.version:
+    def _set_members(self) -> dict[CounterKey, tuple[int, list[Device]]]:
+        """Counter set -> (shape id, the devices drawing on it); sets of one GPU model share a shape id."""
+        if self._members is not None and self._members[0] == self.inv.devices_version:
             return self._members[1]
         members: dict[CounterKey, list[Device]] = {}
         for d in self.inv.devices().values():
             for cs, _ in d.consumes:
                 members.setdefault((d.driver, d.pool, cs), []).append(d)
-        self._members = (self.inv.version, members)
-        return members
+        shapes: dict[tuple, int] = {}
+        out: dict[CounterKey, tuple[int, list[Device]]] = {}
+        for ck, devs in members.items():
+            shape = tuple(sorted((tuple(sorted((cs == ck[2], tuple(sorted(a.items()))) for cs, a in e.consumes)),
+                                  e.allow_multiple) for e in devs))
+            out[ck] = (shapes.setdefault(shape, len(shapes)), devs)
+        self._members = (self.inv.devices_version, out)
+        self._strand_cache.clear()
+        return out
+
+    def _stranded(self, ck: CounterKey, devs: Sequence[Device], u: Usage,
+                  totals: Mapping[CounterKey, Mapping[str, Decimal]], plus: Device | None) -> float:
+        """Free share of a GPU (counter set) that no free device of it could take whole: its free fraction less
+        the largest device still allocatable (``plus`` taken first, if given)."""
+        total = totals.get(ck) or {}
+        used = u.counters.get(ck, {})
+        extra = dict(next((a for cs, a in plus.consumes if cs == ck[2]), {})) if plus is not None else {}
+        names = ["memory"] if "memory" in total else list(total)
+        fractions = [1 - float((used.get(n, Decimal(0)) + extra.get(n, Decimal(0))) / total[n])
+                     for n in names if total.get(n)]
+        free = min(fractions) if fractions else 0.0
+        if free <= 1e-9:
+            return 0.0
+        full = self.inv.full_memory
+        largest = 0.0
+        for e in devs:
+            if e is plus or e.key in u.exclusive or u.shares.get(e.key):
+                continue
+            v = device_value(e, None, full.get(e.key))
+            if v > largest and self._counters_fit(e, u, totals, plus=plus):
+                largest = v
+        return max(0.0, free - largest)
 
     def _loss(self, d: Device, u: Usage, totals: Mapping[CounterKey, Mapping[str, Decimal]]) -> float:
-        """Whole-GPU equivalents of the devices free now that taking ``d`` would make unallocatable."""
-        loss = 0.0
-        full = self.inv.full_memory
-        if d.allow_multiple:
-            if u.shares.get(d.key):
-                return 0.0
-            loss += device_value(d, None, full.get(d.key))  # its first share ends its exclusive use
+        """Fragmentation taking ``d`` adds: on each GPU (counter set) it draws from, the growth of the free share
+        that no single free device could take (a MIG partition on an untouched GPU strands what no larger profile
+        fits in any more; on a GPU partitioned already it may strand nothing new). A whole device, or a share of
+        a shared one, strands nothing. Memoised per GPU model, usage of that GPU and device position, so equal
+        GPUs across nodes cost one evaluation."""
+        if not d.consumes:
+            return 0.0
         members = self._set_members()
-        seen: set[DeviceKey] = {d.key}
-        for cs, _ in d.consumes:
-            for e in members.get((d.driver, d.pool, cs), ()):
-                if e.key in seen:
-                    continue
-                seen.add(e.key)
-                if e.key in u.exclusive or u.shares.get(e.key):
-                    continue
-                if self._counters_fit(e, u, totals) and not self._counters_fit(e, u, totals, plus=d):
-                    loss += device_value(e, None, full.get(e.key))
+        loss = 0.0
+        for cs, amounts in d.consumes:
+            ck = (d.driver, d.pool, cs)
+            shape, devs = members.get(ck, (-1, []))
+            state = tuple(sorted(u.counters.get(ck, {}).items()))
+            taken = tuple(sorted(e.name.split("-mig-")[-1] for e in devs
+                                 if e.key in u.exclusive or u.shares.get(e.key)))
+            key = (shape, state, taken, tuple(sorted(amounts.items())), d.allow_multiple)
+            hit = self._strand_cache.get(key)
+            if hit is None:
+                hit = (self._stranded(ck, devs, u, totals, d) - self._stranded(ck, devs, u, totals, None))
+                if len(self._strand_cache) > 200_000:
+                    self._strand_cache.clear()
+                self._strand_cache[key] = hit
+            loss += hit
         return loss
+
+    def _kinds(self, d: Device) -> frozenset[str]:
+        """The DeviceClasses whose selectors ``d`` matches (an error counts as no match)."""
+        key = ("kinds", id(d))
+        hit = self._kind_cache.get(key)
+        if hit is not None and hit[0] is d:
+            return hit[1]
+        kinds = frozenset(name for name, cls in self.inv.classes.items() if self._matches(cls.selectors, d)[0])
+        self._kind_cache[key] = (d, kinds)
+        return kinds
+
+    def _flexibility(self, d: Device, u: Usage, totals: Mapping[CounterKey, Mapping[str, Decimal]]) -> int:
+        """How many kinds of request the GPU of ``d`` can still serve (the DeviceClasses its allocatable devices
+        match, plus sharing where a shared device is free): an Ampere GPU in MIG mode serves only MIG requests
+        (1), an untouched Hopper GPU whole and MIG requests (2), a GPU partitioned already only MIG (1). Taking a
+        device of the least flexible GPU keeps the others for the requests only they can serve."""
+        if not d.consumes:
+            if d.allow_multiple and u.shares.get(d.key):
+                return 1
+            return len(self._kinds(d)) + (1 if d.allow_multiple else 0)
+        members = self._set_members()
+        out: set[str] = set()
+        for cs, _ in d.consumes:
+            ck = (d.driver, d.pool, cs)
+            shape, devs = members.get(ck, (-1, []))
+            state = tuple(sorted(u.counters.get(ck, {}).items()))
+            key = ("flex", shape, state, len(self.inv.classes))
+            hit = self._strand_cache.get(key)
+            if hit is None:
+                kinds: set[str] = set()
+                for e in devs:
+                    if e.key in u.exclusive or u.shares.get(e.key) or not self._counters_fit(e, u, totals):
+                        continue
+                    kinds |= self._kinds(e)
+                    if e.allow_multiple:
+                        kinds.add("(shared)")
+                hit = frozenset(kinds)
+                self._strand_cache[key] = hit
+            out |= hit
+        return len(out)
 
     @staticmethod
     def _leftover(d: Device, u: Usage, cons: Mapping[str, Decimal] | None) -> float:
@@ -317,11 +398,13 @@ class DraAllocator:
         return out
 
     def _allocate_claim(self, claim: Claim, devices: Sequence[Device], u: Usage,
-                        totals: Mapping[CounterKey, Mapping[str, Decimal]]) -> tuple[list[AllocatedDevice], float]:
+                        totals: Mapping[CounterKey, Mapping[str, Decimal]]
+                        ) -> tuple[list[AllocatedDevice], float, float]:
         steps = [0]
         chosen: list[tuple[str, Device]] = []  # (request name, device)
         results: list[AllocatedDevice] = []
         loss = [0.0]
+        flexes: list[float] = []  # per device taken: its GPU's flexibility x its whole-GPU equivalents
         reqs = claim.requests
         cand_cache: dict[tuple[int, int], list[Device]] = {}
 
@@ -371,11 +454,11 @@ class DraAllocator:
                 if need > MAX_DEVICES_PER_CLAIM:
                     errors.append(f"request {rname}: {need} devices is over the limit of {MAX_DEVICES_PER_CLAIM}")
                     continue
-                mark = (len(chosen), len(results), loss[0])
+                mark = (len(chosen), len(results), loss[0], len(flexes))
                 saved = u.copy()
                 if pick(rname, sub, cands, need, sub.mode == ALLOCATION_MODE_ALL, ri):
                     return True
-                del chosen[mark[0]:], results[mark[1]:]
+                del chosen[mark[0]:], results[mark[1]:], flexes[mark[3]:]
                 loss[0] = mark[2]
                 u.restore(saved)
                 errors.append(f"request {rname}: {len(cands)} matching device(s), "
@@ -401,23 +484,26 @@ class DraAllocator:
                 if not constraint_ok(rname.split("/")[0], d):
                     continue
                 lo = 0.0 if sub.admin_access else self._loss(d, u, totals)
-                options.append((lo, self._leftover(d, u, cons), d, cons))
+                flex = 0 if sub.admin_access else self._flexibility(d, u, totals)
+                options.append((flex, lo, self._leftover(d, u, cons), d, cons))
             if len(options) < need:
                 return False
             if every:
                 options = options[:1]
             else:
-                options.sort(key=lambda o: (o[0], o[1]))  # least blocked, then the fullest shared device
-            for lo, _, d, cons in options:
-                mark = (len(chosen), len(results), loss[0])
+                # the least flexible GPU, then the least fragmentation, then the fullest shared device
+                options.sort(key=lambda o: (o[0], o[1], o[2]))
+            for fl, lo, _, d, cons in options:
+                mark = (len(chosen), len(results), loss[0], len(flexes))
                 saved = u.copy()
                 results.append(self._take(d, sub, rname, u, cons))
                 chosen.append((rname, d))
                 loss[0] += lo
+                flexes.append(fl * device_value(d, None, self.inv.full_memory.get(d.key)))
                 rest = [c for c in cands if c is not d] if every else cands
                 if pick(rname, sub, rest, need - 1, every, ri):
                     return True
-                del chosen[mark[0]:], results[mark[1]:]
+                del chosen[mark[0]:], results[mark[1]:], flexes[mark[3]:]
                 loss[0] = mark[2]
                 u.restore(saved)
                 if not claim.constraints and not every:
@@ -425,7 +511,7 @@ class DraAllocator:
             return False
 
         fill(0)
-        return results, loss[0]
+        return results, loss[0], sum(flexes)
 
     # -- the pod on one node, and the best node
     def fit(self, claims: Sequence[Claim], node: str, node_obj: Mapping[str, Any] | None,
@@ -436,6 +522,7 @@ class DraAllocator:
         devices = self._node_devices(node, node_obj)
         allocations: list[ClaimAllocation] = []
         loss = 0.0
+        flex = 0.0
         gpus = 0.0
         for claim in claims:
             if claim.allocated is not None or claim.key in self.inv.assumed:
@@ -445,20 +532,51 @@ class DraAllocator:
                 allocations.append(ClaimAllocation(claim, (), node))  # allocated already: reserve it only
                 continue
             try:
-                results, lo = self._allocate_claim(claim, devices, usage, totals)
+                results, lo, fl = self._allocate_claim(claim, devices, usage, totals)
             except _NoFit as exc:
                 return f"ResourceClaim {claim.key}: {exc}"
             allocations.append(ClaimAllocation(claim, tuple(results), node))
             loss += lo
+            flex += fl
             gpus += self.inv.gpu_equivalents(results)
-        free_whole = 0
+        return NodeFit(node, allocations, loss, self.free_gpus(devices, usage, totals), gpus, flex)
+
+    def free_gpus(self, devices: Sequence[Device], u: Usage, totals: Mapping[CounterKey, Mapping[str, Decimal]]
+                  ) -> float:
+        """Whole-GPU equivalents still free among ``devices``: per GPU with counters its free memory fraction,
+        a shared device its free capacity fraction, an exclusive device 1 if free."""
+        free = 0.0
+        seen: set[CounterKey] = set()
         for d in devices:
-            if d.allow_multiple and u_shared(usage, d):
+            if d.consumes:
+                for cs, _ in d.consumes:
+                    ck = (d.driver, d.pool, cs)
+                    if ck in seen:
+                        continue
+                    seen.add(ck)
+                    total = totals.get(ck) or {}
+                    used = u.counters.get(ck, {})
+                    names = ["memory"] if "memory" in total else list(total)
+                    fr = [1 - float(used.get(n, Decimal(0)) / total[n]) for n in names if total.get(n)]
+                    free += min(fr) if fr else 0.0
+            elif d.key in u.exclusive:
                 continue
-            whole = device_value(d, None, self.inv.full_memory.get(d.key)) >= 0.999
-            if whole and self._free(d, None, usage, totals, {}):
-                free_whole += 1
-        return NodeFit(node, allocations, loss, free_whole, gpus)
+            elif d.allow_multiple and u.shares.get(d.key):
+                free += 1.0 - self._used_fraction(d, u)
+            else:
+                free += 1.0
+        return free
+
+    @staticmethod
+    def _used_fraction(d: Device, u: Usage) -> float:
+        used = u.shared.get(d.key, {})
+        fractions = []
+        for q, amount in used.items():
+            dom, _, name = q.rpartition("/")
+            cap = d.capacity.get(dom, {}).get(name)
+            if cap:
+                fractions.append(float(amount / cap))
+        return max(fractions) if fractions else 0.0
 
     def best(self, claims: Sequence[Claim], nodes: Sequence[tuple[str, Mapping[str, Any] | None]],
              usage: Usage | None = None) -> NodeFit | str:
