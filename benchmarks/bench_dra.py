@@ -205,8 +205,15 @@ def run_stream(api: Any, st: dra_stream.Stream, settle: float, timeout: float) -
         if n in rec.unschedulable:
             m = rec.unschedulable[n][1]
             messages[m] = messages.get(m, 0) + 1
+    kind_of_pod = {p["metadata"]["name"]: dra_stream.ask_of(p).kind for p in st.pods}
+    pod_of_claim = {c: p for p, c in claim_of_pod.items()}
+    by_kind: dict[str, float] = {}
+    for c, v in per_claim.items():
+        kind = kind_of_pod.get(pod_of_claim.get(c, ""), "?")
+        by_kind[kind] = round(by_kind.get(kind, 0.0) + v, 3)
     return {
         "pods": len(names), "pods_created_s": round(created_s, 2), "timed_out": timed_out,
+        "gpus_at_end_by_kind": by_kind,
         "pods_bound": len(bound_final), "pods_never_bound": len(never),
         "pods_bound_without_allocated_claim": len(unallocated_bound),
         "claims_allocated": audit["claims_allocated"],
