@@ -39,6 +39,7 @@ from _common import json_safe, machine_info
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = Path(os.environ.get("KCP_TOOLS", ROOT.parent / "shared" / "tools" / "kube-control-plane"))
 SCHEDULER_FLAGS = "--kube-api-qps=5000 --kube-api-burst=10000"
+CONTROLLER_MANAGER_FLAGS = "--kube-api-qps=5000 --kube-api-burst=10000"
 GROUP, VERSION = "resource.k8s.io", "v1"
 
 
@@ -204,8 +205,15 @@ def run_stream(api: Any, st: dra_stream.Stream, settle: float, timeout: float) -
         if n in rec.unschedulable:
             m = rec.unschedulable[n][1]
             messages[m] = messages.get(m, 0) + 1
+    kind_of_pod = {p["metadata"]["name"]: dra_stream.ask_of(p).kind for p in st.pods}
+    pod_of_claim = {c: p for p, c in claim_of_pod.items()}
+    by_kind: dict[str, float] = {}
+    for c, v in per_claim.items():
+        kind = kind_of_pod.get(pod_of_claim.get(c, ""), "?")
+        by_kind[kind] = round(by_kind.get(kind, 0.0) + v, 3)
     return {
         "pods": len(names), "pods_created_s": round(created_s, 2), "timed_out": timed_out,
+        "gpus_at_end_by_kind": by_kind,
         "pods_bound": len(bound_final), "pods_never_bound": len(never),
         "pods_bound_without_allocated_claim": len(unallocated_bound),
         "claims_allocated": audit["claims_allocated"],
@@ -241,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=20.0, help="seconds without change that end the run")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds allowed from the first pod created")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--controller-manager-flags", default=CONTROLLER_MANAGER_FLAGS,
+                    help="extra kube-controller-manager flags ('' = its defaults: 20 QPS, burst 30, which throttle "
+                         "the resourceclaim controller's claim creates)")
+    ap.add_argument("--keep-state", action="store_true", help="keep the control plane's state dir (logs)")
     args = ap.parse_args(argv)
     if not (TOOL / "start.sh").exists():
         print(f"bench_dra.py: {TOOL}/start.sh not found (set KCP_TOOLS)", file=sys.stderr)
@@ -249,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     t = time.monotonic()
     offline = dra_offline.best_fit(st.asks, st.nodes, st.slices)
     offline["compute_s"] = round(time.monotonic() - t, 2)
-    env = {**os.environ, "KCP_WITH": "controller-manager,scheduler,kubelet-sim", "KCP_SCHEDULER_FLAGS": SCHEDULER_FLAGS}
+    env = {**os.environ, "KCP_WITH": "controller-manager,scheduler,kubelet-sim", "KCP_SCHEDULER_FLAGS": SCHEDULER_FLAGS,
+           "KCP_CONTROLLER_MANAGER_FLAGS": args.controller_manager_flags}
     started = subprocess.run(["bash", str(TOOL / "start.sh")], capture_output=True, text=True, env=env, timeout=300)
     if started.returncode != 0:
         print(f"bench_dra.py: start.sh exit {started.returncode}: {started.stderr.strip()[-500:]}", file=sys.stderr)
@@ -278,7 +291,13 @@ def main(argv: list[str] | None = None) -> int:
                 gp.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 gp.kill()
-        subprocess.run(["bash", str(TOOL / "stop.sh"), kubeconfig, "--rm"], capture_output=True, timeout=120)
+        subprocess.run(["bash", str(TOOL / "stop.sh"), kubeconfig] + ([] if args.keep_state else ["--rm"]),
+                       capture_output=True, timeout=120)
+        if args.keep_state:
+            print(f"state kept in {Path(kubeconfig).parent}", file=sys.stderr)
+    import resource
+
+    result["harness_cpu_s"] = round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 1)
     result["vs_offline_at_first_failure"] = round(result["gpus_at_first_failure"] / offline["gpus_at_first_failure"], 3)
     result["vs_offline_at_end"] = round(result["gpus_at_end"] / offline["gpus_at_end"], 3)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -286,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     report = json.loads(path.read_text()) if path.exists() else {}
     report.update({
         "what": "openb-shaped DRA claim stream (benchmarks/dra_stream.py) on kube-control-plane v1.36 with "
-                "controller-manager and kubelet-sim; kube-scheduler flags " + SCHEDULER_FLAGS,
+                "controller-manager and kubelet-sim",
         "stream": {"seed": args.seed, "load": args.load, "claims": args.claims, "nodes": len(st.nodes),
                    "gpus": st.capacity_gpus, "pods": len(st.pods),
                    "gpus_asked": round(sum(a.gpus for a in st.asks), 2),
@@ -296,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     })
     report.setdefault("runs", {})[args.scheduler] = {
         **result, "kube_version": f"{version.major}.{version.minor} ({version.git_version})",
+        "kube_scheduler_flags": SCHEDULER_FLAGS, "kube_controller_manager_flags": args.controller_manager_flags,
         "machine": {**machine_info(), "lscpu": lscpu()}}
     path.write_text(json.dumps(json_safe(report), indent=1, sort_keys=True) + "\n")
     keys = ("gpus_at_first_failure", "gpus_at_end", "claims_per_s", "pods_bound_per_s", "pods_bound",

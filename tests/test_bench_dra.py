@@ -148,3 +148,18 @@ def test_audit_counts_and_finds_over_allocation() -> None:
     unallocated = copy.deepcopy(ok[0])
     unallocated["status"] = {}
     assert do.audit(h200, [unallocated])["claims_allocated"] == 0
+
+
+def test_recorder_keeps_first_binding_unschedulable_and_allocation(monkeypatch) -> None:
+    bd = bench_module("bench_dra.py")
+    rec = bd.Recorder(api=None)
+    clock = iter([1.0, 2.0, 3.0, 4.0, 5.0])
+    monkeypatch.setattr(bd.time, "monotonic", lambda: next(clock))
+    unsched = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/20 nodes"}
+    rec.on_pod({"metadata": {"name": "a"}, "spec": {}, "status": {"conditions": [unsched]}})  # t=1
+    rec.on_pod({"metadata": {"name": "a"}, "spec": {}, "status": {"conditions": [{**unsched, "message": "x"}]}})
+    rec.on_pod({"metadata": {"name": "a"}, "spec": {"nodeName": "n"}, "status": {}})  # t=3
+    rec.on_claim({"metadata": {"name": "c"}, "status": {}})  # t=4: not allocated
+    rec.on_claim({"metadata": {"name": "c"}, "status": {"allocation": {"devices": {"results": []}}}})  # t=5
+    assert rec.unschedulable == {"a": (1.0, "0/20 nodes")} and rec.bound == {"a": 3.0}
+    assert rec.allocated == {"c": 5.0} and rec.last_change == 5.0
