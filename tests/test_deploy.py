@@ -198,6 +198,11 @@ def test_rbac_is_least_privilege():
         ("gpupool.io", "queues", "watch", ()),
         ("gpupool.io", "queues/status", "get", ()), ("gpupool.io", "queues/status", "patch", ()),
         ("gpupool.io", "queues/status", "update", ()),
+        *{("resource.k8s.io", r, v, ()) for r in ("resourceslices", "deviceclasses") for v in ("get", "list", "watch")},
+        *{("resource.k8s.io", "resourceclaims", v, ())
+          for v in ("get", "list", "watch", "patch", "update", "create", "delete")},
+        *{("resource.k8s.io", r, v, ()) for r in ("resourceclaims/status", "resourceclaims/binding")
+          for v in ("patch", "update")},
     }
     assert_grants_what_the_scheduler_reads(cluster)
     local = grants(_one(objs, "Role"))
@@ -221,7 +226,14 @@ def test_rbac_is_least_privilege():
 def assert_grants_what_the_scheduler_reads(cluster: set[tuple[str, str, str, tuple]]) -> None:
     """Every API the scheduler lists and watches, writes or posts is granted: derived from gpupool.k8s's constants
     and the scheduler's reflectors, so a new kind (or API group) without its RBAC rule fails here."""
-    from gpupool.k8s import POD_GROUP_API, QUEUE_API, VOLCANO_POD_GROUP_API
+    from gpupool.k8s import (
+        DRA_CLAIM_API,
+        DRA_CLASS_API,
+        DRA_SLICE_API,
+        POD_GROUP_API,
+        QUEUE_API,
+        VOLCANO_POD_GROUP_API,
+    )
     from gpupool.k8s.scheduler import Scheduler
 
     def granted(group: str, resource: str, *verbs: str) -> None:
@@ -242,13 +254,21 @@ def assert_grants_what_the_scheduler_reads(cluster: set[tuple[str, str, str, tup
         granted("", resource, "get", "list", "watch")
     granted("", "pods/binding", "create")
     granted("", "pods/status", "patch")
+    # DRA: slices and classes read; claims allocated (finalizer, status, 1.36's binding check) and made for
+    # extended resources backed by DRA
+    for group, _, plural in (DRA_SLICE_API, DRA_CLASS_API, DRA_CLAIM_API):
+        granted(group, plural, "get", "list", "watch")
+    granted("resource.k8s.io", "resourceclaims", "patch", "create", "delete")
+    granted("resource.k8s.io", "resourceclaims/status", "patch")
+    granted("resource.k8s.io", "resourceclaims/binding", "patch")
     for group in ("", "events.k8s.io"):
         granted(group, "events", "create", "patch")
     # The kinds the scheduler lists and watches are these: a reflector added for another kind trips this.
     from kubernetes import client
 
     kinds = {r.kind for r in Scheduler(client.ApiClient(client.Configuration())).reflectors}
-    assert kinds == {"nodes", "pods", "podgroups", "volcanopodgroups", "queues"}, \
+    assert kinds == {"nodes", "pods", "podgroups", "volcanopodgroups", "queues", "resourceslices", "deviceclasses",
+                     "resourceclaims"}, \
         f"new reflector kinds {kinds}: add their RBAC rules to deploy/rbac.yaml and their checks here"
 
 
@@ -263,10 +283,15 @@ def test_rbac_fails_when_a_group_is_missing():
     full |= {("gpupool.io", "queues/status", v, ()) for v in ("get", "patch", "update")}
     full |= {(g, "podgroups/status", "patch", ()) for g in ("scheduling.x-k8s.io", "scheduling.volcano.sh")}
     full |= {("", "pods/eviction", "create", ())}
+    full |= {("resource.k8s.io", r, v, ()) for r in ("resourceslices", "deviceclasses", "resourceclaims")
+             for v in ("get", "list", "watch")}
+    full |= {("resource.k8s.io", "resourceclaims", v, ()) for v in ("patch", "create", "delete")}
+    full |= {("resource.k8s.io", r, "patch", ()) for r in ("resourceclaims/status", "resourceclaims/binding")}
     assert_grants_what_the_scheduler_reads(full)
     for missing in [("scheduling.volcano.sh", "podgroups", "watch", ()), ("gpupool.io", "queues/status", "patch", ()),
                     ("events.k8s.io", "events", "create", ()), ("", "pods/eviction", "create", ()),
-                    ("scheduling.volcano.sh", "podgroups/status", "patch", ())]:
+                    ("scheduling.volcano.sh", "podgroups/status", "patch", ()),
+                    ("resource.k8s.io", "resourceclaims/binding", "patch", ())]:
         with pytest.raises(AssertionError):
             assert_grants_what_the_scheduler_reads(full - {missing})
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from gpupool.k8s.cache.dra import CounterKey, DraInventory, Usage, device_value
 from gpupool.k8s.cache.eligibility import matches_node_selector_term
+from gpupool.k8s.cycle.dra_score import FragmentationScores
 from gpupool.k8s.objects.dra import (
     ALLOCATION_MODE_ALL,
     MAX_DEVICES_PER_CLAIM,
@@ -102,7 +103,7 @@ def _round_up(amount: Decimal, policy: Any) -> Decimal | None:
     return amount
 
 
-class DraAllocator:
+class DraAllocator(FragmentationScores):
     """Allocates claims from a :class:`~gpupool.k8s.cache.dra.DraInventory` (read-only: tries work on a
     :class:`~gpupool.k8s.cache.dra.Usage` copy). ``matcher(selectors, device) -> (matches, error)`` evaluates CEL
     selectors (default: :func:`gpupool.k8s.objects.dra_cel.device_matches`)."""
@@ -251,128 +252,6 @@ class DraAllocator:
                 if used.get(c, Decimal(0)) + extra.get(c, Decimal(0)) + v > total.get(c, Decimal(0)):
                     return False
         return True
-
-    def _set_members(self) -> dict[CounterKey, tuple[int, list[Device]]]:
-        """Counter set -> (shape id, the devices drawing on it); sets of one GPU model share a shape id."""
-        if self._members is not None and self._members[0] == self.inv.devices_version:
-            return self._members[1]
-        members: dict[CounterKey, list[Device]] = {}
-        for d in self.inv.devices().values():
-            for cs, _ in d.consumes:
-                members.setdefault((d.driver, d.pool, cs), []).append(d)
-        shapes: dict[tuple, int] = {}
-        out: dict[CounterKey, tuple[int, list[Device]]] = {}
-        for ck, devs in members.items():
-            shape = tuple(sorted((tuple(sorted((cs == ck[2], tuple(sorted(a.items()))) for cs, a in e.consumes)),
-                                  e.allow_multiple) for e in devs))
-            out[ck] = (shapes.setdefault(shape, len(shapes)), devs)
-        self._members = (self.inv.devices_version, out)
-        self._strand_cache.clear()
-        return out
-
-    def _stranded(self, ck: CounterKey, devs: Sequence[Device], u: Usage,
-                  totals: Mapping[CounterKey, Mapping[str, Decimal]], plus: Device | None) -> float:
-        """Free share of a GPU (counter set) that no free device of it could take whole: its free fraction less
-        the largest device still allocatable (``plus`` taken first, if given)."""
-        total = totals.get(ck) or {}
-        used = u.counters.get(ck, {})
-        extra = dict(next((a for cs, a in plus.consumes if cs == ck[2]), {})) if plus is not None else {}
-        names = ["memory"] if "memory" in total else list(total)
-        fractions = [1 - float((used.get(n, Decimal(0)) + extra.get(n, Decimal(0))) / total[n])
-                     for n in names if total.get(n)]
-        free = min(fractions) if fractions else 0.0
-        if free <= 1e-9:
-            return 0.0
-        full = self.inv.full_memory
-        largest = 0.0
-        for e in devs:
-            if e is plus or e.key in u.exclusive or u.shares.get(e.key):
-                continue
-            v = device_value(e, None, full.get(e.key))
-            if v > largest and self._counters_fit(e, u, totals, plus=plus):
-                largest = v
-        return max(0.0, free - largest)
-
-    def _loss(self, d: Device, u: Usage, totals: Mapping[CounterKey, Mapping[str, Decimal]]) -> float:
-        """Fragmentation taking ``d`` adds: on each GPU (counter set) it draws from, the growth of the free share
-        that no single free device could take (a MIG partition on an untouched GPU strands what no larger profile
-        fits in any more; on a GPU partitioned already it may strand nothing new). A whole device, or a share of
-        a shared one, strands nothing. Memoised per GPU model, usage of that GPU and device position, so equal
-        GPUs across nodes cost one evaluation."""
-        if not d.consumes:
-            return 0.0
-        members = self._set_members()
-        loss = 0.0
-        for cs, amounts in d.consumes:
-            ck = (d.driver, d.pool, cs)
-            shape, devs = members.get(ck, (-1, []))
-            state = tuple(sorted(u.counters.get(ck, {}).items()))
-            taken = tuple(sorted(e.name.split("-mig-")[-1] for e in devs
-                                 if e.key in u.exclusive or u.shares.get(e.key)))
-            key = (shape, state, taken, tuple(sorted(amounts.items())), d.allow_multiple)
-            hit = self._strand_cache.get(key)
-            if hit is None:
-                hit = (self._stranded(ck, devs, u, totals, d) - self._stranded(ck, devs, u, totals, None))
-                if len(self._strand_cache) > 200_000:
-                    self._strand_cache.clear()
-                self._strand_cache[key] = hit
-            loss += hit
-        return loss
-
-    def _kinds(self, d: Device) -> frozenset[str]:
-        """The DeviceClasses whose selectors ``d`` matches (an error counts as no match)."""
-        key = ("kinds", id(d))
-        hit = self._kind_cache.get(key)
-        if hit is not None and hit[0] is d:
-            return hit[1]
-        kinds = frozenset(name for name, cls in self.inv.classes.items() if self._matches(cls.selectors, d)[0])
-        self._kind_cache[key] = (d, kinds)
-        return kinds
-
-    def _flexibility(self, d: Device, u: Usage, totals: Mapping[CounterKey, Mapping[str, Decimal]]) -> int:
-        """How many kinds of request the GPU of ``d`` can still serve (the DeviceClasses its allocatable devices
-        match, plus sharing where a shared device is free): an Ampere GPU in MIG mode serves only MIG requests
-        (1), an untouched Hopper GPU whole and MIG requests (2), a GPU partitioned already only MIG (1). Taking a
-        device of the least flexible GPU keeps the others for the requests only they can serve."""
-        if not d.consumes:
-            if d.allow_multiple and u.shares.get(d.key):
-                return 1
-            return len(self._kinds(d)) + (1 if d.allow_multiple else 0)
-        members = self._set_members()
-        out: set[str] = set()
-        for cs, _ in d.consumes:
-            ck = (d.driver, d.pool, cs)
-            shape, devs = members.get(ck, (-1, []))
-            state = tuple(sorted(u.counters.get(ck, {}).items()))
-            key = ("flex", shape, state, len(self.inv.classes))
-            hit = self._strand_cache.get(key)
-            if hit is None:
-                kinds: set[str] = set()
-                for e in devs:
-                    if e.key in u.exclusive or u.shares.get(e.key) or not self._counters_fit(e, u, totals):
-                        continue
-                    kinds |= self._kinds(e)
-                    if e.allow_multiple:
-                        kinds.add("(shared)")
-                hit = frozenset(kinds)
-                self._strand_cache[key] = hit
-            out |= hit
-        return len(out)
-
-    @staticmethod
-    def _leftover(d: Device, u: Usage, cons: Mapping[str, Decimal] | None) -> float:
-        """Fraction of a shared device's capacity left after this share (best fit among shared devices); 0 for
-        a device taken whole."""
-        if not d.allow_multiple or not cons:
-            return 0.0
-        used = u.shared.get(d.key, {})
-        fractions = []
-        for q, amount in cons.items():
-            dom, _, name = q.rpartition("/")
-            cap = d.capacity.get(dom, {}).get(name)
-            if cap:
-                fractions.append(float((cap - used.get(q, Decimal(0)) - amount) / cap))
-        return min(fractions) if fractions else 0.0
 
     def _take(self, d: Device, sub: SubRequest, request_name: str, u: Usage,
               consumption: Mapping[str, Decimal] | None) -> AllocatedDevice:
@@ -540,43 +419,6 @@ class DraAllocator:
             flex += fl
             gpus += self.inv.gpu_equivalents(results)
         return NodeFit(node, allocations, loss, self.free_gpus(devices, usage, totals), gpus, flex)
-
-    def free_gpus(self, devices: Sequence[Device], u: Usage, totals: Mapping[CounterKey, Mapping[str, Decimal]]
-                  ) -> float:
-        """Whole-GPU equivalents still free among ``devices``: per GPU with counters its free memory fraction,
-        a shared device its free capacity fraction, an exclusive device 1 if free."""
-        free = 0.0
-        seen: set[CounterKey] = set()
-        for d in devices:
-            if d.consumes:
-                for cs, _ in d.consumes:
-                    ck = (d.driver, d.pool, cs)
-                    if ck in seen:
-                        continue
-                    seen.add(ck)
-                    total = totals.get(ck) or {}
-                    used = u.counters.get(ck, {})
-                    names = ["memory"] if "memory" in total else list(total)
-                    fr = [1 - float(used.get(n, Decimal(0)) / total[n]) for n in names if total.get(n)]
-                    free += min(fr) if fr else 0.0
-            elif d.key in u.exclusive:
-                continue
-            elif d.allow_multiple and u.shares.get(d.key):
-                free += 1.0 - self._used_fraction(d, u)
-            else:
-                free += 1.0
-        return free
-
-    @staticmethod
-    def _used_fraction(d: Device, u: Usage) -> float:
-        used = u.shared.get(d.key, {})
-        fractions = []
-        for q, amount in used.items():
-            dom, _, name = q.rpartition("/")
-            cap = d.capacity.get(dom, {}).get(name)
-            if cap:
-                fractions.append(float(amount / cap))
-        return max(fractions) if fractions else 0.0
 
     def best(self, claims: Sequence[Claim], nodes: Sequence[tuple[str, Mapping[str, Any] | None]],
              usage: Usage | None = None) -> NodeFit | str:
