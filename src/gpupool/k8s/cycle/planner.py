@@ -20,6 +20,7 @@ from typing import Any
 from gpupool.cluster import ClusterState
 from gpupool.k8s.cache.eligibility import constraints_of
 from gpupool.k8s.cache.model import ClusterModel
+from gpupool.k8s.cache.sharing import share_spelling
 from gpupool.k8s.cycle.plan import Placement, Plan
 from gpupool.k8s.cycle.pool import PoolDriver
 from gpupool.k8s.cycle.units import Unit, identity_problem, place_unit, unsupported_constraint
@@ -32,7 +33,8 @@ log = logging.getLogger("gpupool.k8s.state")  # the cycle logs under the model's
 
 def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str = DEFAULT_POLICY,
          seed: int = 0, prepare_state: Callable[[ClusterState], Any] | None = None,
-         describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod, pool: Any = None) -> Plan:
+         describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod, pool: Any = None,
+         share_enforcement: str = "none") -> Plan:
     """One scheduling cycle on ``snapshot``: a :class:`Placement` for every pending pod of ``scheduler_name``.
 
     The snapshot's objects are fed to a :class:`~gpupool.k8s.cache.model.ClusterModel` as the live scheduler's
@@ -41,10 +43,11 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
     :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod. ``pool``: a
     :class:`~gpupool.engine.pool.PoolConfig` to plan as the live scheduler's pool mode does (queue fair share,
     reservations, reclaim and preemption: the plan then lists the evictions it would make), None for
-    placement within queue limits only.
+    placement within queue limits only. ``share_enforcement``: where a GPU share may go
+    (:mod:`gpupool.k8s.cache.sharing`).
     """
     model = ClusterModel.from_snapshot(snapshot, scheduler_name=scheduler_name, policy=policy, seed=seed,
-                                       describe=describe)
+                                       describe=describe, share_enforcement=share_enforcement)
     if pool is not None:
         PoolDriver(model, pool)
     return run_cycle(model, prepare_state, full_inventory=True)
@@ -96,7 +99,8 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
         try:
             why = unsupported_constraint(rec.obj)
             if not why and rec.key not in model._constraints:
-                model._constraints[rec.key] = constraints_of(rec.obj, rec.info.mig)
+                model._constraints[rec.key] = constraints_of(
+                    rec.obj, rec.info.mig, share_spelling(rec.info.request, rec.info.spelling))
         except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the cycle
             out.append(Placement(rec.base, None, invalid=True,
                                       reason=f"pod {rec.base}: invalid object: {type(exc).__name__}: {exc}"))
