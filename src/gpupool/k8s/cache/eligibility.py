@@ -12,9 +12,11 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.filters import EffectiveRequest
-from gpupool.k8s.cache.sharing import share_filters
+from gpupool.k8s.cache.sharing import share_filters, share_spelling
 from gpupool.k8s.objects.fields import mapping
+from gpupool.k8s.objects.gpu_asks import gpu_ask
 from gpupool.k8s.objects.nodes import hami_registered_gpus, node_labels, node_name
+from gpupool.model import PodRequest
 
 
 # ------------------------------------------------------------------ node eligibility (per pod)
@@ -131,6 +133,13 @@ class ConstrainedRequest(EffectiveRequest):
 
     def key(self) -> tuple:
         return EffectiveRequest.key(self) + self.constraints.key
+
+
+def with_share(pod: Mapping[str, Any], req: PodRequest, eff: EffectiveRequest) -> EffectiveRequest:
+    """``eff`` carrying the spelling of ``pod``'s GPU share if it asks one, for the share filters
+    (:mod:`gpupool.k8s.cache.sharing`) where no :class:`Constraints` are built (the extender)."""
+    share = share_spelling(req, gpu_ask(pod).spelling) if req.num_gpu else ""
+    return ConstrainedRequest(eff.requested, eff.gpu_milli, Constraints(share=share)) if share else eff
 
 
 class Eligibility:

@@ -29,6 +29,7 @@ class Placement:
     invalid: bool = False  # the pod's request could not be read (not a matter of capacity)
     nominated: bool = False  # held on ``node`` while preemption victims terminate: set nominatedNodeName, no bind
     waited_s: float | None = None  # seconds since the preemption that made room for it (None: no preemption)
+    hami_devices: str = ""  # --share-enforcement hami on a HAMi node: the device string HAMi's plugin reads
 
     def to_json(self) -> dict[str, Any]:
         """``gpu_milli`` and ``gpu_memory_mib`` are per listed GPU (MiB; 0 = in proportion to the share);
@@ -44,6 +45,8 @@ class Placement:
             out["invalid"] = True
         if self.nominated:
             out["nominated"] = True
+        if self.hami_devices:
+            out["hami_devices"] = self.hami_devices
         if self.node is not None:
             out["annotations"] = assignment_annotations(self)
         return out

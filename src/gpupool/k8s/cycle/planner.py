@@ -13,6 +13,7 @@ Pods gpupool cannot read get ``node: None`` and the parse error as their reason;
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,6 +25,8 @@ from gpupool.k8s.cache.sharing import share_spelling
 from gpupool.k8s.cycle.plan import Placement, Plan
 from gpupool.k8s.cycle.pool import PoolDriver
 from gpupool.k8s.cycle.units import Unit, identity_problem, place_unit, unsupported_constraint
+from gpupool.k8s.objects.hami import hami_devices_for
+from gpupool.k8s.objects.nodes import hami_registered_gpus
 from gpupool.k8s.objects.pods import PodInfo, describe_pod
 from gpupool.k8s.objects.snapshots import ClusterSnapshot
 from gpupool.policies import DEFAULT_POLICY
@@ -164,6 +167,7 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
             model._after_cycle()
             if full_inventory:
                 plan.inventory = model.inventory()
+            plan.placements = hand_over(model, plan.placements)
             return plan
     book = model.queue_book()
     elig = model.elig
@@ -205,4 +209,29 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
         out.extend(placed)
     model._after_cycle()
     inventory = model.inventory() if full_inventory else None
-    return Plan(out, inventory, model.policy_name, state, book)
+    return Plan(hand_over(model, out), inventory, model.policy_name, state, book)
+
+
+def hand_over(model: ClusterModel, placements: list[Placement]) -> list[Placement]:
+    """``--share-enforcement hami``: each placement on a node where HAMi's device plugin registered, of a pod whose
+    containers ask ``nvidia.com/gpu`` (whole GPUs too: HAMi's plugin serves every such container on its nodes),
+    gets the device string HAMi's plugin reads (:func:`gpupool.k8s.objects.hami.hami_devices_for`). A placement
+    whose devices cannot be named (no UUID in the registration) is taken back, with the reason."""
+    if model.share_enforcement != "hami":
+        return placements
+    out = []
+    for p in placements:
+        node = model.nodes.get(p.node or "")
+        rec = model.pods.get(p.pod)
+        if node is None or node.spec is None or rec is None or not p.gpus or p.nominated:
+            out.append(p)
+            continue
+        registered = hami_registered_gpus(node.obj)
+        try:
+            devices = hami_devices_for(rec.obj, p.gpus, registered) if registered is not None else ""
+            out.append(dataclasses.replace(p, hami_devices=devices) if devices else p)
+        except ValueError as exc:
+            model.forget(p.pod)
+            out.append(dataclasses.replace(p, node=None, gpus=(), reason=(
+                f"pod {p.pod}: not handed to HAMi's device plugin on node {p.node}: {exc}")))
+    return out

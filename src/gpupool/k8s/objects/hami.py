@@ -84,12 +84,11 @@ def hami_container_asks(pod: Mapping[str, Any]) -> list[HamiContainerAsk]:
             if RES_GPU not in res:
                 out.append(HamiContainerAsk(init=init))
                 continue
-            n = whole(res[RES_GPU], f'{where}.resources["{RES_GPU}"]')
-            mem = whole(res[RES_HAMI_GPUMEM], f'{where}.resources["{RES_HAMI_GPUMEM}"]') if RES_HAMI_GPUMEM in res else 0
-            pct = (whole(res[RES_HAMI_GPUMEM_PERCENT], f'{where}.resources["{RES_HAMI_GPUMEM_PERCENT}"]')
-                   if RES_HAMI_GPUMEM_PERCENT in res else 100)
-            cores = (whole(res[RES_HAMI_GPUCORES], f'{where}.resources["{RES_HAMI_GPUCORES}"]')
-                     if RES_HAMI_GPUCORES in res else 0)
+            def num(key: str, default: int) -> int:
+                return whole(res[key], f'{where}.resources["{key}"]') if key in res else default  # noqa: B023
+
+            n, mem, pct, cores = (num(RES_GPU, 0), num(RES_HAMI_GPUMEM, 0), num(RES_HAMI_GPUMEM_PERCENT, 100),
+                                  num(RES_HAMI_GPUCORES, 0))
             out.append(HamiContainerAsk(n, mem, pct, min(cores, 100), init))
     return out
 
@@ -101,16 +100,20 @@ def encode_pod_devices(containers: Sequence[Sequence[tuple[str, int, int]]]) -> 
                    for devs in containers)
 
 
-def hami_devices_for(pod: Mapping[str, Any], gpus: Sequence[int], registered: Sequence[RegisteredGpu],
-                     ids: Sequence[str]) -> str:
-    """The device string for ``pod`` placed on the node's devices ``gpus`` (gpupool's indices into ``ids``, the
-    node's GPU UUIDs in device order; ``registered``: HAMi's registration, for each card's memory).
+def hami_devices_for(pod: Mapping[str, Any], gpus: Sequence[int], registered: Sequence[RegisteredGpu]) -> str:
+    """The device string for ``pod`` placed on the devices ``gpus`` of a node with HAMi's registration
+    ``registered`` (gpupool's device ``i`` is the ``i``-th healthy registered GPU, as
+    :func:`~gpupool.k8s.objects.nodes.node_spec_from_node` counts them; each card's memory from there); "" when no
+    container asks ``nvidia.com/gpu`` (HAMi's plugin is then never called for the pod).
 
     App containers and sidecars take consecutive cards of ``gpus`` in order (they run together, each on its own
     cards, as gpupool booked them); an init container takes the first cards (it runs before them). Raises
     :class:`ValueError` when the placement holds fewer cards than the containers ask or a card has no UUID
     or registration (the pod must then not be bound through HAMi)."""
     asks = hami_container_asks(pod)
+    if not any(a.count for a in asks):
+        return ""
+    ids = [g.uuid for g in registered if g.healthy]
     memory = {g.uuid: g.memory_mib for g in registered}
     beside = sum(a.count for a in asks if not a.init)
     before = max((a.count for a in asks if a.init), default=0)
