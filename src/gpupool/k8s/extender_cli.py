@@ -10,9 +10,9 @@ from typing import Annotated
 
 import typer
 
+from gpupool.k8s import SHARE_ENFORCEMENT_MODES
 from gpupool.k8s.api.client import ConfigError, load_api_client
 from gpupool.k8s.scheduler_cli import warm_kernels
-from gpupool.k8s import SHARE_ENFORCEMENT_MODES
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
 
 
