@@ -31,6 +31,7 @@ from gpupool.k8s.objects.nodes import hami_registered_gpus
 from gpupool.k8s.objects.pods import hami_devices
 from gpupool.k8s.objects.snapshots import ClusterSnapshot
 from gpupool.k8s.scheduler_cli import ConfigError, load_config
+from test_k8s_scheduler import NODES
 
 H100_MIB = 81559
 
@@ -259,3 +260,69 @@ def test_dry_run_default_refuses_the_readmes_quarter_gpu(tmp_path):
     quarter = by_pod["ml/notebook-quarter-gpu"]
     assert quarter["node"] is None and "--share-enforcement hami" in quarter["reason"]
     assert by_pod["ml/ddp-0"]["node"] is not None  # whole GPUs are placed
+
+
+# ------------------------------------------------------------------ the live scheduler, against the mock API
+def bound(h, name: str) -> str | None:
+    return ((h.pod(name, "ml") or {}).get("spec") or {}).get("nodeName")
+
+
+@pytest.fixture()
+def h():
+    from test_k8s_scheduler import Harness
+
+    harness = Harness()
+    yield harness
+    harness.close()
+
+
+def test_live_hami_binding_writes_hamis_keys_and_takes_then_waits_on_its_node_lock(h):
+    """With ``hami``: the Binding carries HAMi's keys, HAMi's node lock names the pod being handed over; a second
+    HAMi pod for the same node waits until HAMi's plugin releases the lock (done here by hand, as the plugin's
+    ``PodAllocationSuccess`` does: bind-phase success, lock removed), then binds."""
+    from test_k8s_scheduler import wait_for
+
+    h.create_node(node("h", hami=["GPU-h0", "GPU-h1"]))
+    h.create_node(node("plain", gpus=4))
+    h.create_pod(pod("first", HAMI_SHARE))
+    h.scheduler(share_enforcement="hami")
+    wait_for(lambda: bound(h, "first") == "h", what="first bound to the HAMi node")
+    ann = h.pod("first", "ml")["metadata"]["annotations"]
+    gpu = int(ann["gpupool.io/gpu-index"])
+    assert ann["hami.io/vgpu-node"] == "h" and ann["hami.io/bind-phase"] == "allocating"
+    assert ann["hami.io/vgpu-devices-to-allocate"] == f"GPU-h{gpu},NVIDIA,10000,30:;"
+    assert ann["hami.io/vgpu-devices-allocated"] == ann["hami.io/vgpu-devices-to-allocate"]
+    assert ann["hami.io/bind-time"].isdigit() and ann["hami.io/vgpu-time"].isdigit()
+
+    def lock() -> str | None:
+        found = next(n for n in h.objects(NODES) if n["metadata"]["name"] == "h")
+        return (found["metadata"].get("annotations") or {}).get("hami.io/mutex.lock")
+
+    assert parse_node_lock(lock() or "")[1:] == ("ml", "first")
+    h.create_pod(pod("second", HAMI_SHARE))
+    wait_for(lambda: any(s.assumed.get("ml/second") for s in h.schedulers), what="second placed")
+    assert bound(h, "second") is None and parse_node_lock(lock() or "")[1:] == ("ml", "first")
+    # HAMi's device plugin served "first": it marks the pod and releases the lock
+    h.v1.patch_namespaced_pod("first", "ml", {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}},
+                              _preload_content=False)
+    h.v1.patch_node("h", {"metadata": {"annotations": {"hami.io/mutex.lock": None}}},
+                    _content_type="application/merge-patch+json", _preload_content=False)
+    wait_for(lambda: bound(h, "second") == "h", what="second bound once the lock is free")
+    assert parse_node_lock(lock() or "")[1:] == ("ml", "second")
+    assert h.pod("second", "ml")["metadata"]["annotations"]["hami.io/vgpu-devices-to-allocate"].startswith("GPU-h")
+
+
+def test_live_none_reports_the_reason_on_the_pod(h):
+    from test_k8s_scheduler import wait_for
+
+    h.create_node(node("plain", gpus=4))
+    h.create_pod(pod("frac", annotations=KAI))
+    h.create_pod(pod("whole", WHOLE))
+    h.scheduler(share_enforcement="none")
+    wait_for(lambda: bound(h, "whole") == "plain", what="whole GPU bound")
+    failed = wait_for(lambda: [e for e in h.events_for("frac") if e["reason"] == "FailedScheduling"], what="event")
+    assert "1 node(s) had no mechanism enforcing a GPU share" in failed[0]["message"]
+    cond = wait_for(lambda: [c for c in (h.pod("frac", "ml").get("status") or {}).get("conditions") or []
+                             if c["type"] == "PodScheduled"], what="condition")
+    assert cond[0]["reason"] == "Unschedulable" and "--share-enforcement hami" in cond[0]["message"]
+    assert bound(h, "frac") is None
