@@ -326,3 +326,35 @@ def test_live_none_reports_the_reason_on_the_pod(h):
                              if c["type"] == "PodScheduled"], what="condition")
     assert cond[0]["reason"] == "Unschedulable" and "--share-enforcement hami" in cond[0]["message"]
     assert bound(h, "frac") is None
+
+
+def test_extender_filters_shares_by_mode_and_binds_through_hami(h):
+    """The extender: ``none`` fails every node for a share with the reason, ``hami`` keeps the HAMi node only;
+    its bind writes HAMi's keys on the pod and takes HAMi's node lock before the Binding."""
+    from gpupool.k8s.extender import Extender, NodeCache
+
+    nodes = [node("h", hami=["GPU-h0", "GPU-h1"]), node("plain", gpus=4)]
+    share = pod("share", HAMI_SHARE)
+    args = {"Pod": share, "NodeNames": ["h", "plain"]}
+    none = NodeCache(None, share_enforcement="none")
+    none.load(nodes, [])
+    out = Extender(none).filter(args)
+    assert out["NodeNames"] == [] and set(out["FailedNodes"]) == {"h", "plain"}
+    assert "install HAMi's device plugin" in out["FailedNodes"]["plain"]
+    whole = Extender(none).filter({"Pod": pod("whole", WHOLE), "NodeNames": ["h", "plain"]})
+    assert whole["NodeNames"] == ["h", "plain"]
+
+    for n in nodes:
+        h.create_node(n)
+    h.create_pod(share)
+    cache = NodeCache(h.v1, share_enforcement="hami")
+    cache.refresh()
+    ext = Extender(cache, h.v1)
+    out = ext.filter(args)
+    assert out["NodeNames"] == ["h"] and "HAMi's device plugin has not registered there" in out["FailedNodes"]["plain"]
+    assert ext.bind({"PodName": "share", "PodNamespace": "ml", "PodUID": "uid-share", "Node": "h"}) == {"Error": ""}
+    ann = h.pod("share", "ml")["metadata"]["annotations"]
+    assert ann["hami.io/vgpu-node"] == "h" and ann["hami.io/vgpu-devices-to-allocate"].endswith(",NVIDIA,10000,30:;")
+    assert bound(h, "share") == "h"
+    locked = next(n for n in h.objects(NODES) if n["metadata"]["name"] == "h")["metadata"]["annotations"]
+    assert parse_node_lock(locked["hami.io/mutex.lock"])[1:] == ("ml", "share")
