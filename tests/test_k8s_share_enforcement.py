@@ -358,3 +358,36 @@ def test_extender_filters_shares_by_mode_and_binds_through_hami(h):
     assert bound(h, "share") == "h"
     locked = next(n for n in h.objects(NODES) if n["metadata"]["name"] == "h")["metadata"]["annotations"]
     assert parse_node_lock(locked["hami.io/mutex.lock"])[1:] == ("ml", "share")
+
+
+def test_node_lock_is_taken_over_as_hamis_lock_node_does(h):
+    """nodelock.LockNode: a fresh lock held by an existing pod blocks; one whose pod is gone, or older than 5
+    minutes, is taken over; the pod's own lock is kept; release removes only the pod's own lock."""
+    import time
+
+    from gpupool.k8s.api.hami_lock import release_node_lock, take_node_lock
+
+    h.create_node(node("h", hami=["GPU-h0"]))
+    h.create_pod(pod("holder", WHOLE))
+
+    def set_lock(value: str | None) -> None:
+        h.v1.patch_node("h", {"metadata": {"annotations": {"hami.io/mutex.lock": value}}},
+                        _content_type="application/merge-patch+json", _preload_content=False)
+
+    def lock() -> str | None:
+        found = next(n for n in h.objects(NODES) if n["metadata"]["name"] == "h")
+        return (found["metadata"].get("annotations") or {}).get("hami.io/mutex.lock")
+
+    now = time.time()
+    set_lock(node_lock_value("ml", "holder", now))
+    why = take_node_lock(h.api, "h", "ml", "new", now)
+    assert why == "HAMi's node lock on h is held by pod ml/holder (its devices are being handed over)"
+    assert take_node_lock(h.api, "h", "ml", "holder", now) == "" and parse_node_lock(lock())[2] == "holder"
+    assert not release_node_lock(h.api, "h", "ml", "new") and lock() is not None  # not its lock
+    set_lock(node_lock_value("ml", "ghost", now))  # its pod is gone
+    assert take_node_lock(h.api, "h", "ml", "new", now) == "" and parse_node_lock(lock())[2] == "new"
+    set_lock(node_lock_value("ml", "holder", now - 301))  # expired
+    assert take_node_lock(h.api, "h", "ml", "new", now) == "" and parse_node_lock(lock())[2] == "new"
+    assert release_node_lock(h.api, "h", "ml", "new") and lock() is None
+    set_lock("not a lock")
+    assert "is not an RFC 3339 time" in take_node_lock(h.api, "h", "ml", "new", now)

@@ -465,8 +465,9 @@ class Scheduler:
     def _hami_lock(self, pod: Mapping[str, Any], a: _Assumed, ns: str, name: str, key: str, node: str) -> str:
         """Take HAMi's node lock for ``pod`` before its binding (:mod:`gpupool.k8s.api.hami_lock`); returns "" once
         held. While another pod's devices are being handed over on the node, the assumption (its GPUs) is kept and
-        the lock tried again after a backoff, on a binder; after HAMi's lock expiry (5 min) of waiting it is
-        forgotten (planned again) and the pod told why. Returns ``waiting`` or ``error`` then."""
+        the lock tried again after a backoff, on a binder (a lock older than HAMi's expiry, 5 min, is taken over).
+        After twice that of waiting it is forgotten (planned again) and the pod told why. Returns ``waiting`` or
+        ``error`` then."""
         try:
             why = take_node_lock(self.api_client, node, ns, name, time.time(),
                                  timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
@@ -479,9 +480,9 @@ class Scheduler:
         if a.lock_since is None:
             a.lock_since = now
             _log(logging.INFO, "hami_lock_wait", pod=key, node=node, reason=why)
-        if now - a.lock_since > HAMI_LOCK_EXPIRE_S:
+        if now - a.lock_since > 2 * HAMI_LOCK_EXPIRE_S:
             self._forget(key, a)
-            self._report_unschedulable(pod, f"not bound to {node}: {why} (waited {HAMI_LOCK_EXPIRE_S:.0f} s)")
+            self._report_unschedulable(pod, f"not bound to {node}: {why} (waited {2 * HAMI_LOCK_EXPIRE_S:.0f} s)")
             return "error"
         a.rechecks += 1
         delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** min(a.rechecks, 20))
