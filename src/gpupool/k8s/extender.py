@@ -10,7 +10,8 @@ Go field names, no JSON tags, decoded case-insensitively):
   (``MaxExtenderPriority``; kube-scheduler multiplies by the extender's weight and by 10).
 * ``bind``: ``ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`` ->
   ``ExtenderBindingResult {Error}``. gpupool picks the devices, writes them on the pod
-  (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``) and POSTs the ``pods/binding``.
+  (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``) and POSTs the ``pods/binding``; with
+  ``share_enforcement="hami"`` on a HAMi node, also HAMi's keys, after taking HAMi's node lock (``api.hami_lock``).
 
 Failures are answered with HTTP 200 and the ``Error`` field, as kube-scheduler expects; a node that can
 never fit the pod (GPU model, a request gpupool cannot read) goes to ``FailedAndUnresolvableNodes`` so

@@ -11,7 +11,10 @@ Pieces, each on its own thread:
 * Binder workers carry out the plan: write the device assignment as annotations on the pod
   (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``), then POST the ``pods/binding``
   subresource (with the same annotations and the pod's UID as precondition), then post a ``Scheduled``
-  Event. A pod that cannot be placed gets a ``FailedScheduling`` Event and ``PodScheduled=False``
+  Event. With ``share_enforcement="hami"``, on a node where HAMi's device plugin registered, the Binding also
+  carries what that plugin reads (:mod:`gpupool.k8s.objects.hami`) and HAMi's node lock is taken first
+  (:mod:`gpupool.k8s.api.hami_lock`); where a GPU share may go at all: :mod:`gpupool.k8s.cache.sharing`.
+  A pod that cannot be placed gets a ``FailedScheduling`` Event and ``PodScheduled=False``
   (reason ``Unschedulable``), each posted once per distinct message.
 
 Pool mode (the pool scheduler decides evictions): each :class:`~gpupool.k8s.cycle.plan.Preemption` of a plan is
