@@ -143,12 +143,15 @@ class Factory:
         return out
 
 
+SHARES = "trust"  # the stream places fractional and memory-sized pods: measured as placed (--share-enforcement trust)
+
+
 def build_cluster(n_nodes: int, n_pods: int, seed: int) -> tuple[Factory, list[dict], list[dict]]:
     """Nodes and bound pods: the pods are placed by gpupool's own engine (a dry-run cycle) so that every
     device annotation is one the cluster can hold."""
     f = Factory(seed)
     nodes = [f.node(i) for i in range(n_nodes)]
-    model = ClusterModel(policy="best-fit", seed=seed)
+    model = ClusterModel(policy="best-fit", seed=seed, share_enforcement=SHARES)
     model.replace("nodes", nodes)
     model.replace("pods", [])
     pods: list[dict] = []
@@ -180,7 +183,7 @@ def part_cycle(n_nodes: int, n_pods: int, pending: int, rounds: int, seed: int, 
     f, nodes, pods = build_cluster(n_nodes, n_pods, seed)
     setup_s = time.perf_counter() - t
     cache = ClusterCache()
-    model = ClusterModel(seed=seed)
+    model = ClusterModel(seed=seed, share_enforcement=SHARES)
     if pool:  # the pool scheduler runs the cycle, as `gpupool scheduler` does by default
         from gpupool.k8s.cycle.pool import PoolDriver
 
@@ -238,7 +241,7 @@ def part_cycle(n_nodes: int, n_pods: int, pending: int, rounds: int, seed: int, 
     scratch = []
     for _ in range(3):
         t = time.perf_counter()
-        plan(snap)
+        plan(snap, share_enforcement=SHARES)
         scratch.append(time.perf_counter() - t)
     ms = [x * 1000 for x in times]
     return {"mode": "pool" if pool else "part1", "nodes": n_nodes, "bound_pods": n_pods,
@@ -320,7 +323,7 @@ def part_real(n_nodes: int, n_pods: int, timeout_s: float) -> dict:
         # 1. backlog: n/2 pods wait before the scheduler starts; time from its start to the last binding
         half = n_pods // 2
         out["backlog_created_s"] = round(create_all("backlog", half), 2)
-        sched = Scheduler(api, SchedulerConfig(identity="bench"))
+        sched = Scheduler(api, SchedulerConfig(identity="bench", share_enforcement=SHARES))
         t0 = time.monotonic()
         sched.start()
         t_end = wait_bound(half)

@@ -74,8 +74,10 @@ def write(tmp_path: Path, items: list[dict[str, Any]], name: str = "snapshot.yam
 
 
 def dry_run(path: Path, *extra: str) -> dict[str, dict[str, Any]]:
-    """{pod: placement} of ``gpupool scheduler --dry-run --snapshot path --json -`` (pool mode, as live)."""
-    result = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(path), "--json", "-", *extra])
+    """{pod: placement} of ``gpupool scheduler --dry-run --snapshot path --json -`` (pool mode, as live; the
+    cases place GPU shares: ``--share-enforcement trust`` vouches that something on the nodes enforces them)."""
+    result = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(path), "--json", "-",
+                                 "--share-enforcement", "trust", *extra])
     assert result.exit_code == 0, result.output
     return {p["pod"]: p for p in json.loads(result.stdout)["placements"]}
 

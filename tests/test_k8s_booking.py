@@ -53,7 +53,8 @@ def run_case(path: str, dcgm: str | None = None):
         def prepare(state: ClusterState) -> None:
             tel.apply_health(state, now=NOW)
 
-    return placements(plan(load_snapshot(case(path)), prepare_state=prepare))
+    # the cases are about booking shares: "trust" vouches that something on the nodes enforces them
+    return placements(plan(load_snapshot(case(path)), prepare_state=prepare, share_enforcement="trust"))
 
 
 # ------------------------------------------------------------------ synthetic objects
@@ -86,7 +87,7 @@ def pod(name: str, limits: dict[str, str] | None = None, annotations: dict[str, 
 
 
 def plan_of(*objects: dict[str, Any], policy: str = "gpupool") -> dict[str, Any]:
-    return placements(plan(snapshot_from_objects(list(objects)), policy=policy))
+    return placements(plan(snapshot_from_objects(list(objects)), policy=policy, share_enforcement="trust"))
 
 
 # ================================================================== the replayed cases
@@ -141,7 +142,7 @@ def test_hami302_two_card_share_pod_gets_its_share_on_each_card():
 
 
 def test_hami302_memory_shares_never_overbook_a_card():
-    result = plan(load_snapshot(case("hami-302/snapshot.yaml")))
+    result = plan(load_snapshot(case("hami-302/snapshot.yaml")), share_enforcement="trust")
     result.state.check_invariants()
     assert (result.state.gpu_mem_free >= 0).all()
 
@@ -186,7 +187,7 @@ def test_gpuop386_a_slice_is_a_quarter_gpu_not_a_whole_one():
 
 
 def test_gpuop386_never_more_slices_than_replicas_per_gpu():
-    result = plan(load_snapshot(case("gpu-operator-386/snapshot.yaml")))
+    result = plan(load_snapshot(case("gpu-operator-386/snapshot.yaml")), share_enforcement="trust")
     result.state.check_invariants()
     # GPU 0: the bound slice + 1 of two-gpus + 2 single slices; GPU 1: 1 of two-gpus + 1 single slice
     assert list(result.state.gpu_free[0][:2]) == [0, 500]

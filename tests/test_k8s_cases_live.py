@@ -37,9 +37,11 @@ def _clean(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_live(h: Harness, snapshot_file: Path, dcgm: Path | None = None) -> tuple[dict, dict]:
+def run_live(h: Harness, snapshot_file: Path, dcgm: Path | None = None,
+             share_enforcement: str = "trust") -> tuple[dict, dict]:
     """Create the snapshot's objects, run the live scheduler until every pending pod is bound or reported,
-    and return ({pod: (node, gpus, milli, memory)} bound by gpupool, {pod: dry-run placement})."""
+    and return ({pod: (node, gpus, milli, memory)} bound by gpupool, {pod: dry-run placement}). The cases book
+    GPU shares: by default both run with ``share_enforcement="trust"`` (something on the nodes enforces them)."""
     if not snapshot_file.exists():
         pytest.skip(f"{CASES} not found")
     snap = load_snapshot(snapshot_file)
@@ -47,7 +49,8 @@ def run_live(h: Harness, snapshot_file: Path, dcgm: Path | None = None) -> tuple
     if dcgm is not None:
         telemetry = GpuTelemetry(max_age=float("inf"))
         telemetry.ingest_text(dcgm.read_text())
-    dry = {p.pod: p for p in plan(snap, prepare_state=telemetry.apply_health if telemetry else None).placements}
+    dry = {p.pod: p for p in plan(snap, prepare_state=telemetry.apply_health if telemetry else None,
+                                  share_enforcement=share_enforcement).placements}
     custom = client.CustomObjectsApi(h.api)
     for node in snap.nodes:
         h.create_node(_clean(node))
@@ -68,7 +71,7 @@ def run_live(h: Harness, snapshot_file: Path, dcgm: Path | None = None) -> tuple
             bound_before.add(f"{pod['metadata'].get('namespace') or 'default'}/{pod['metadata']['name']}")
         h.create_pod(_clean(pod))
     cfg = SchedulerConfig(identity="live-cases", batch_s=0.01, backoff_initial_s=0.05, backoff_max_s=0.3,
-                          optional_retry_s=0.5, resync_s=0.5, watch_timeout_s=30)
+                          optional_retry_s=0.5, resync_s=0.5, watch_timeout_s=30, share_enforcement=share_enforcement)
     s = Scheduler(h.api, cfg, prepare_state=telemetry.apply_health if telemetry else None)
     h.schedulers.append(s)
     s.start()

@@ -103,11 +103,13 @@ def core_api(api) -> client.CoreV1Api:
 
 
 class Harness:
-    def __init__(self, api, policy: str = "gpupool", prefix: str = "", telemetry=None, load_weight=0.0):
+    def __init__(self, api, policy: str = "gpupool", prefix: str = "", telemetry=None, load_weight=0.0,
+                 share_enforcement: str = "trust"):  # the tests place fractional pods: something enforces them
         self.api = api
         self.metrics = SchedulerMetrics()
         self.core = core_api(api)
-        self.cache = NodeCache(self.core, policy=policy, metrics=self.metrics, telemetry=telemetry)
+        self.cache = NodeCache(self.core, policy=policy, metrics=self.metrics, telemetry=telemetry,
+                               share_enforcement=share_enforcement)
         self.extender = Extender(self.cache, self.core, metrics=self.metrics, telemetry=telemetry,
                                  load_weight=load_weight)
         self.server = TestServer(make_app(self.extender, url_prefix=prefix, metrics=self.metrics), host="127.0.0.1")
@@ -326,7 +328,8 @@ async def test_cli_serves_against_the_api(kmock, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpupool.cli", "extender", "--host", "127.0.0.1", "--port", str(port),
-         "--kubeconfig", str(kubeconfig), "--url-prefix", "/gpupool", "--resync", "0.5", "--log-format", "kv"],
+         "--kubeconfig", str(kubeconfig), "--url-prefix", "/gpupool", "--resync", "0.5", "--log-format", "kv",
+         "--share-enforcement", "trust"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     try:

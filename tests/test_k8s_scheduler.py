@@ -682,6 +682,9 @@ class Harness:
 
     def scheduler(self, leader: Callable[[], bool] | None = None, identity: str = "gpupool-0",
                   **config: Any) -> Scheduler:
+        # The tests here use fractional pods as their vehicle: "trust" vouches that something on the nodes enforces
+        # shares (tests/test_k8s_share_enforcement.py sets the other modes itself).
+        config.setdefault("share_enforcement", "trust")
         cfg = SchedulerConfig(identity=identity, batch_s=0.01, backoff_initial_s=0.05, backoff_max_s=0.3,
                               optional_retry_s=0.5, resync_s=0.5, watch_timeout_s=30, **config)
         s = Scheduler(self.api, cfg, leader=leader)
@@ -1121,7 +1124,7 @@ def test_cli_dry_run_on_the_live_cluster_binds_nothing(h, tmp_path):
     h.create_pod(gpu_pod("frac", annotations={"gpu-fraction": "0.25"}))
     h.create_pod(gpu_pod("big", gpus=2))
     result = CliRunner().invoke(app, ["scheduler", "--dry-run", "--kubeconfig", str(write_kubeconfig(h, tmp_path)),
-                                      "--json", "-"])
+                                      "--json", "-", "--share-enforcement", "trust"])
     assert result.exit_code == 0, result.output
     # stdout only: the JSON; log records of an earlier test's root level go to stderr, which `output` mixes in
     placements = {p["pod"]: p for p in json.loads(result.stdout)["placements"]}
@@ -1143,7 +1146,8 @@ def test_cli_scheduler_with_lease_metrics_and_kubeconfig(h, tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     settings = Settings(leader_elect=True, lease_namespace="gpupool-system", lease_duration=2.0, renew_deadline=1.5,
-                        retry_period=0.2, metrics_address=f"127.0.0.1:{port}", log_format="kv", log_level="warning")
+                        retry_period=0.2, metrics_address=f"127.0.0.1:{port}", log_format="kv", log_level="warning",
+                        share_enforcement="trust")
     stop = threading.Event()
     runner = threading.Thread(target=run_scheduler, args=(settings, 0, "replica-1", kubeconfig, None, stop),
                               daemon=True)

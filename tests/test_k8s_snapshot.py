@@ -21,8 +21,8 @@ SMALL = DATA / "small.json"
 
 
 @pytest.fixture(scope="module")
-def cluster_plan():
-    return {p.pod: p for p in plan(load_snapshot(CLUSTER)).placements}
+def cluster_plan():  # its fractional pods are placed: "trust" vouches that something on the nodes enforces shares
+    return {p.pod: p for p in plan(load_snapshot(CLUSTER), share_enforcement="trust").placements}
 
 
 def test_snapshot_sorts_objects():
@@ -85,7 +85,7 @@ def test_no_gpu_is_handed_out_twice(cluster_plan):
 
 
 def test_json_snapshot_time_slicing_not_ready_and_memory_requests():
-    result = {p.pod: p for p in plan(load_snapshot(SMALL)).placements}
+    result = {p.pod: p for p in plan(load_snapshot(SMALL), share_enforcement="trust").placements}
     assert result["team-x/resnet-0"].to_json() == {
         "pod": "team-x/resnet-0", "node": "node-a", "gpus": [0], "gpu_milli": 600, "gpu_memory_mib": 9216,
         "reason": "policy gpupool chose node-a among 1 feasible node(s); GPU 0 at 600 milli, 9216 MiB each",
@@ -154,7 +154,8 @@ runner = CliRunner()
 
 def test_cli_dry_run_prints_and_writes_json(tmp_path):
     out = tmp_path / "plan.json"
-    result = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(CLUSTER), "--json", str(out)])
+    result = runner.invoke(app, ["scheduler", "--dry-run", "--snapshot", str(CLUSTER), "--json", str(out),
+                                 "--share-enforcement", "trust"])
     assert result.exit_code == 0, result.output
     assert "ml/notebook-quarter-gpu" in result.output and "dry run, nothing bound" in result.output
     data = json.loads(out.read_text())

@@ -293,7 +293,7 @@ def test_time_sliced_pods_are_charged_their_slice():
 
 
 def test_exact_charge_releases_a_pod_that_breaks_the_limit():
-    m = ClusterModel()
+    m = ClusterModel(share_enforcement="trust")  # memory-sized pods are placed: something enforces the cap
     m.replace("nodes", [node("a")])
     m.replace("queues", [_queue("team", 1)])
     m.replace("pods", [pod("m0", gpumem=50000, queue="team", creationTimestamp="2025-01-01T00:00:01Z"),
@@ -351,7 +351,7 @@ def _other_scheduler(p: dict) -> dict:
 def test_named_devices_are_counted_before_guessed_ones_whatever_the_event_order():
     """A pod another scheduler bound without naming devices (guessed onto GPU 0), then gpupool's own pod whose
     annotation names GPU 0: the named pod gets GPU 0 and the guessed one moves, as a rebuild counts them."""
-    m = ClusterModel()
+    m = ClusterModel(share_enforcement="trust")  # the new fractional pod is placed: something enforces shares
     m.replace("nodes", [node("a", gpus=2)])
     m.replace("pods", [])
     m.refresh()

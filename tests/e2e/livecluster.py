@@ -478,7 +478,8 @@ class SchedulerProcess:
         self.log_path = log_dir / f"scheduler-{identity}.log"
         self.argv = gpupool_exe() + ["scheduler", "--kubeconfig", str(kubeconfig), "--identity", identity,
                                      "--metrics-bind-address", "0", "--log-format", "json", "--log-level", "info",
-                                     *(extra or [])]
+                                     # the suite places GPU shares; no share mechanism runs on the simulated nodes
+                                     "--share-enforcement", "trust", *(extra or [])]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> SchedulerProcess:
@@ -644,7 +645,8 @@ class E2E:
         from gpupool.k8s.scheduler import Scheduler, SchedulerConfig
 
         known = {f.name for f in dataclasses.fields(SchedulerConfig)}
-        wanted = {"scheduler_name": SCHEDULER_NAME, "identity": identity, "backoff_max_s": 2.0, **overrides}
+        wanted = {"scheduler_name": SCHEDULER_NAME, "identity": identity, "backoff_max_s": 2.0,
+                  "share_enforcement": "trust", **overrides}  # the suite places GPU shares
         sched = Scheduler(self.sa_client, SchedulerConfig(**{k: v for k, v in wanted.items() if k in known}))
         self.inproc.append(sched)
         sched.start()

@@ -144,9 +144,11 @@ def test_case_on_a_real_apiserver(e2e: E2E, case: str, file: str, dcgm: str | No
         nodes=[n for n in lc.list_nodes(e2e.admin) if n["metadata"]["name"] in node_names.values()],
         pods=lc.list_pods(e2e.admin, e2e.ns), pod_groups=snap.pod_groups,
         queues=snap.queues)
-    dry = {p.pod: p for p in plan(listed, prepare_state=telemetry.apply_health if telemetry else None).placements}
+    dry = {p.pod: p for p in plan(listed, prepare_state=telemetry.apply_health if telemetry else None,
+                                  share_enforcement="trust").placements}  # the cases book GPU shares
     bound_before = {p["metadata"]["name"] for p in lc.bound(lc.list_pods(e2e.admin, e2e.ns))}
-    sched = Scheduler(e2e.sa_client, SchedulerConfig(identity=f"e2e-{tag}", backoff_max_s=2.0),
+    sched = Scheduler(e2e.sa_client,
+                      SchedulerConfig(identity=f"e2e-{tag}", backoff_max_s=2.0, share_enforcement="trust"),
                       prepare_state=telemetry.apply_health if telemetry else None)
     e2e.inproc.append(sched)
     sched.start()

@@ -70,6 +70,12 @@ ANN_HAMI_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
 ANN_HAMI_NODE = "hami.io/vgpu-node"
 ANN_HAMI_DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
 ANN_HAMI_DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+# ... and what its Bind adds (pkg/util/types.go), and the node lock its device plugin reads and releases
+# (pkg/util/nodelock/nodelock.go); gpupool writes them all with --share-enforcement hami (objects/hami.py)
+ANN_HAMI_TIME = "hami.io/vgpu-time"
+ANN_HAMI_BIND_PHASE = "hami.io/bind-phase"
+ANN_HAMI_BIND_TIME = "hami.io/bind-time"
+ANN_HAMI_NODE_LOCK = "hami.io/mutex.lock"
 
 # Gangs
 LABEL_POD_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins coscheduling
@@ -114,5 +120,13 @@ DRA_CLASS_API = ("resource.k8s.io", "v1", "deviceclasses")
 DRA_CLAIM_API = ("resource.k8s.io", "v1", "resourceclaims")
 
 DEFAULT_SCHEDULER_NAME = "gpupool"
+
+# ------------------------------------------------------------------ what enforces a GPU share on a node
+SHARE_ENFORCEMENT_MODES = ("none", "hami", "trust")
+"""``--share-enforcement`` / ``shareEnforcement``: ``none`` (default) places no GPU share (less than a whole GPU,
+or a GPU memory cap) on a device-plugin node, since nothing there would hand over the GPU gpupool chose or cap
+the pod; ``hami`` places shares on nodes where HAMi's device plugin registered (``hami.io/node-nvidia-register``)
+and writes the annotations it reads; ``trust`` places shares anywhere and writes only ``gpupool.io/*`` (the
+operator vouches that something else enforces them)."""
 
 __all__ = [name for name in dir() if name.isupper()]

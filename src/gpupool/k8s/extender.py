@@ -10,7 +10,8 @@ Go field names, no JSON tags, decoded case-insensitively):
   (``MaxExtenderPriority``; kube-scheduler multiplies by the extender's weight and by 10).
 * ``bind``: ``ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`` ->
   ``ExtenderBindingResult {Error}``. gpupool picks the devices, writes them on the pod
-  (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``) and POSTs the ``pods/binding``.
+  (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``) and POSTs the ``pods/binding``; with
+  ``share_enforcement="hami"`` on a HAMi node, also HAMi's keys, after taking HAMi's node lock (``api.hami_lock``).
 
 Failures are answered with HTTP 200 and the ``Error`` field, as kube-scheduler expects; a node that can
 never fit the pod (GPU model, a request gpupool cannot read) goes to ``FailedAndUnresolvableNodes`` so
@@ -28,6 +29,7 @@ are kept (it may be bound) until the list shows the pod or ``assume_ttl`` passes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -45,10 +47,15 @@ from gpupool.cluster import ClusterState
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.filters import EffectiveRequest, GpuModelMatch, feasible
 from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_NODE
+from gpupool.k8s.api.hami_lock import release_node_lock, take_node_lock
 from gpupool.k8s.cache.devices import InventoryInfo
+from gpupool.k8s.cache.eligibility import with_share
 from gpupool.k8s.cache.model import build_state
+from gpupool.k8s.cache.sharing import check_mode, share_filters
 from gpupool.k8s.metrics import SchedulerMetrics
 from gpupool.k8s.objects.fields import RequestParseError, pod_key
+from gpupool.k8s.objects.hami import hami_devices_for, hami_pod_annotations
+from gpupool.k8s.objects.nodes import RegisteredGpu, hami_registered_gpus, node_name
 from gpupool.k8s.objects.pods import parse_pod
 from gpupool.k8s.telemetry import GpuTelemetry
 from gpupool.model import AllocationError, Assignment, PodRequest
@@ -104,12 +111,17 @@ class NodeCache:
     ``core``: the ``CoreV1Api`` to list with (None: only :meth:`load` feeds it). ``policy``: a name of
     :mod:`gpupool.policies`. ``assume_ttl``: seconds a pod bound here is counted while the list does not
     show it bound. ``telemetry``: if given, GPUs with XID errors are marked unhealthy at every refresh.
+    ``share_enforcement``: where a GPU share may go (:mod:`gpupool.k8s.cache.sharing`: none, hami or trust).
     """
 
     def __init__(self, core: client.CoreV1Api | None = None, policy: str = DEFAULT_POLICY, resync: float = 10.0,
                  assume_ttl: float = 120.0, telemetry: GpuTelemetry | None = None,
-                 metrics: SchedulerMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: SchedulerMetrics | None = None, clock: Callable[[], float] = time.monotonic,
+                 share_enforcement: str = "none") -> None:
         make_policy(policy)  # fail early on an unknown name
+        self.share_enforcement = check_mode(share_enforcement, "share_enforcement")
+        self.hami: dict[str, list[RegisteredGpu]] = {}  # node -> HAMi's registration (nodes where it registered)
+        self.filters: tuple[Any, ...] = ()  # the policy's filters, then the share filters
         self.core = core
         self.policy_name = policy
         self.resync = resync
@@ -163,6 +175,9 @@ class NodeCache:
         if info["skipped_nodes"]:
             log.warning("nodes left out of the cache", extra={"nodes": info["skipped_nodes"]})
         engine = Engine(state, make_policy(self.policy_name))
+        hami = {node_name(o): r for o in nodes if isinstance(o, Mapping) and (r := hami_registered_gpus(o)) is not None}
+        flags = np.array([n in hami for n in state.node_names], dtype=bool)
+        filters = tuple(engine.policy.filters) + share_filters(self.share_enforcement, flags, state.node_names)
         with self.lock:
             now = self.clock()
             for key, a in list(self.assumed.items()):
@@ -179,6 +194,7 @@ class NodeCache:
                 if changed:
                     log.info("gpu health from telemetry", extra={"changes": changed})
             self.state, self.engine, self.info = state, engine, info
+            self.hami, self.filters = hami, filters
             self.synced_at = now
             if self.metrics is not None:
                 self.metrics.set_allocation(state)
@@ -299,7 +315,7 @@ class Extender:
         with self.cache.lock:
             state, policy = self.cache.state, self.cache.policy
             assert state is not None
-            eff = policy.effective(req)
+            eff = with_share(pod, req, policy.effective(req))
             ok: set[str] = set()
             known = [(n, state.node_index[n]) for n in names if n in state.node_index]
             for n in names:
@@ -308,7 +324,7 @@ class Extender:
             if known:
                 idx = np.array([i for _, i in known], dtype=np.int64)
                 remaining = np.ones(len(idx), dtype=bool)
-                for f in policy.filters:
+                for f in self.cache.filters:
                     fails = remaining & ~f.mask(state, eff, idx)
                     target = ("FailedAndUnresolvableNodes" if isinstance(f, UNRESOLVABLE_FILTERS)
                               else "FailedNodes")
@@ -342,11 +358,11 @@ class Extender:
         with self.cache.lock:
             state, policy = self.cache.state, self.cache.policy
             assert state is not None
-            eff = policy.effective(req)
+            eff = with_share(pod, req, policy.effective(req))
             known = [(n, state.node_index[n]) for n in names if n in state.node_index]
             if known:
                 idx = np.array([i for _, i in known], dtype=np.int64)
-                fit = feasible(state, eff, idx, policy.filters)
+                fit = feasible(state, eff, idx, self.cache.filters)
                 if fit.any():
                     cand = idx[fit]
                     norm = _scale(policy.score(state, eff, cand))
@@ -376,7 +392,7 @@ class Extender:
             if pod is None or (uid and (pod.get("metadata") or {}).get("uid") not in ("", None, uid)):
                 pod = json.loads(self.core.read_namespaced_pod(name, namespace, _preload_content=False).data)
             req = parse_pod(pod)
-            assignment = self._reserve(req, node)
+            assignment = self._reserve(req, node, pod)
         except (RequestParseError, AllocationError, LookupError) as exc:
             self._count("unschedulable", start)
             log.info("bind refused", extra={"pod": key, "node": node, "error": str(exc)})
@@ -385,8 +401,21 @@ class Extender:
             self._count("error", start)
             log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
             return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
+        hami: dict[str, str] = {}
+        try:  # HAMi's device plugin finds the pod it serves through its node lock: one pod per node at once
+            registered = self.cache.hami.get(node) if self.cache.share_enforcement == "hami" else None
+            devices = hami_devices_for(pod, assignment.gpus, registered) if registered and assignment.gpus else ""
+            hami = hami_pod_annotations(node, devices, time.time()) if devices else {}
+            why = take_node_lock(self.core.api_client, node, namespace, name, time.time()) if hami else ""
+        except Exception as exc:  # ValueError: the registration does not name the devices chosen
+            why = (f"not handed to HAMi's device plugin: {exc}" if isinstance(exc, ValueError)
+                   else f"HAMi's node lock: {_api_error(exc)}")
+        if why:
+            self.cache.forget(req.name)
+            self._count("error", start)
+            return {"Error": f"bind {key} to {node}: {why}"}
         try:
-            patch = {"metadata": {"annotations": device_annotations(assignment)}}
+            patch = {"metadata": {"annotations": {**device_annotations(assignment), **hami}}}
             self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
             binding = {"apiVersion": "v1", "kind": "Binding",
                        "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
@@ -404,7 +433,10 @@ class Extender:
                                  "devices reserved until the API shows the pod"}
             if where != node:
                 self.cache.forget(req.name)
-                self._unannotate(name, namespace)
+                self._unannotate(name, namespace, tuple(hami))
+                if hami:  # best effort: it expires after 5 minutes, or the next taker finds its pod unbound
+                    with contextlib.suppress(Exception):
+                        release_node_lock(self.core.api_client, node, namespace, name)
                 self._count("error", start)
                 log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
                 return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
@@ -418,7 +450,7 @@ class Extender:
                                  "gpu_milli": assignment.gpu_milli})
         return {"Error": ""}
 
-    def _reserve(self, req: PodRequest, node: str) -> Assignment:
+    def _reserve(self, req: PodRequest, node: str, pod: Mapping[str, Any] | None = None) -> Assignment:
         self.cache.forget(req.name)
         with self.cache.lock:
             state, policy = self.cache.state, self.cache.policy
@@ -428,8 +460,10 @@ class Extender:
                 raise LookupError(f"node {node} is not in gpupool's cache")
             i = state.node_index[node]
             eff: EffectiveRequest = policy.effective(req)
+            if pod is not None:
+                eff = with_share(pod, req, eff)
             idx = np.array([i])
-            for f in policy.filters:
+            for f in self.cache.filters:
                 if not f.mask(state, eff, idx)[0]:
                     raise AllocationError(f"node {node} cannot take pod {req.name} now: {f.reason}")
             gpus = policy.select_gpus(state, eff, i)
@@ -448,10 +482,10 @@ class Extender:
         bound_to = spec.get("nodeName") if isinstance(spec, Mapping) else None
         return str(bound_to or "")
 
-    def _unannotate(self, name: str, namespace: str) -> None:
-        """Best effort: take the device annotations off a pod whose binding failed."""
+    def _unannotate(self, name: str, namespace: str, extra: Sequence[str] = ()) -> None:
+        """Best effort: take the device annotations (and ``extra`` keys) off a pod whose binding failed."""
         try:
-            patch = {"metadata": {"annotations": dict.fromkeys(device_annotations(_NO_ASSIGNMENT))}}
+            patch = {"metadata": {"annotations": dict.fromkeys([*device_annotations(_NO_ASSIGNMENT), *extra])}}
             self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
         except Exception as exc:
             log.debug("could not remove device annotations", extra={"pod": f"{namespace}/{name}", "error": repr(exc)})

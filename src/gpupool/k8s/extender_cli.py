@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from gpupool.k8s import SHARE_ENFORCEMENT_MODES
 from gpupool.k8s.api.client import ConfigError, load_api_client
 from gpupool.k8s.scheduler_cli import warm_kernels
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
@@ -18,7 +19,7 @@ from gpupool.policies import DEFAULT_POLICY, REGISTRY
 def run_extender(*, host: str, port: int, url_prefix: str, policy: str, kubeconfig: Path | None,
                  context: str | None, resync: float, log_format: str, log_level: str,
                  dcgm_endpoints: list[str], prometheus_url: str, telemetry_interval: float,
-                 telemetry_max_age: float, load_weight: float) -> None:
+                 telemetry_max_age: float, load_weight: float, share_enforcement: str = "none") -> None:
     import logging
 
     from aiohttp import web
@@ -47,7 +48,8 @@ def run_extender(*, host: str, port: int, url_prefix: str, policy: str, kubeconf
         poller.poll_once()
         poller.start()
 
-    cache = NodeCache(core, policy=policy, resync=resync, telemetry=telemetry, metrics=metrics)
+    cache = NodeCache(core, policy=policy, resync=resync, telemetry=telemetry, metrics=metrics,
+                      share_enforcement=share_enforcement)
     try:
         cache.refresh()
     except Exception as exc:  # serve anyway: /readyz says 503 until a refresh succeeds
@@ -92,6 +94,11 @@ def register(app: typer.Typer) -> None:
             min=1.0, help="Seconds after which telemetry is ignored.")] = 60.0,
         load_weight: Annotated[float, typer.Option(
             min=0.0, max=1.0, help="Weight of GPU idleness (telemetry) in the node score, 0..1.")] = 0.0,
+        share_enforcement: Annotated[str, typer.Option(
+            "--share-enforcement",
+            help="What enforces a GPU share (less than a whole GPU, or a memory cap) on the nodes: none (shares are "
+                 "filtered out with the reason), hami (HAMi's device plugin: nodes it registered, with the "
+                 "annotations it reads), trust (anywhere: you vouch for another mechanism).")] = "none",
     ) -> None:
         """Serve the kube-scheduler extender API (filter, prioritize, bind) for GPU pods.
 
@@ -102,6 +109,9 @@ def register(app: typer.Typer) -> None:
         if policy not in REGISTRY:
             raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(REGISTRY)}",
                                      param_hint="--policy")
+        if share_enforcement not in SHARE_ENFORCEMENT_MODES:
+            raise typer.BadParameter(f"{share_enforcement!r}: expected {', '.join(SHARE_ENFORCEMENT_MODES)}",
+                                     param_hint="--share-enforcement")
         if log_format not in ("json", "kv", "logfmt"):
             raise typer.BadParameter("expected json or kv", param_hint="--log-format")
         try:
@@ -109,7 +119,7 @@ def register(app: typer.Typer) -> None:
                          context=context, resync=resync, log_format=log_format, log_level=log_level,
                          dcgm_endpoints=list(dcgm_endpoint or []), prometheus_url=prometheus_url,
                          telemetry_interval=telemetry_interval, telemetry_max_age=telemetry_max_age,
-                         load_weight=load_weight)
+                         load_weight=load_weight, share_enforcement=share_enforcement)
         except ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None

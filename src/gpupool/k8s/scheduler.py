@@ -11,7 +11,10 @@ Pieces, each on its own thread:
 * Binder workers carry out the plan: write the device assignment as annotations on the pod
   (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``), then POST the ``pods/binding``
   subresource (with the same annotations and the pod's UID as precondition), then post a ``Scheduled``
-  Event. A pod that cannot be placed gets a ``FailedScheduling`` Event and ``PodScheduled=False``
+  Event. With ``share_enforcement="hami"``, on a node where HAMi's device plugin registered, the Binding also
+  carries what that plugin reads (:mod:`gpupool.k8s.objects.hami`) and HAMi's node lock is taken first
+  (:mod:`gpupool.k8s.api.hami_lock`); where a GPU share may go at all: :mod:`gpupool.k8s.cache.sharing`.
+  A pod that cannot be placed gets a ``FailedScheduling`` Event and ``PodScheduled=False``
   (reason ``Unschedulable``), each posted once per distinct message.
 
 Pool mode (the pool scheduler decides evictions): each :class:`~gpupool.k8s.cycle.plan.Preemption` of a plan is
@@ -50,7 +53,9 @@ from kubernetes.client.exceptions import ApiException
 
 from gpupool.k8s import (
     ANN_GPU_INDEX,
+    ANN_HAMI_DEVICES_TO_ALLOCATE,
     ANN_NODE,
+    ANNOTATION_PREFIX,
     DEFAULT_SCHEDULER_NAME,
     DRA_CLAIM_API,
     DRA_CLASS_API,
@@ -73,6 +78,7 @@ from gpupool.k8s.api.calls import (
 )
 from gpupool.k8s.api.claims import ClaimWriteError, write_pod_claims
 from gpupool.k8s.api.events import EventRecorder
+from gpupool.k8s.api.hami_lock import release_node_lock, take_node_lock
 from gpupool.k8s.api.status import StatusWriter
 from gpupool.k8s.api.watch import Backoff, ClusterCache, Reflector, list_all
 from gpupool.k8s.api.wire import Outage, api_reason, ensure_pool
@@ -80,6 +86,7 @@ from gpupool.k8s.api.wire import log_event as _log
 from gpupool.k8s.cycle.plan import Placement, Plan, Preemption, assignment_annotations
 from gpupool.k8s.cycle.pool import PoolDriver
 from gpupool.k8s.objects.fields import annotations_of, node_name_of, pod_key
+from gpupool.k8s.objects.hami import HAMI_LOCK_EXPIRE_S, hami_pod_annotations
 from gpupool.k8s.objects.snapshots import ClusterSnapshot
 from gpupool.k8s.state import ClusterModel
 from gpupool.policies import DEFAULT_POLICY
@@ -120,6 +127,7 @@ class SchedulerConfig:
     rereport_s: float = 60.0  # a reason whose only change is a figure (GPUs held, seconds waited) is re-posted at
     # most this often: the pool's reasons carry live numbers, and a write per change would flood the API
     pod_group_status: bool = True  # write PodGroup status (off where scheduler-plugins' or Volcano's controller does)
+    share_enforcement: str = "none"  # where a GPU share may go: none, hami or trust (gpupool.k8s.cache.sharing)
 
 
 
@@ -136,6 +144,8 @@ class _Assumed:
     started: float = field(default_factory=time.perf_counter)  # when the cycle that placed it began
     unknown_since: float | None = None  # monotonic time its binding's outcome became unknown (None: known)
     rechecks: int = 0  # read-backs scheduled since
+    lock_since: float | None = None  # monotonic time it began waiting for HAMi's node lock (None: not waiting)
+    locked: bool = False  # it holds HAMi's node lock (released by HAMi's device plugin once served)
 
 
 class Scheduler:
@@ -175,7 +185,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.cycles = 0
         self.model = ClusterModel(self.config.scheduler_name, self.config.policy, self.config.seed,
-                                  assume_ttl_s=self.config.assume_ttl_s)  # parses each pod once per version
+                                  assume_ttl_s=self.config.assume_ttl_s,  # parses each pod once per version
+                                  share_enforcement=self.config.share_enforcement)
         self.pool_driver = (PoolDriver(self.model, self.config.pool_config, self.config.default_queue)
                             if self.config.pool else None)
         # outcomes from binder / eviction threads, applied on the scheduling thread: ("forget", key, uid),
@@ -406,8 +417,11 @@ class Scheduler:
                 self._report_unschedulable(pod, p.reason)
                 continue
             uid = (pod.get("metadata") or {}).get("uid", "")
+            ann = assignment_annotations(p)
+            if p.hami_devices:  # --share-enforcement hami: what HAMi's device plugin reads to hand the GPUs over
+                ann.update(hami_pod_annotations(p.node, p.hami_devices, time.time()))
             with self._lock:
-                a = _Assumed(uid, p, assignment_annotations(p), started=t0)
+                a = _Assumed(uid, p, ann, started=t0)
                 self.assumed[p.pod] = a
             self._pool.submit(self._bind, pod, a)
         if result.placements:
@@ -447,15 +461,64 @@ class Scheduler:
 
     # -- binding
     def _forget(self, key: str, a: _Assumed) -> None:
-        """The binding of ``key`` did not happen: its devices go back to the pool at the next cycle."""
+        """The binding of ``key`` did not happen: its devices go back to the pool at the next cycle (and HAMi's node
+        lock, if it took one, is released)."""
         with self._lock:
             if self.assumed.get(key) is a:
                 del self.assumed[key]
         self._model_ops.append(("forget", key, a.uid))
         self.cache.changed.set()
+        if a.locked:
+            a.locked = False
+            ns, name = split_key(key)
+            try:
+                release_node_lock(self.api_client, a.placement.node or "", ns, name,
+                                  timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
+            except Exception as exc:  # it expires after 5 minutes, or the next taker finds its pod unbound
+                _log(logging.INFO, "hami_lock_release_failed", pod=key, reason=api_reason(exc))
+
+    def _hami_lock(self, pod: Mapping[str, Any], a: _Assumed, ns: str, name: str, key: str, node: str) -> str:
+        """Take HAMi's node lock for ``pod`` before its binding (:mod:`gpupool.k8s.api.hami_lock`); returns "" once
+        held. While another pod's devices are being handed over on the node, the assumption (its GPUs) is kept and
+        the lock tried again after a backoff, on a binder (a lock older than HAMi's expiry, 5 min, is taken over).
+        After twice that of waiting it is forgotten (planned again) and the pod told why. Returns ``waiting`` or
+        ``error`` then."""
+        try:
+            why = take_node_lock(self.api_client, node, ns, name, time.time(),
+                                 timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
+        except Exception as exc:
+            why = f"HAMi's node lock on {node} could not be taken: {api_reason(exc)}"
+        if not why:
+            a.locked, a.lock_since = True, None
+            return ""
+        now = time.monotonic()
+        if a.lock_since is None:
+            a.lock_since = now
+            _log(logging.INFO, "hami_lock_wait", pod=key, node=node, reason=why)
+        if now - a.lock_since > 2 * HAMI_LOCK_EXPIRE_S:
+            self._forget(key, a)
+            self._report_unschedulable(pod, f"not bound to {node}: {why} (waited {2 * HAMI_LOCK_EXPIRE_S:.0f} s)")
+            return "error"
+        a.rechecks += 1
+        delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** min(a.rechecks, 20))
+        timer = threading.Timer(delay, self._bind_again, (pod, a))
+        timer.daemon = True
+        timer.start()
+        return "waiting"
+
+    def _bind_again(self, pod: Mapping[str, Any], a: _Assumed) -> None:
+        """Timer callback of :meth:`_hami_lock`: hand the binding to a binder again unless settled meanwhile."""
+        with self._lock:
+            if self._stop.is_set() or self.assumed.get(a.placement.pod) is not a:
+                return
+        try:
+            self._pool.submit(self._bind, pod, a)
+        except RuntimeError:  # stopping
+            pass
 
     def _bind(self, pod: Mapping[str, Any], a: _Assumed) -> str:
-        """Bind ``pod`` as ``a`` plans it, in ONE write; returns bound|conflict|deleted|node_gone|error|not_leader.
+        """Bind ``pod`` as ``a`` plans it, in ONE write; returns bound|conflict|deleted|node_gone|error|not_leader
+        (or ``waiting``: HAMi's node lock is held by another pod, :meth:`_hami_lock`).
 
         The ``pods/binding`` POST carries the device annotations and the pod's UID (precondition): the API server
         sets ``spec.nodeName`` and copies the Binding's annotations onto the pod in one atomic update, so a pod
@@ -477,6 +540,10 @@ class Scheduler:
             failed = self._write_claims(pod, a)
             if failed:
                 return failed
+        if ANN_HAMI_DEVICES_TO_ALLOCATE in a.annotations and not a.locked:
+            waiting = self._hami_lock(pod, a, ns, name, key, node)
+            if waiting:
+                return waiting
         try:
             post_binding(self.api_client, ns, name, a.uid, a.annotations, node,
                          timeout=(self.config.connect_timeout_s, self.config.bind_timeout_s))
@@ -546,6 +613,7 @@ class Scheduler:
         """Record a binding the API server accepted: assumption done, ``Scheduled`` Event queued, metric."""
         with self._lock:
             a.done_at = time.monotonic()
+            a.locked = False  # HAMi's node lock, if taken, is its device plugin's to release once it served the pod
             self.bindings.append((key, node))
             self._reported.pop(key, None)
             was_nominated = self._nominated.pop(key, None) is not None
@@ -585,8 +653,8 @@ class Scheduler:
         bound_to = node_name_of(current)
         cmeta = current.get("metadata") or {}
         ann = annotations_of(current)
-        if (bound_to == node and cmeta.get("uid", "") == a.uid
-                and all(ann.get(k) == v for k, v in a.annotations.items())):
+        if (bound_to == node and cmeta.get("uid", "") == a.uid  # HAMi's plugin rewrites its own keys once served
+                and all(ann.get(k) == v for k, v in a.annotations.items() if k.startswith(ANNOTATION_PREFIX))):
             self._bound(current, key, a, node, note=f"already bound here ({why})")
             return "bound"
         if not bound_to:

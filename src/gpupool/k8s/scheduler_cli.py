@@ -28,7 +28,7 @@ import typer
 from pydantic import BaseModel, ConfigDict
 
 from gpupool.inputs import load_yaml, out_of_range, unknown_keys
-from gpupool.k8s import DEFAULT_SCHEDULER_NAME
+from gpupool.k8s import DEFAULT_SCHEDULER_NAME, SHARE_ENFORCEMENT_MODES
 from gpupool.k8s.api.client import ConfigError, host_port, load_api_client, parse_duration
 from gpupool.policies import DEFAULT_POLICY, REGISTRY
 from gpupool.provenance import run_meta
@@ -66,6 +66,7 @@ class Settings:
     # pods at or above this priority are never evicted and run only within the quota of a queue that has one
     # (KAI's 100); in a queue without a quota (the default queue) they take free capacity. None: none is so.
     nonpreemptible_priority: int | None = 100
+    share_enforcement: str = "none"  # what enforces a GPU share on the nodes: none, hami or trust (docs/kubernetes.md)
 
     def pool_config(self) -> Any:
         """The :class:`~gpupool.engine.pool.PoolConfig` these settings give
@@ -138,6 +139,7 @@ class ConfigKeys(_Keys):
     logging: _LoggingKeys | None = None
     telemetry: _TelemetryKeys | None = None
     pool: _PoolKeys | None = None
+    shareEnforcement: Any = None
 
 
 def load_config(path: Path, settings: Settings | None = None) -> Settings:
@@ -194,6 +196,11 @@ def load_config(path: Path, settings: Settings | None = None) -> Settings:
     tel = section("telemetry")
     s.prometheus_url = str(tel.get("prometheusURL") or "")
     s.dcgm_endpoints = [str(x) for x in tel.get("dcgmEndpoints") or []]
+    if "shareEnforcement" in doc:
+        s.share_enforcement = str(doc["shareEnforcement"])
+        if s.share_enforcement not in SHARE_ENFORCEMENT_MODES:
+            raise ConfigError(f"{path}: shareEnforcement: {s.share_enforcement!r}: expected "
+                              f"{', '.join(SHARE_ENFORCEMENT_MODES)}")
     pool = section("pool")
     for key, attr in (("enabled", "pool"), ("consolidate", "consolidate"), ("preemption", "preemption"),
                       ("reclaim", "reclaim"), ("elastic", "elastic")):
@@ -305,7 +312,7 @@ def dry_run(snapshot_path: Path | None, json_out: str | None, settings: Settings
 
     result = plan(snap, settings.scheduler_name, settings.policy, seed,
                   prepare_state=apply_health if telemetry is not None else None,
-                  pool=settings.pool_config() if settings.pool else None)
+                  pool=settings.pool_config() if settings.pool else None, share_enforcement=settings.share_enforcement)
     if snapshot_path is not None and result.placements and result.state is None:
         skipped = "; ".join(f"{s.get('node')}: {s['reason']}" for s in result.skipped if "node" in s)
         _fail(f"{snapshot_path}: no usable node in the snapshot"
@@ -377,7 +384,7 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
     elector = None
     cfg = SchedulerConfig(scheduler_name=settings.scheduler_name, policy=settings.policy, seed=seed,
                           identity=identity, gc_freeze=True, pool=settings.pool, pool_config=settings.pool_config(),
-                          default_queue=settings.default_queue)
+                          default_queue=settings.default_queue, share_enforcement=settings.share_enforcement)
     sched: Scheduler | None = None
 
     def wake() -> None:
@@ -500,6 +507,12 @@ def register(app: typer.Typer) -> None:
             help="Pods at or above this priority are never evicted and run only within the quota of a queue "
                  "that has one; in a queue without a quota (the default queue) they take free GPUs. 'none': "
                  "every pod is preemptible. Default: 100 (KAI's build and inference classes).")] = None,
+        share_enforcement: Annotated[str | None, typer.Option(
+            "--share-enforcement", show_default=False,
+            help="What enforces a GPU share (less than a whole GPU, or a memory cap) on the nodes: none (shares are "
+                 "refused with the reason), hami (HAMi's device plugin: shares go to nodes it registered, with the "
+                 "annotations it reads), trust (placed anywhere: you vouch for another mechanism). Default: "
+                 "none.")] = None,
     ) -> None:
         """Schedule the pods whose schedulerName is gpupool's: GPU-aware placement, gangs, queues.
 
@@ -537,6 +550,10 @@ def register(app: typer.Typer) -> None:
             settings.min_runtime_s = min_runtime
         if consolidate is not None:
             settings.consolidate = consolidate
+        if share_enforcement is not None:
+            settings.share_enforcement = share_enforcement
+        if settings.share_enforcement not in SHARE_ENFORCEMENT_MODES:
+            _fail(f"--share-enforcement {settings.share_enforcement!r}: expected {', '.join(SHARE_ENFORCEMENT_MODES)}")
         if nonpreemptible is not None:
             try:
                 settings.nonpreemptible_priority = nonpreemptible_priority(nonpreemptible,

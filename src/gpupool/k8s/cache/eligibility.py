@@ -12,8 +12,11 @@ import numpy as np
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.filters import EffectiveRequest
+from gpupool.k8s.cache.sharing import share_filters, share_spelling
 from gpupool.k8s.objects.fields import mapping
-from gpupool.k8s.objects.nodes import node_labels, node_name
+from gpupool.k8s.objects.gpu_asks import gpu_ask
+from gpupool.k8s.objects.nodes import hami_registered_gpus, node_labels, node_name
+from gpupool.model import PodRequest
 
 
 # ------------------------------------------------------------------ node eligibility (per pod)
@@ -95,13 +98,14 @@ class Constraints:
     required_terms: str = ""  # canonical JSON of requiredDuringScheduling nodeSelectorTerms ("" = none)
     tolerations: str = "[]"  # canonical JSON
     mig: tuple[tuple[str, int], ...] = ()
+    share: str = ""  # the spelling of a GPU share ask ("" for none; gpupool.k8s.cache.sharing.share_spelling)
 
     @property
     def key(self) -> tuple:
-        return (self.node_selector, self.required_terms, self.tolerations, self.mig)
+        return (self.node_selector, self.required_terms, self.tolerations, self.mig, self.share)
 
 
-def constraints_of(pod: Mapping[str, Any], mig: tuple[tuple[str, int], ...] = ()) -> Constraints:
+def constraints_of(pod: Mapping[str, Any], mig: tuple[tuple[str, int], ...] = (), share: str = "") -> Constraints:
     spec = mapping(pod.get("spec"))
     selector = tuple(sorted((str(k), str(v)) for k, v in mapping(spec.get("nodeSelector")).items()))
     required = mapping(mapping(mapping(spec.get("affinity")).get("nodeAffinity"))
@@ -117,6 +121,7 @@ def constraints_of(pod: Mapping[str, Any], mig: tuple[tuple[str, int], ...] = ()
         required_terms=json.dumps(terms, sort_keys=True, default=str) if terms is not None else "",
         tolerations=json.dumps(tolerations, sort_keys=True, default=str),
         mig=tuple(mig),
+        share=share,
     )
 
 
@@ -128,6 +133,13 @@ class ConstrainedRequest(EffectiveRequest):
 
     def key(self) -> tuple:
         return EffectiveRequest.key(self) + self.constraints.key
+
+
+def with_share(pod: Mapping[str, Any], req: PodRequest, eff: EffectiveRequest) -> EffectiveRequest:
+    """``eff`` carrying the spelling of ``pod``'s GPU share if it asks one, for the share filters
+    (:mod:`gpupool.k8s.cache.sharing`) where no :class:`Constraints` are built (the extender)."""
+    share = share_spelling(req, gpu_ask(pod).spelling) if req.num_gpu else ""
+    return ConstrainedRequest(eff.requested, eff.gpu_milli, Constraints(share=share)) if share else eff
 
 
 class Eligibility:
@@ -145,7 +157,7 @@ class Eligibility:
 
     def __init__(self, state: ClusterState, nodes: Mapping[str, Mapping[str, Any]],
                  mig_capacity: Mapping[str, Mapping[str, int]] | None = None,
-                 mig_used: Mapping[str, Mapping[str, int]] | None = None) -> None:
+                 mig_used: Mapping[str, Mapping[str, int]] | None = None, share_enforcement: str = "none") -> None:
         self.state = state
         self.nodes = [nodes[name] for name in state.node_names]
         self.mig_capacity = {state.node_index[n]: dict(c) for n, c in (mig_capacity or {}).items()
@@ -159,11 +171,13 @@ class Eligibility:
         self.taints: list[list[Mapping[str, Any]]] = [[] for _ in range(n)]
         self.tainted = np.zeros(n, dtype=bool)
         self.labels: list[Mapping[str, str]] = [{} for _ in range(n)]
+        self.hami = np.zeros(n, dtype=bool)  # HAMi's device plugin registered (hami.io/node-nvidia-register)
         for i in range(n):
             self._read(i)
         # Constraints key -> (gen snapshot, schedulable, taints tolerated, affinity matched)
         self._masks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
-        self.filters = (_SchedulableFilter(self), _TaintFilter(self), _AffinityFilter(self), _MigFilter(self))
+        self.filters = (_SchedulableFilter(self), _TaintFilter(self), _AffinityFilter(self), _MigFilter(self),
+                        *share_filters(share_enforcement, self.hami, state.node_names))
 
     def _read(self, i: int) -> None:
         node = self.nodes[i]
@@ -175,6 +189,7 @@ class Eligibility:
                           if isinstance(t, Mapping) and t.get("effect") in ("NoSchedule", "NoExecute")]
         self.tainted[i] = bool(self.taints[i])
         self.labels[i] = node_labels(node)
+        self.hami[i] = hami_registered_gpus(node) is not None
 
     def update_node(self, i: int, node: Mapping[str, Any]) -> None:
         """Node ``i``'s object changed (labels, taints, cordon, Ready): re-read it; masks refresh its row."""

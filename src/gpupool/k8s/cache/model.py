@@ -52,6 +52,7 @@ from gpupool.k8s.cache.dra import DRA_KINDS, DraInventory
 from gpupool.k8s.cache.eligibility import ConstrainedRequest, Constraints, Eligibility
 from gpupool.k8s.cache.queues import QueueBook, queue_book
 from gpupool.k8s.cache.records import Assumption, NodeRecord, PodRecord, queue_charge
+from gpupool.k8s.cache.sharing import check_mode
 from gpupool.k8s.objects import nodes as inventory
 from gpupool.k8s.objects.fields import (
     RequestParseError,
@@ -64,7 +65,7 @@ from gpupool.k8s.objects.fields import (
     spec_unreadable,
 )
 from gpupool.k8s.objects.jobs import is_whole_gpu
-from gpupool.k8s.objects.nodes import mig_capacity, mig_strategy, node_labels, node_name
+from gpupool.k8s.objects.nodes import hami_registered_gpus, mig_capacity, mig_strategy, node_labels, node_name
 from gpupool.k8s.objects.pods import PodInfo, QueueSpec, describe_pod, parse_pod_group
 from gpupool.model import MILLI, Assignment
 from gpupool.policies import DEFAULT_POLICY, make_policy
@@ -83,8 +84,8 @@ def _eligibility_key(obj: Mapping[str, Any]) -> str:
     for cond in conditions if isinstance(conditions, list) else []:
         if isinstance(cond, Mapping) and cond.get("type") == "Ready":
             ready = cond.get("status")
-    return json.dumps([sorted(node_labels(obj).items()), spec.get("taints"), bool(spec.get("unschedulable")), ready],
-                      sort_keys=True, default=str)
+    return json.dumps([sorted(node_labels(obj).items()), spec.get("taints"), bool(spec.get("unschedulable")), ready,
+                       hami_registered_gpus(obj) is not None], sort_keys=True, default=str)
 
 
 def _rv(obj: Mapping[str, Any]) -> str:
@@ -103,12 +104,14 @@ class ClusterModel:
 
     ``scheduler_name``: pods naming another scheduler are counted where bound, never placed.
     ``policy``/``seed``: the engine's placement policy and tie-break seed. ``describe`` reads a pod
-    (default :func:`~gpupool.k8s.objects.pods.describe_pod`), once per resourceVersion.
+    (default :func:`~gpupool.k8s.objects.pods.describe_pod`), once per resourceVersion. ``share_enforcement``:
+    where a GPU share may go (:mod:`gpupool.k8s.cache.sharing`; ``none``, ``hami`` or ``trust``).
     """
 
     def __init__(self, scheduler_name: str = DEFAULT_SCHEDULER_NAME, policy: str = DEFAULT_POLICY, seed: int = 0,
                  describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod, assume_ttl_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, share_enforcement: str = "none") -> None:
+        self.share_enforcement = check_mode(share_enforcement, "share_enforcement")
         self.scheduler_name = scheduler_name
         self.policy_name = policy
         self.seed = seed
@@ -621,7 +624,7 @@ class ClusterModel:
             self._count_in(state, rec)
         nodes = {n: r.obj for n, r in self.nodes.items() if r.spec is not None}
         caps = {n: r.mig_cap for n, r in self.nodes.items() if r.spec is not None and r.mig_cap}
-        self.elig = Eligibility(state, nodes, caps, self.mig_used)
+        self.elig = Eligibility(state, nodes, caps, self.mig_used, self.share_enforcement)
         # assumptions: placed again on the same devices where they still fit, else forgotten
         for key, a in list(self.assumed.items()):
             held = old_assignments.get(key)

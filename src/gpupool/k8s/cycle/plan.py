@@ -30,6 +30,7 @@ class Placement:
     nominated: bool = False  # held on ``node`` while preemption victims terminate: set nominatedNodeName, no bind
     waited_s: float | None = None  # seconds since the preemption that made room for it (None: no preemption)
     claims: tuple[Any, ...] = ()  # ClaimAllocation per ResourceClaim to allocate before binding (DRA)
+    hami_devices: str = ""  # --share-enforcement hami on a HAMi node: the device string HAMi's plugin reads
 
     def to_json(self) -> dict[str, Any]:
         """``gpu_milli`` and ``gpu_memory_mib`` are per listed GPU (MiB; 0 = in proportion to the share);
@@ -50,6 +51,8 @@ class Placement:
                 {"request": r.request, "driver": r.driver, "pool": r.pool, "device": r.device,
                  **({"consumedCapacity": {k: str(v) for k, v in r.consumed.items()}} if r.consumed else {})}
                 for r in ca.results]} for ca in self.claims]
+        if self.hami_devices:
+            out["hami_devices"] = self.hami_devices
         if self.node is not None:
             out["annotations"] = assignment_annotations(self)
         return out

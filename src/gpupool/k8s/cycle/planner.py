@@ -13,6 +13,7 @@ Pods gpupool cannot read get ``node: None`` and the parse error as their reason;
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,11 +21,14 @@ from typing import Any
 from gpupool.cluster import ClusterState
 from gpupool.k8s.cache.eligibility import constraints_of
 from gpupool.k8s.cache.model import ClusterModel
+from gpupool.k8s.cache.sharing import share_spelling
 from gpupool.k8s.cycle.claims import dra_backed, has_claims, place_claim_unit
 from gpupool.k8s.cycle.dra import DraAllocator
 from gpupool.k8s.cycle.plan import Placement, Plan
 from gpupool.k8s.cycle.pool import PoolDriver
 from gpupool.k8s.cycle.units import Unit, identity_problem, place_unit, unsupported_constraint
+from gpupool.k8s.objects.hami import hami_devices_for
+from gpupool.k8s.objects.nodes import hami_registered_gpus
 from gpupool.k8s.objects.pods import PodInfo, describe_pod
 from gpupool.k8s.objects.snapshots import ClusterSnapshot
 from gpupool.policies import DEFAULT_POLICY
@@ -34,7 +38,8 @@ log = logging.getLogger("gpupool.k8s.state")  # the cycle logs under the model's
 
 def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str = DEFAULT_POLICY,
          seed: int = 0, prepare_state: Callable[[ClusterState], Any] | None = None,
-         describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod, pool: Any = None) -> Plan:
+         describe: Callable[[Mapping[str, Any]], PodInfo] = describe_pod, pool: Any = None,
+         share_enforcement: str = "none") -> Plan:
     """One scheduling cycle on ``snapshot``: a :class:`Placement` for every pending pod of ``scheduler_name``.
 
     The snapshot's objects are fed to a :class:`~gpupool.k8s.cache.model.ClusterModel` as the live scheduler's
@@ -43,10 +48,11 @@ def plan(snapshot: ClusterSnapshot, scheduler_name: str = "gpupool", policy: str
     :meth:`gpupool.k8s.telemetry.GpuTelemetry.apply_health`). ``describe`` reads a pod. ``pool``: a
     :class:`~gpupool.engine.pool.PoolConfig` to plan as the live scheduler's pool mode does (queue fair share,
     reservations, reclaim and preemption: the plan then lists the evictions it would make), None for
-    placement within queue limits only.
+    placement within queue limits only. ``share_enforcement``: where a GPU share may go
+    (:mod:`gpupool.k8s.cache.sharing`).
     """
     model = ClusterModel.from_snapshot(snapshot, scheduler_name=scheduler_name, policy=policy, seed=seed,
-                                       describe=describe)
+                                       describe=describe, share_enforcement=share_enforcement)
     if pool is not None:
         PoolDriver(model, pool)
     return run_cycle(model, prepare_state, full_inventory=True)
@@ -98,7 +104,8 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
         try:
             why = unsupported_constraint(rec.obj)
             if not why and rec.key not in model._constraints:
-                model._constraints[rec.key] = constraints_of(rec.obj, rec.info.mig)
+                model._constraints[rec.key] = constraints_of(
+                    rec.obj, rec.info.mig, share_spelling(rec.info.request, rec.info.spelling))
         except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the cycle
             out.append(Placement(rec.base, None, invalid=True,
                                       reason=f"pod {rec.base}: invalid object: {type(exc).__name__}: {exc}"))
@@ -168,6 +175,7 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
             model._after_cycle()
             if full_inventory:
                 plan.inventory = model.inventory()
+            plan.placements = hand_over(model, plan.placements)
             return plan
     book = model.queue_book()
     elig = model.elig
@@ -211,7 +219,7 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
         out.extend(placed)
     model._after_cycle()
     inventory = model.inventory() if full_inventory else None
-    return Plan(out, inventory, model.policy_name, state, book)
+    return Plan(hand_over(model, out), inventory, model.policy_name, state, book)
 
 
 def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapping[str, str] | None = None
@@ -246,4 +254,28 @@ def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapp
                         keys.append(ca.claim.key)
                 model.claims_of[p.pod] = keys
         out.extend(placed)
+
+
+def hand_over(model: ClusterModel, placements: list[Placement]) -> list[Placement]:
+    """``--share-enforcement hami``: each placement on a node where HAMi's device plugin registered, of a pod whose
+    containers ask ``nvidia.com/gpu`` (whole GPUs too: HAMi's plugin serves every such container on its nodes),
+    gets the device string HAMi's plugin reads (:func:`gpupool.k8s.objects.hami.hami_devices_for`). A placement
+    whose devices cannot be named (no UUID in the registration) is taken back, with the reason."""
+    if model.share_enforcement != "hami":
+        return placements
+    out = []
+    for p in placements:
+        node = model.nodes.get(p.node or "")
+        rec = model.pods.get(p.pod)
+        if node is None or node.spec is None or rec is None or not p.gpus or p.nominated:
+            out.append(p)
+            continue
+        registered = hami_registered_gpus(node.obj)
+        try:
+            devices = hami_devices_for(rec.obj, p.gpus, registered) if registered is not None else ""
+            out.append(dataclasses.replace(p, hami_devices=devices) if devices else p)
+        except ValueError as exc:
+            model.forget(p.pod)
+            out.append(dataclasses.replace(p, node=None, gpus=(), reason=(
+                f"pod {p.pod}: not handed to HAMi's device plugin on node {p.node}: {exc}")))
     return out

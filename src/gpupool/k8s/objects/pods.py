@@ -119,6 +119,7 @@ class PodInfo:
     queue: str | None = None
     min_member: int | None = None
     named_devices: tuple[str, ...] = ()
+    spelling: str = ""  # how the GPU ask is written (GpuAsk.spelling: "nvidia.com/gpu", "hami", "kai gpu-fraction")
 
     @property
     def gpu_milli_total(self) -> int:
@@ -190,7 +191,7 @@ def describe_pod(pod: Mapping[str, Any]) -> PodInfo:
             gpu_type_exclude=exclude,
         )
         return PodInfo(key, request, ask.mig, pod_group_of(pod), queue_of(pod), min_member_of(pod),
-                       hami_devices(pod) if ask.num_gpu else ())
+                       hami_devices(pod) if ask.num_gpu else (), ask.spelling)
     except RequestParseError as exc:
         raise _with_pod(exc, pod) from None
     except InvalidRequestError as exc:  # PodRequest's own checks (already name the pod)
