@@ -45,13 +45,16 @@ from gpupool.k8s.cache.devices import (
     annotated_devices,
     bound_order,
     count_bound_pod,
+    kubelet_devices,
     lenient_info,
+    plugin_gpus,
     time_sliced,
 )
 from gpupool.k8s.cache.eligibility import ConstrainedRequest, Constraints, Eligibility
 from gpupool.k8s.cache.queues import QueueBook, queue_book
 from gpupool.k8s.cache.records import Assumption, NodeRecord, PodRecord, queue_charge
 from gpupool.k8s.objects import nodes as inventory
+from gpupool.k8s.objects.agent_report import read_pod_devices
 from gpupool.k8s.objects.fields import (
     RequestParseError,
     deletion_time,
@@ -63,7 +66,7 @@ from gpupool.k8s.objects.fields import (
     spec_unreadable,
 )
 from gpupool.k8s.objects.jobs import is_whole_gpu
-from gpupool.k8s.objects.nodes import mig_capacity, mig_strategy, node_labels, node_name
+from gpupool.k8s.objects.nodes import mig_capacity, mig_strategy, node_labels, node_name, warn_once
 from gpupool.k8s.objects.pods import PodInfo, QueueSpec, describe_pod, parse_pod_group
 from gpupool.model import MILLI, Assignment
 from gpupool.policies import DEFAULT_POLICY, make_policy
@@ -131,6 +134,8 @@ class ClusterModel:
         self.group_counted: dict[str, int] = {}  # PodGroup key -> counted pods
         self.mig_used: dict[str, dict[str, int]] = {}
         self.on_node: dict[str, set[str]] = {}  # node -> keys of the pods counted there
+        # node -> device-plugin GPU pods counted there that its kubelet map does not name yet (PodRecord.unsettled)
+        self.unsettled: dict[str, set[str]] = {}
         self.state: ClusterState | None = None
         self.engine: Engine | None = None
         self.elig: Eligibility | None = None
@@ -274,7 +279,7 @@ class ClusterModel:
             replicas = max(1, getattr(spec, "gpu_replicas", 1))
             cap = mig_capacity(obj) if mig_strategy(obj) == "mixed" else {}
             rec = NodeRecord(name, obj, rv, spec, "", replicas, cap, _eligibility_key(obj),
-                             inventory.agent_marked(obj, spec))
+                             inventory.agent_marked(obj, spec), _kubelet_pods(name, obj, spec))
         except Exception as exc:  # noqa: BLE001 - one unreadable node never stops the others
             reason = str(exc) if isinstance(exc, ValueError) else f"invalid object: {type(exc).__name__}: {exc}"
             rec = NodeRecord(name or "?", obj, rv, None, reason)
@@ -287,6 +292,8 @@ class ClusterModel:
             i = self.state.node_index.get(name)
             if i is not None:
                 self._mark(self.state, i, rec.marked)
+        if old.kubelet_pods != rec.kubelet_pods and rec.spec is not None:
+            self._recount_node(name)
         if old.eligibility != rec.eligibility and rec.spec is not None:
             i = self.state.node_index.get(name)
             if i is not None and self.elig is not None:
@@ -396,9 +403,10 @@ class ClusterModel:
         if self._dirty or self.state is None:
             return
         guessed = []
-        if bound_order(rec.obj)[0] is False:  # its devices are named
+        rank = self._order(rec)[0]
+        if rank < 2:  # its devices are named (by the kubelet, or by gpupool's or HAMi's annotations)
             guessed = sorted((r for k in self.on_node.get(rec.node, ()) if (r := self.pods.get(k)) is not None
-                              and r.counted and bound_order(r.obj)[0]), key=lambda r: (bound_order(r.obj), r.key))
+                              and r.counted and self._order(r)[0] > rank), key=self._order)
         for other in guessed:
             self._uncount(other)
         self._count_in(self.state, rec)
@@ -422,7 +430,15 @@ class ClusterModel:
             lenient = "; ".join(x for x in (note, lenient) if x)
             info = replace(info, key=rec.key, request=replace(info.request, name=rec.key))
         devices = annotated_devices(rec.obj)
+        placed = self._kubelet_placed(rec, info, state, node)
         info = time_sliced(info, self.nodes[rec.node].replicas if rec.node in self.nodes else 1)
+        if placed is not None:
+            gpus, per_gpu = placed
+            if len(gpus) != info.request.num_gpu:  # time-slicing replicas the kubelet stacked on fewer GPUs
+                one = int(state.slice_milli[node]) if state.gpu_replicas[node] > 1 else MILLI
+                info = replace(info, request=replace(info.request, num_gpu=len(gpus),
+                                                     gpu_milli=min(MILLI, per_gpu * one)))
+            devices = (gpus, info.request.gpu_milli)
         try:
             assignment, note = count_bound_pod(state, info, node, devices)
         except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the others
@@ -436,9 +452,78 @@ class ClusterModel:
         rec.note = note
         self._counted(rec, info, assignment, state)
 
+    def _kubelet_placed(self, rec: PodRecord, info: PodInfo, state: ClusterState,
+                        node: int) -> tuple[tuple[int, ...], int] | None:
+        """(device indices, most devices on one GPU) where the kubelet put ``rec``'s device-plugin GPUs, when its
+        node's map names it (:func:`~gpupool.k8s.cache.devices.kubelet_devices`); sets ``rec.kubelet`` and
+        ``rec.unsettled`` (a device-plugin GPU pod on a node with a map that does not name it, or names devices
+        that are not the node's GPUs). Logs ``kubelet_placed_elsewhere`` once per pod when gpupool's annotation
+        named other GPUs."""
+        rec.kubelet = rec.unsettled = False
+        nrec = self.nodes.get(rec.node)
+        pods = nrec.kubelet_pods if nrec is not None else None
+        if pods is None or not plugin_gpus(info):
+            return None
+        uuids = pods.get(rec.base)
+        placed = kubelet_devices(uuids, state.nodes[node].gpu_ids) if uuids else None
+        if placed is None or len(uuids or ()) != info.request.num_gpu:
+            rec.unsettled = True
+            if uuids:
+                warn_once(rec.key, "kubelet_devices_unknown", "kubelet reports devices gpupool cannot place; the pod "
+                          "counts as not reported", event="kubelet_devices_unknown", pod=rec.key, node=rec.node,
+                          devices=list(uuids))
+            return None
+        rec.kubelet = True
+        annotated = annotated_devices(rec.obj)
+        if annotated is not None and tuple(sorted(annotated[0])) != placed[0]:
+            warn_once(rec.key, "kubelet_placed_elsewhere", "the kubelet gave the pod other GPUs than gpupool booked; "
+                      "counted where the kubelet put it", event="kubelet_placed_elsewhere", pod=rec.key,
+                      node=rec.node, booked=list(annotated[0]), kubelet=list(placed[0]))
+        return placed
+
+    def _order(self, rec: PodRecord) -> tuple:
+        """Counting order on a node: pods the kubelet map names (0), then those whose devices gpupool or HAMi named
+        (1), then the rest (2); oldest first within each."""
+        nrec = self.nodes.get(rec.node)
+        pods = nrec.kubelet_pods if nrec is not None else None
+        guessed, created, key = bound_order(rec.obj)
+        rank = 0 if pods is not None and rec.base in pods else (2 if guessed else 1)
+        return (rank, created, key, rec.key)
+
+    def _recount_node(self, name: str) -> None:
+        """The kubelet map of node ``name`` changed: its pods are counted again, kubelet-named ones first."""
+        if self._dirty or self.state is None or name not in self.state.node_index:
+            return
+        recs = [r for k in list(self.on_node.get(name, ())) if (r := self.pods.get(k)) is not None and r.counted]
+        for r in recs:
+            self._uncount(r)
+        for r in sorted(recs, key=self._order):
+            self._count_in(self.state, r)
+        self._sync_unsettled(name)
+
+    def _sync_unsettled(self, name: str) -> None:
+        """Tell the eligibility filter whether node ``name`` has device-plugin GPU pods its kubelet map does not
+        name yet (GPU shares then keep off it); the node's cached masks refresh."""
+        state, elig = self.state, self.elig
+        if state is None or elig is None or self._dirty:
+            return
+        i = state.node_index.get(name)
+        if i is None:
+            return
+        flag = bool(self.unsettled.get(name))
+        if flag != (i in elig.unsettled):
+            if flag:
+                elig.unsettled.add(i)
+            else:
+                elig.unsettled.discard(i)
+            state.touch(i)
+
     def _counted(self, rec: PodRecord, info: PodInfo, held: Assignment | None, state: ClusterState) -> None:
         """``rec`` now holds ``held`` in ``state``: charge its queue, count it for its node, gang and MIG books."""
         rec.counted = True
+        if rec.unsettled:
+            self.unsettled.setdefault(rec.node, set()).add(rec.key)
+            self._sync_unsettled(rec.node)
         rec.charge = queue_charge(info, held, state)
         if self.pool is not None:
             self.count_log.append(rec.key)
@@ -478,6 +563,9 @@ class ClusterModel:
         if self.pool is not None:
             self.count_log.append(rec.key)
         self.on_node.get(rec.node, set()).discard(rec.key)
+        if rec.key in self.unsettled.get(rec.node, ()):
+            self.unsettled[rec.node].discard(rec.key)
+            self._sync_unsettled(rec.node)
         self.skipped_pods.pop(rec.key, None)
         info = self._record_info(rec)
         self._book(rec, info, -1)
@@ -586,6 +674,7 @@ class ClusterModel:
         self.group_counted.clear()
         self.mig_used.clear()
         self.on_node.clear()
+        self.unsettled.clear()
         for rec in self.pods.values():
             rec.counted = False
         if not specs:
@@ -598,11 +687,13 @@ class ClusterModel:
                 self._mark(state, state.node_index[rec.name], rec.marked)
         bound = [r for r in self.pods.values() if r.node and not r.terminal and r.key not in self.assumed
                  and not self._evicting(r)]
-        for rec in sorted(bound, key=lambda r: (bound_order(r.obj), r.key)):
+        for rec in sorted(bound, key=self._order):
             self._count_in(state, rec)
         nodes = {n: r.obj for n, r in self.nodes.items() if r.spec is not None}
         caps = {n: r.mig_cap for n, r in self.nodes.items() if r.spec is not None and r.mig_cap}
         self.elig = Eligibility(state, nodes, caps, self.mig_used)
+        self.elig.unsettled = {state.node_index[n] for n, keys in self.unsettled.items()
+                               if keys and n in state.node_index}
         # assumptions: placed again on the same devices where they still fit, else forgotten
         for key, a in list(self.assumed.items()):
             held = old_assignments.get(key)
@@ -829,6 +920,20 @@ class ClusterModel:
         the victim is counted again and its preemption's held placements are dropped."""
         if self.pool is not None:
             self.pool.eviction_failed(key, why)
+
+
+def _kubelet_pods(name: str, obj: Mapping[str, Any], spec: Any) -> dict[str, tuple[str, ...]] | None:
+    """The node agent's kubelet map of Node ``obj`` (``gpupool.io/pod-devices``), None when absent or when the node
+    has no device identities to read it with (``spec.gpu_ids``; logged once)."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else None
+    pods = read_pod_devices(annotations)
+    if pods is not None and not spec.gpu_ids:
+        warn_once(name, "kubelet_map_unusable", f"node {name}: kubelet pod -> GPU map ignored: the node's GPUs have "
+                  "no identities (gpupool.io/gpu-inventory missing or not matching nvidia.com/gpu)",
+                  event="kubelet_map_unusable", node=name)
+        return None
+    return pods
 
 
 def build_state(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
