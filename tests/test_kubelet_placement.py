@@ -10,9 +10,14 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
+from gpupool.engine.pool import PoolConfig
 from gpupool.k8s import ANN_GPU_INDEX, ANN_KAI_FRACTION, ANN_NODE
 from gpupool.k8s.cache.model import ClusterModel, build_state
+from gpupool.k8s.cycle.planner import plan, run_cycle
 from gpupool.k8s.objects.agent_report import ANN_GPU_INVENTORY, ANN_POD_DEVICES, inventory_json, pod_devices_doc
+from gpupool.k8s.snapshot import snapshot_from_objects
 from gpupool.model import MILLI
 from test_k8s_booking import node, placements, plan_of, pod
 
@@ -83,16 +88,44 @@ def test_time_sliced_replicas_are_counted_on_their_gpu():
 
 
 # ---------------------------------------------------------------------- until the kubelet names the pod
-def test_unreported_whole_gpu_pod_keeps_shares_off_the_node_not_whole_gpus():
+@pytest.mark.parametrize("pool", [False, True], ids=["placement", "pool"])
+def test_unreported_whole_gpu_pod_keeps_shares_off_the_node_not_whole_gpus(pool):
     n = gpu_node(pods={})  # the agent's map names no pod yet
     a = booked_by_gpupool("a", "0")
-    got = plan_of(n, a, share("s"), pod("w", {"nvidia.com/gpu": "1"}, ts=11))
+    got = placements(plan(snapshot_from_objects([n, a, share("s"), pod("w", {"nvidia.com/gpu": "1"}, ts=11)]),
+                          pool=PoolConfig() if pool else None))
     assert got["ml/s"].node is None and "kubelet has not reported" in got["ml/s"].reason
     assert got["ml/w"].node == "gpu-4"  # the kubelet enforces the whole-GPU count itself
     # another node with nothing unknown takes the share
     other = gpu_node("gpu-b", pods={})
     got = plan_of(n, other, a, share("s"))
     assert got["ml/s"].node == "gpu-b"
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["placement", "pool"])
+def test_a_whole_gpu_pod_placed_in_this_cycle_keeps_shares_off_its_node_too(pool):
+    """gpupool books GPU 0 for ``w`` but the kubelet will pick: a share planned after it, in the same cycle, does not
+    go on that node (it would be the same as booking a GPU the kubelet may give ``w``)."""
+    n = gpu_node(pods={})
+    objs = [n, pod("w", {"nvidia.com/gpu": "1"}, ts=0), share("s", ts=10)]
+    got = placements(plan(snapshot_from_objects(objs), pool=PoolConfig() if pool else None))
+    assert got["ml/w"].node == "gpu-4"
+    assert got["ml/s"].node is None and "kubelet has not reported" in got["ml/s"].reason
+
+
+def test_live_model_adopts_a_bound_pod_the_kubelet_put_elsewhere():
+    model = ClusterModel(scheduler_name="gpupool")
+    model.replace("nodes", [gpu_node(pods={}, rv="1")])
+    model.replace("pods", [pod("w", {"nvidia.com/gpu": "1"})])
+    placed = {p.pod: p for p in run_cycle(model).placements}
+    assert placed["ml/w"].gpus == (0,)
+    assert model.elig.unsettled == {0}  # assumed: the kubelet has not picked yet
+    # the kubelet admitted it on GPU 2 before the watch showed the binding
+    model.apply("nodes", "MODIFIED", gpu_node(pods={"ml/w": ["GPU-2"]}, rv="2"))
+    bound = booked_by_gpupool("w", "0")
+    bound["metadata"]["resourceVersion"] = "5"
+    model.apply("pods", "MODIFIED", bound)
+    assert model.state.assignments["ml/w"].gpus == (2,) and model.elig.unsettled == set()
 
 
 def test_without_a_map_nothing_changes():
@@ -138,4 +171,3 @@ def test_map_annotation_is_readable_json():
     n = gpu_node(pods={"ml/a": ["GPU-2"]})
     doc = json.loads(n["metadata"]["annotations"][ANN_POD_DEVICES])
     assert doc["pods"] == {"ml/a": ["GPU-2"]} and doc["version"] == 1
-    assert placements  # imported for the harness's shape; plan_of wraps it

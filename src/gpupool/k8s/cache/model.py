@@ -43,18 +43,15 @@ from gpupool.k8s.cache.devices import (
     InventoryInfo,
     NoUsableNodeError,
     annotated_devices,
-    bound_order,
     count_bound_pod,
-    kubelet_devices,
     lenient_info,
-    plugin_gpus,
     time_sliced,
 )
 from gpupool.k8s.cache.eligibility import ConstrainedRequest, Constraints, Eligibility
+from gpupool.k8s.cache.kubelet import KubeletBooks, kubelet_pods
 from gpupool.k8s.cache.queues import QueueBook, queue_book
 from gpupool.k8s.cache.records import Assumption, NodeRecord, PodRecord, queue_charge
 from gpupool.k8s.objects import nodes as inventory
-from gpupool.k8s.objects.agent_report import read_pod_devices
 from gpupool.k8s.objects.fields import (
     RequestParseError,
     deletion_time,
@@ -66,7 +63,7 @@ from gpupool.k8s.objects.fields import (
     spec_unreadable,
 )
 from gpupool.k8s.objects.jobs import is_whole_gpu
-from gpupool.k8s.objects.nodes import mig_capacity, mig_strategy, node_labels, node_name, warn_once
+from gpupool.k8s.objects.nodes import mig_capacity, mig_strategy, node_labels, node_name
 from gpupool.k8s.objects.pods import PodInfo, QueueSpec, describe_pod, parse_pod_group
 from gpupool.model import MILLI, Assignment
 from gpupool.policies import DEFAULT_POLICY, make_policy
@@ -100,7 +97,7 @@ def _uid(obj: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ the model
-class ClusterModel:
+class ClusterModel(KubeletBooks):
     """Typed records of the cluster, kept in step by :meth:`apply`; :meth:`cycle` plans the pending pods.
 
     ``scheduler_name``: pods naming another scheduler are counted where bound, never placed.
@@ -279,7 +276,7 @@ class ClusterModel:
             replicas = max(1, getattr(spec, "gpu_replicas", 1))
             cap = mig_capacity(obj) if mig_strategy(obj) == "mixed" else {}
             rec = NodeRecord(name, obj, rv, spec, "", replicas, cap, _eligibility_key(obj),
-                             inventory.agent_marked(obj, spec), _kubelet_pods(name, obj, spec))
+                             inventory.agent_marked(obj, spec), kubelet_pods(name, obj, spec))
         except Exception as exc:  # noqa: BLE001 - one unreadable node never stops the others
             reason = str(exc) if isinstance(exc, ValueError) else f"invalid object: {type(exc).__name__}: {exc}"
             rec = NodeRecord(name or "?", obj, rv, None, reason)
@@ -353,6 +350,7 @@ class ClusterModel:
                     and annotated_devices(old.obj) == annotated_devices(obj) and not leaving)
             if same:
                 rec.counted, rec.charge, rec.note = True, old.charge, old.note
+                rec.kubelet, rec.unsettled = old.kubelet, old.unsettled
                 self.pods[key] = rec
                 self._set_pending(rec)
                 return
@@ -452,72 +450,6 @@ class ClusterModel:
         rec.note = note
         self._counted(rec, info, assignment, state)
 
-    def _kubelet_placed(self, rec: PodRecord, info: PodInfo, state: ClusterState,
-                        node: int) -> tuple[tuple[int, ...], int] | None:
-        """(device indices, most devices on one GPU) where the kubelet put ``rec``'s device-plugin GPUs, when its
-        node's map names it (:func:`~gpupool.k8s.cache.devices.kubelet_devices`); sets ``rec.kubelet`` and
-        ``rec.unsettled`` (a device-plugin GPU pod on a node with a map that does not name it, or names devices
-        that are not the node's GPUs). Logs ``kubelet_placed_elsewhere`` once per pod when gpupool's annotation
-        named other GPUs."""
-        rec.kubelet = rec.unsettled = False
-        nrec = self.nodes.get(rec.node)
-        pods = nrec.kubelet_pods if nrec is not None else None
-        if pods is None or not plugin_gpus(info):
-            return None
-        uuids = pods.get(rec.base)
-        placed = kubelet_devices(uuids, state.nodes[node].gpu_ids) if uuids else None
-        if placed is None or len(uuids or ()) != info.request.num_gpu:
-            rec.unsettled = True
-            if uuids:
-                warn_once(rec.key, "kubelet_devices_unknown", "kubelet reports devices gpupool cannot place; the pod "
-                          "counts as not reported", event="kubelet_devices_unknown", pod=rec.key, node=rec.node,
-                          devices=list(uuids))
-            return None
-        rec.kubelet = True
-        annotated = annotated_devices(rec.obj)
-        if annotated is not None and tuple(sorted(annotated[0])) != placed[0]:
-            warn_once(rec.key, "kubelet_placed_elsewhere", "the kubelet gave the pod other GPUs than gpupool booked; "
-                      "counted where the kubelet put it", event="kubelet_placed_elsewhere", pod=rec.key,
-                      node=rec.node, booked=list(annotated[0]), kubelet=list(placed[0]))
-        return placed
-
-    def _order(self, rec: PodRecord) -> tuple:
-        """Counting order on a node: pods the kubelet map names (0), then those whose devices gpupool or HAMi named
-        (1), then the rest (2); oldest first within each."""
-        nrec = self.nodes.get(rec.node)
-        pods = nrec.kubelet_pods if nrec is not None else None
-        guessed, created, key = bound_order(rec.obj)
-        rank = 0 if pods is not None and rec.base in pods else (2 if guessed else 1)
-        return (rank, created, key, rec.key)
-
-    def _recount_node(self, name: str) -> None:
-        """The kubelet map of node ``name`` changed: its pods are counted again, kubelet-named ones first."""
-        if self._dirty or self.state is None or name not in self.state.node_index:
-            return
-        recs = [r for k in list(self.on_node.get(name, ())) if (r := self.pods.get(k)) is not None and r.counted]
-        for r in recs:
-            self._uncount(r)
-        for r in sorted(recs, key=self._order):
-            self._count_in(self.state, r)
-        self._sync_unsettled(name)
-
-    def _sync_unsettled(self, name: str) -> None:
-        """Tell the eligibility filter whether node ``name`` has device-plugin GPU pods its kubelet map does not
-        name yet (GPU shares then keep off it); the node's cached masks refresh."""
-        state, elig = self.state, self.elig
-        if state is None or elig is None or self._dirty:
-            return
-        i = state.node_index.get(name)
-        if i is None:
-            return
-        flag = bool(self.unsettled.get(name))
-        if flag != (i in elig.unsettled):
-            if flag:
-                elig.unsettled.add(i)
-            else:
-                elig.unsettled.discard(i)
-            state.touch(i)
-
     def _counted(self, rec: PodRecord, info: PodInfo, held: Assignment | None, state: ClusterState) -> None:
         """``rec`` now holds ``held`` in ``state``: charge its queue, count it for its node, gang and MIG books."""
         rec.counted = True
@@ -577,7 +509,8 @@ class ClusterModel:
 
     def _adopt(self, rec: PodRecord, a: Assumption) -> None:
         """The watch shows a pod gpupool placed as bound where it was placed: the assumption becomes the count."""
-        del self.assumed[rec.key]
+        a = self.assumed.pop(rec.key)
+        self._set_unsettled(a.node, rec.key, False)
         if self.elig is not None:
             self.elig.pending_mig.pop(rec.key, None)
         state = self.state
@@ -586,14 +519,20 @@ class ClusterModel:
             return
         held = state.assignments[rec.key]
         devices = annotated_devices(rec.obj)
-        if devices is not None and tuple(devices[0]) != tuple(held.gpus):
-            state.release(rec.key)  # bound with other devices than assumed (another replica's binding)
+        placed = self._kubelet_placed(rec, rec.info, state, held.node)
+        if ((devices is not None and tuple(devices[0]) != tuple(held.gpus))
+                or (placed is not None and placed[0] != tuple(held.gpus))):
+            # bound with other devices than assumed (another replica's binding), or the kubelet already reports
+            # other GPUs than gpupool booked
+            state.release(rec.key)
             self._count(rec)
             return
         self._counted(rec, rec.info, held, state)
 
     def _drop_assumption(self, key: str) -> None:
-        self.assumed.pop(key, None)
+        a = self.assumed.pop(key, None)
+        if a is not None and key in self.unsettled.get(a.node, ()):
+            self._set_unsettled(a.node, key, False)
         if self.pool is not None:
             self.count_log.append(key)
         if self.elig is not None:
@@ -609,6 +548,8 @@ class ClusterModel:
         """Pod ``key``, already placed in the state on ``node``, is being bound: it holds its devices and leaves
         the pending set until the watch shows it bound (:meth:`bound`) or :meth:`forget`."""
         self.assumed[key] = Assumption(self.pods[key].uid, node, self.clock(), mig=mig)
+        if self._plugin_unknown(key, node):  # the kubelet will pick its GPUs: shares keep off the node meanwhile
+            self._set_unsettled(node, key, True)
         self.pending.pop(key, None)
         self._last_fail.pop(key, None)
 
@@ -692,8 +633,6 @@ class ClusterModel:
         nodes = {n: r.obj for n, r in self.nodes.items() if r.spec is not None}
         caps = {n: r.mig_cap for n, r in self.nodes.items() if r.spec is not None and r.mig_cap}
         self.elig = Eligibility(state, nodes, caps, self.mig_used)
-        self.elig.unsettled = {state.node_index[n] for n, keys in self.unsettled.items()
-                               if keys and n in state.node_index}
         # assumptions: placed again on the same devices where they still fit, else forgotten
         for key, a in list(self.assumed.items()):
             held = old_assignments.get(key)
@@ -711,6 +650,11 @@ class ClusterModel:
             except Exception:  # noqa: BLE001 - it no longer fits: plan it again
                 self.assumed.pop(key, None)
                 self._set_pending(rec)
+                continue
+            if self._plugin_unknown(key, a.node):
+                self.unsettled.setdefault(a.node, set()).add(key)
+        self.elig.unsettled = {state.node_index[n] for n, keys in self.unsettled.items()
+                               if keys and n in state.node_index}
         pol = make_policy(self.policy_name)
         pol.filters = tuple(self.elig.filters) + tuple(pol.filters)
         base_effective = pol.effective
@@ -920,20 +864,6 @@ class ClusterModel:
         the victim is counted again and its preemption's held placements are dropped."""
         if self.pool is not None:
             self.pool.eviction_failed(key, why)
-
-
-def _kubelet_pods(name: str, obj: Mapping[str, Any], spec: Any) -> dict[str, tuple[str, ...]] | None:
-    """The node agent's kubelet map of Node ``obj`` (``gpupool.io/pod-devices``), None when absent or when the node
-    has no device identities to read it with (``spec.gpu_ids``; logged once)."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else None
-    pods = read_pod_devices(annotations)
-    if pods is not None and not spec.gpu_ids:
-        warn_once(name, "kubelet_map_unusable", f"node {name}: kubelet pod -> GPU map ignored: the node's GPUs have "
-                  "no identities (gpupool.io/gpu-inventory missing or not matching nvidia.com/gpu)",
-                  event="kubelet_map_unusable", node=name)
-        return None
-    return pods
 
 
 def build_state(nodes: Sequence[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
