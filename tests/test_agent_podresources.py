@@ -196,3 +196,30 @@ def test_publisher_writes_the_map_once_and_ignores_a_new_time():
     assert again.metadata is None or ANN_POD_DEVICES not in again.metadata["metadata"].get("annotations", {})
     gone = plan_patches(node(annotations={ANN_POD_DEVICES: text}), NodeReport(), 0.0)
     assert gone.metadata["metadata"]["annotations"][ANN_POD_DEVICES] is None
+
+
+# ---------------------------------------------------------------------- agent -> Node -> scheduler
+def test_what_the_agent_publishes_the_scheduler_books(sock, monkeypatch):
+    """The whole path: the kubelet (fake) put ml/train on GPUs 3 and 1 while gpupool had booked 0 and 1; the agent
+    publishes its inventory and the map on the Node; the scheduler's books then hold GPUs 1 and 3 for the pod and
+    leave 0 and 2 free."""
+    from gpupool.k8s.cache.model import build_state
+    from test_k8s_booking import pod
+
+    b = backend(4)
+    u = uuids(b)
+    obj = node()
+    obj["status"]["allocatable"].update({"nvidia.com/gpu": "4", "memory": "64Gi"})
+    api = FakeApi(obj)
+    monkeypatch.setattr(pub.wire, "call", api.call)
+    clock = FakeClock()
+    agent = Agent(b, NodePublisher(api, "gpu-1", sleep=lambda s: None, clock=clock.now), HealthTracker(clock=clock.now),
+                  clock=clock, pod_resources=PodResourcesReader(sock))
+    with FakeKubelet(sock) as kubelet:
+        kubelet.set_pod("ml", "train", {"main": {GPU: [u[3], u[1]]}})
+        agent.round()
+    train = pod("train", {GPU: "2"}, annotations={"gpupool.io/node": "gpu-1", "gpupool.io/gpu-index": "0,1"},
+                node_name="gpu-1")
+    state, info = build_state([api.node], [train])
+    assert info["assignments"]["ml/train"].gpus == (1, 3) and not info["skipped_pods"]
+    assert [int(x) for x in state.gpu_free[0][:4]] == [1000, 0, 1000, 0]
