@@ -71,7 +71,23 @@ def test_fake_kubelet_speaks_the_kubelet_service_name(sock):
     assert [(c.name, [(d.resource_name, list(d.device_ids)) for d in c.devices]) for c in train.containers] == [
         ("main", [(GPU, ["GPU-b"])]), ("sidecar", [])]
     assert sorted(d.device_ids[0] for d in alloc.devices) == ["GPU-a", "GPU-b"]
+    assert all(len(d.device_ids) == 1 for d in alloc.devices)  # one entry per device, as the kubelet sends them
     assert err.value.code() == grpc.StatusCode.UNKNOWN and "pod gone in namespace ml not found" in err.value.details()
+
+
+def test_a_device_listed_once_per_numa_node_counts_once(sock):
+    """The kubelet sends one ContainerDevices per device and NUMA node of its topology: a GPU on NUMA nodes 0 and 1
+    comes twice, with the same ID; a time-slicing replica of the same GPU has its own ID and counts on its own."""
+    with FakeKubelet(sock, numa={"GPU-1": [0, 1], "GPU-2::0": [1], "GPU-2::1": [1]}) as kubelet:
+        kubelet.set_pod("ml", "p", {"c": {GPU: ["GPU-1"]}})
+        kubelet.set_pod("ml", "q", {"c": {GPU: ["GPU-2::0", "GPU-2::1"]}})
+        with grpc.insecure_channel(f"unix://{sock}") as ch:
+            raw = api_pb2_grpc.PodResourcesListerStub(ch).List(api_pb2.ListPodResourcesRequest(), timeout=5)
+        got = list_pod_devices(sock)
+    p = next(x for x in raw.pod_resources if x.name == "p")
+    assert [(list(d.device_ids), [n.ID for n in d.topology.nodes]) for d in p.containers[0].devices] == [
+        (["GPU-1"], [0]), (["GPU-1"], [1])]
+    assert got == {"ml/p": ("GPU-1",), "ml/q": ("GPU-2::0", "GPU-2::1")}
 
 
 def test_list_pod_devices_reads_only_gpu_devices_of_every_container(sock):

@@ -47,8 +47,9 @@ REPLICA_SEPARATOR = "::"
 
 def list_pod_devices(socket_path: str, resource: str = POD_DEVICES_RESOURCE,
                      timeout_s: float = 5.0) -> dict[str, tuple[str, ...]]:
-    """``namespace/name`` -> the device IDs of ``resource`` the kubelet gave the pod's containers (in container
-    order, as ``List`` answers), for every pod holding at least one. Raises ``FileNotFoundError`` when
+    """``namespace/name`` -> the device IDs of ``resource`` the kubelet gave the pod's containers (in the order
+    ``List`` answers, each ID once: the kubelet repeats a device for each NUMA node of its topology), for every pod
+    holding at least one. Raises ``FileNotFoundError`` when
     ``socket_path`` does not exist or is not a socket, ``grpc.RpcError`` when the call fails (``timeout_s``
     seconds at most)."""
     import grpc
@@ -67,10 +68,12 @@ def list_pod_devices(socket_path: str, resource: str = POD_DEVICES_RESOURCE,
         answer = stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout_s)
     out: dict[str, tuple[str, ...]] = {}
     for pod in answer.pod_resources:
-        ids = [d for c in pod.containers for dev in c.devices if dev.resource_name == resource for d in dev.device_ids]
+        # the kubelet lists a device once per NUMA node it reports for it: each ID counts once per pod
+        ids = dict.fromkeys(d for c in pod.containers for dev in c.devices if dev.resource_name == resource
+                            for d in dev.device_ids)
         if ids:
             key = f"{pod.namespace}/{pod.name}"
-            out[key] = out.get(key, ()) + tuple(ids)
+            out[key] = tuple(dict.fromkeys(out.get(key, ()) + tuple(ids)))
     return out
 
 

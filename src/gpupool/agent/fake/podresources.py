@@ -3,9 +3,13 @@
 It serves the vendored ``v1.PodResourcesLister`` (:mod:`gpupool.agent.kubelet`) on a Unix socket, with the
 kubelet's answers as ``pkg/kubelet/apis/podresources/server_v1.go`` gives them:
 
-* ``List``: every active pod, each container with its ``devices`` (one ``ContainerDevices`` per resource:
-  ``resource_name`` and ``device_ids``); pods and containers without devices are listed too, with none;
-* ``GetAllocatableResources``: every device the device plugins advertise, one ``ContainerDevices`` per device;
+* ``List``: every active pod (``GetActivePods``: terminal pods are not listed), each container with its
+  ``devices``; pods and containers without devices are listed too, with none;
+* devices as ``containerDevicesFromResourceDeviceInstances`` (``pkg/kubelet/cm``) builds them: one
+  ``ContainerDevices`` per device ID, carrying ``resource_name``, that one ID and, when the device plugin reported
+  the device's NUMA nodes, one entry per NUMA node with its ``topology`` (so a device on two NUMA nodes is listed
+  twice); entries come in map order (the fake keeps the order given);
+* ``GetAllocatableResources``: every device the device plugins advertise, built the same way;
 * ``Get``: one pod; a pod the kubelet does not run is an error ("pod NAME in namespace NS not found", which gRPC
   carries as code UNKNOWN since the kubelet returns a plain Go error).
 
@@ -34,12 +38,15 @@ class FakeKubelet:
     """A ``v1.PodResourcesLister`` server on the Unix socket ``path`` (started by :meth:`start` or ``with``).
 
     Pods: ``set_pod(namespace, name, {container: {resource: [device ids]}})`` / ``remove_pod``; ``allocatable``:
-    ``{resource: [device ids]}`` for ``GetAllocatableResources``. :attr:`calls` counts the calls per method.
+    ``{resource: [device ids]}`` for ``GetAllocatableResources``; ``numa``: device ID -> the NUMA nodes the device
+    plugin reported for it. :attr:`calls` counts the calls per method.
     """
 
-    def __init__(self, path: str | Path, allocatable: Mapping[str, Sequence[str]] | None = None) -> None:
+    def __init__(self, path: str | Path, allocatable: Mapping[str, Sequence[str]] | None = None,
+                 numa: Mapping[str, Sequence[int]] | None = None) -> None:
         self.path = str(path)
         self.allocatable = {k: list(v) for k, v in (allocatable or {}).items()}
+        self.numa = {k: list(v) for k, v in (numa or {}).items()}  # device ID -> its NUMA nodes (none: no topology)
         self.pods: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
         self.calls: dict[str, int] = {"List": 0, "GetAllocatableResources": 0, "Get": 0}
         self._lock = threading.Lock()
@@ -57,11 +64,22 @@ class FakeKubelet:
         with self._lock:
             self.pods.pop((namespace, name), None)
 
+    def _devices(self, pb: Any, res: Mapping[str, Sequence[str]]) -> list[Any]:
+        out = []
+        for resource, ids in res.items():
+            for dev in ids:
+                nodes = self.numa.get(dev)
+                if not nodes:
+                    out.append(pb.ContainerDevices(resource_name=resource, device_ids=[dev]))
+                    continue
+                for n in nodes:
+                    out.append(pb.ContainerDevices(resource_name=resource, device_ids=[dev], topology=pb.TopologyInfo(
+                        nodes=[pb.NUMANode(ID=n)])))
+        return out
+
     def _pod_message(self, pb: Any, key: tuple[str, str], containers: Mapping[str, Mapping[str, Sequence[str]]]):
         return pb.PodResources(namespace=key[0], name=key[1], containers=[
-            pb.ContainerResources(name=c, devices=[pb.ContainerDevices(resource_name=r, device_ids=list(ids))
-                                                   for r, ids in res.items() if ids])
-            for c, res in containers.items()])
+            pb.ContainerResources(name=c, devices=self._devices(pb, res)) for c, res in containers.items()])
 
     # ------------------------------------------------------------------ server
     def start(self) -> FakeKubelet:
@@ -83,8 +101,7 @@ class FakeKubelet:
             def GetAllocatableResources(self, request, context):  # noqa: N802
                 with fake._lock:
                     fake.calls["GetAllocatableResources"] += 1
-                    devices = [pb.ContainerDevices(resource_name=r, device_ids=[d])
-                               for r, ids in fake.allocatable.items() for d in ids]
+                    devices = fake._devices(pb, fake.allocatable)
                 return pb.AllocatableResourcesResponse(devices=devices)
 
             def Get(self, request, context):  # noqa: N802
