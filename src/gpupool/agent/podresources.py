@@ -138,7 +138,8 @@ class PodResourcesReader:
             result = PodResourcesRead("missing", error=str(exc))
             if previous is None or previous.status != "missing":
                 log.warning("kubelet PodResources socket missing (%s): whole GPUs are not reported where the kubelet "
-                            "put them; mount /var/lib/kubelet/pod-resources read-only into the agent",
+                            "put them; mount /var/lib/kubelet/pod-resources read-only into the agent "
+                            "(deploy/agent/pod-resources), or pass --pod-resources-socket '' not to read it",
                             exc, extra={"event": "pod_resources_missing", "socket": self.socket_path})
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
