@@ -144,6 +144,14 @@ def test_a_map_naming_devices_the_node_does_not_have_counts_the_pod_as_unreporte
     assert plan_of(n, a, share("s"))["ml/s"].node is None
 
 
+def test_one_gpu_named_twice_on_a_node_without_time_slicing_is_not_trusted():
+    n = gpu_node(pods={"ml/a": ["GPU-2", "GPU-2"]})
+    a = booked_by_gpupool("a", "0,1", n=2)
+    state, info = build_state([n], [a])
+    assert info["assignments"]["ml/a"].gpus == (0, 1)  # both GPUs counted, as booked
+    assert plan_of(n, a, share("s"))["ml/s"].node is None  # and the node waits for a map that makes sense
+
+
 # ---------------------------------------------------------------------- the live model, incrementally
 def test_live_model_moves_the_pod_and_lifts_the_share_block_when_the_map_arrives():
     model = ClusterModel(scheduler_name="gpupool")

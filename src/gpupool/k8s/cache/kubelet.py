@@ -48,8 +48,6 @@ def kubelet_pods(name: str, obj: Mapping[str, Any], spec: Any) -> dict[str, tupl
     return pods
 
 
-
-
 class KubeletBooks:
     """The kubelet-map part of :class:`~gpupool.k8s.cache.model.ClusterModel` (a mixin: it reads and writes the
     model's ``nodes``, ``pods``, ``state``, ``elig``, ``on_node``, ``unsettled`` and ``_dirty``, and calls its
@@ -83,7 +81,8 @@ class KubeletBooks:
             return None
         uuids = pods.get(rec.base)
         placed = kubelet_devices(uuids, state.nodes[node].gpu_ids) if uuids else None
-        if placed is None or len(uuids or ()) != info.request.num_gpu:
+        # one device per GPU unless the GPUs are time-sliced (then at most as many replicas as each GPU has)
+        if placed is None or len(uuids or ()) != info.request.num_gpu or placed[1] > int(state.gpu_replicas[node]):
             rec.unsettled = True
             if uuids:
                 warn_once(rec.key, "kubelet_devices_unknown", "kubelet reports devices gpupool cannot place; the pod "
