@@ -164,6 +164,12 @@ def test_live_model_moves_the_pod_and_lifts_the_share_block_when_the_map_arrives
     assert model.state is state  # no rebuild: the node's pods were counted again in place
     assert state.assignments["ml/a"].gpus == (3,) and model.elig.unsettled == set()
     assert list(state.gpu_free[0][:4]) == [MILLI, MILLI, MILLI, 0]
+    # a relist rebuilds from scratch and finds the same books (no drift)
+    model.replace("nodes", [gpu_node(pods={"ml/a": ["GPU-3"]}, rv="2")])
+    model.replace("pods", [booked_by_gpupool("a", "0")])
+    state = model.refresh()
+    assert model.stats["drift"] == 0 and model.stats["rebuilds"] == 2
+    assert state.assignments["ml/a"].gpus == (3,) and model.elig.unsettled == set()
     # the pod goes from the map again (a stale map is not trusted): the block is back, the pod stays counted
     model.apply("nodes", "MODIFIED", gpu_node(pods={}, rv="3"))
     assert model.elig.unsettled == {0} and "ml/a" in state.assignments
