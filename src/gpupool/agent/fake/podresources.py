@@ -77,7 +77,8 @@ class FakeKubelet:
                         nodes=[pb.NUMANode(ID=n)])))
         return out
 
-    def _pod_message(self, pb: Any, key: tuple[str, str], containers: Mapping[str, Mapping[str, Sequence[str]]]):
+    def _pod_message(self, pb: Any, key: tuple[str, str],
+                     containers: Mapping[str, Mapping[str, Sequence[str]]]) -> Any:
         return pb.PodResources(namespace=key[0], name=key[1], containers=[
             pb.ContainerResources(name=c, devices=self._devices(pb, res)) for c, res in containers.items()])
 
