@@ -8,6 +8,7 @@ against the openAPIV3Schema of its CRD in deploy/crds/ (jsonschema); the built-i
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -948,3 +949,34 @@ def test_gpuautoscaler_example_does_not_scale_an_idle_service_on_bare_latency():
     for k in range(40):
         cur = rec.recommend(15.0 * k, cur, {"concurrency": 2.0, "latency_p99_s": 1.1 * bare}).replicas
     assert cur == cfg.min_replicas
+
+
+@needs_kubectl
+def test_agent_pod_resources_component_mounts_the_kubelet_socket_read_only(tmp_path):
+    """deploy/agent/pod-resources (opt-in): the kubelet's PodResources directory mounted read-only where the agent's
+    default --pod-resources-socket points, uid 0 (the socket is root's), the namespace at Pod Security privileged
+    (hostPath is outside restricted and baseline); the base install is left as it is."""
+    from gpupool.agent.podresources import DEFAULT_SOCKET
+
+    rel = os.path.relpath(DEPLOY, tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {rel}\ncomponents:\n  - {rel}/agent/pod-resources\n")
+    out = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    objs = _docs(out.stdout)
+    ds = next(o for o in objs if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpupool-agent")
+    pod = ds["spec"]["template"]["spec"]
+    (vol,) = [v for v in pod["volumes"] if "hostPath" in v]
+    assert vol["hostPath"] == {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+    assert mount["readOnly"] is True and DEFAULT_SOCKET.startswith(mount["mountPath"].rstrip("/") + "/")
+    assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["runAsNonRoot"] is False
+    sc = c["securityContext"]  # still: not privileged, no capability, read-only root filesystem
+    assert sc["privileged"] is False and sc["capabilities"]["drop"] == ["ALL"] and sc["readOnlyRootFilesystem"]
+    ns = next(o for o in objs if o["kind"] == "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    # the base install keeps the agent without host access
+    base = _one(rendered_agent(), "DaemonSet")["spec"]["template"]["spec"]
+    assert not [v for v in base["volumes"] if "hostPath" in v]

@@ -28,7 +28,7 @@ def _families(registry) -> set[str]:
 def test_every_family_is_documented_under_its_component() -> None:
     doc = _documented()
     agent = {name for name, _, _ in exporter.METRICS} | {exporter.XID_METRIC[0], exporter.HEALTHY_METRIC[0],
-                                                        exporter.UPDATED_METRIC[0]}
+                                                        exporter.UPDATED_METRIC[0], exporter.POD_RESOURCES_METRIC[0]}
     assert doc["Scheduler"] == _families(SchedulerMetrics().registry)
     assert doc["Node agent"] == agent
     assert doc["GpuAutoscaler controller"] == _families(AutoscalerMetrics().registry)

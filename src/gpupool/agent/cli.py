@@ -110,12 +110,18 @@ def _tracker() -> Any:
 
 
 def build_agent(backend: Any, publisher: Any, interval_s: float, mig_strategy: str, exporter: Any = None,
-                host_root: str = "/") -> Any:
-    """The :class:`~gpupool.agent.run.Agent` with the real discovery, health, validation and metrics parts."""
+                host_root: str = "/", pod_resources_socket: str = "") -> Any:
+    """The :class:`~gpupool.agent.run.Agent` with the real discovery, health, validation and metrics parts, and
+    the kubelet's PodResources read on ``pod_resources_socket`` ("" = not read)."""
     from gpupool.agent.run import Agent
 
+    reader = None
+    if pod_resources_socket:
+        from gpupool.agent.podresources import PodResourcesReader
+
+        reader = PodResourcesReader(pod_resources_socket)
     return Agent(backend, publisher, _tracker(), _validator(host_root), exporter, interval_s,
-                 mig_strategy=mig_strategy)
+                 mig_strategy=mig_strategy, pod_resources=reader)
 
 
 def _one_round(agent: Any, gpus: Any) -> Any:
@@ -183,6 +189,11 @@ def register(app: typer.Typer) -> None:
             "--host-root", metavar="DIR",
             help="Where the host's filesystem (its container runtime configuration) is mounted: the "
                  "DaemonSet mounts /etc/containerd, /etc/crio, /etc/docker under /host.")] = "/",
+        pod_resources_socket: Annotated[str, typer.Option(
+            "--pod-resources-socket", metavar="PATH",
+            help="The kubelet's PodResources gRPC socket: which GPUs the kubelet gave each pod, published as "
+                 "the gpupool.io/pod-devices annotation. \"\" turns it off.")
+        ] = "/var/lib/kubelet/pod-resources/kubelet.sock",
         log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     ) -> None:
         """Node agent: GPU discovery, health and stack validation from NVML, published on this node's Node
@@ -225,7 +236,8 @@ def register(app: typer.Typer) -> None:
         from gpupool.agent.run import report_json
 
         if dry_run:
-            agent = build_agent(gpus, None, interval_s, mig_strategy, host_root=host_root)
+            agent = build_agent(gpus, None, interval_s, mig_strategy, host_root=host_root,
+                                pod_resources_socket=pod_resources_socket)
             report = _one_round(agent, gpus)
             typer.echo(json.dumps(report_json(report), indent=2, sort_keys=False))
             return
@@ -248,7 +260,8 @@ def register(app: typer.Typer) -> None:
             except ConfigError as exc:
                 _fail(str(exc))
         exporter = _exporter() if address else None
-        agent = build_agent(gpus, publisher, interval_s, mig_strategy, exporter, host_root=host_root)
+        agent = build_agent(gpus, publisher, interval_s, mig_strategy, exporter, host_root=host_root,
+                            pod_resources_socket=pod_resources_socket)
         if once:
             report = _one_round(agent, gpus)
             ok = publisher.failures == 0

@@ -20,6 +20,8 @@ name                                    unit      source (:class:`~gpupool.agent
 ``DCGM_FI_DEV_ECC_DBE_VOL_TOTAL``       count     ``ecc_volatile_uncorrected`` (double-bit, since the driver loaded)
 ``gpupool_agent_gpu_healthy``           1/0       the health tracker's verdict (else: no device-level XID, not lost)
 ``gpupool_agent_last_update_seconds``   s         when :meth:`GpuExporter.update` last ran (seconds since the epoch)
+``gpupool_agent_pod_resources_up``      1/0       the kubelet's PodResources socket answered the last ``List`` (0:
+                                                  missing or failing); absent when the agent does not read it
 ======================================  ========  =================================================================
 
 Labels as dcgm-exporter has them: ``gpu`` (NVML index), ``UUID``, ``pci_bus_id``, ``device`` (``nvidia<minor>``),
@@ -71,6 +73,9 @@ METRICS: tuple[tuple[str, str, str], ...] = (
 
 XID_METRIC = ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
 HEALTHY_METRIC = ("gpupool_agent_gpu_healthy", "1 while the gpupool agent considers the GPU healthy, 0 otherwise.")
+POD_RESOURCES_METRIC = ("gpupool_agent_pod_resources_up",
+                        "1 when the kubelet's PodResources socket answered the agent's last List, 0 when it is "
+                        "missing or failed.")
 UPDATED_METRIC = ("gpupool_agent_last_update_seconds",
                   "When the gpupool agent last refreshed its GPU readings (seconds since the epoch).")
 
@@ -112,6 +117,7 @@ class GpuExporter(Collector):
         self._rows: list[_Row] = []
         self._devices: dict[str, GpuDevice] = {}
         self._updated: float | None = None
+        self._pod_resources_up: bool | None = None
         self._label_names: list[str] = list(LABELS)
         self.registry.register(self)
 
@@ -119,7 +125,7 @@ class GpuExporter(Collector):
     def update(self, samples: Sequence[GpuSample],
                health: Mapping[str, GpuHealth | int] | None = None,
                devices: Sequence[GpuDevice] | None = None, *, discovery: Any = None,
-               driver: Any = None) -> None:
+               driver: Any = None, pod_resources_up: bool | None = None) -> None:
         """Replace the snapshot.
 
         ``samples``: one :class:`GpuSample` per GPU (``backend.sample()``); ``health``: by UUID, either the health
@@ -128,7 +134,8 @@ class GpuExporter(Collector):
         sample is ``lost``. ``devices``: the discovered GPUs, for ``pci_bus_id``, ``device`` and ``modelName`` (kept
         from the last call when None). A GPU in ``samples`` but not in ``devices`` is labelled ``nvidia<index>``.
         ``discovery`` (its ``devices``, when ``devices`` is None) and ``driver`` (a ``DriverInfo``: sets the
-        ``DCGM_FI_DRIVER_VERSION`` label when the exporter was made without one) are what the agent loop offers.
+        ``DCGM_FI_DRIVER_VERSION`` label when the exporter was made without one) are what the agent loop offers;
+        ``pod_resources_up``: whether the kubelet's PodResources socket answered (None: not read, no series).
         """
         health = health or {}
         if devices is None and discovery is not None:
@@ -157,6 +164,7 @@ class GpuExporter(Collector):
                     labels += (self.driver_version,)
                 rows.append(_Row(labels, s, xid, healthy))
             self._rows = rows
+            self._pod_resources_up = pod_resources_up
             self._updated = self.clock()
 
     @property
@@ -174,8 +182,11 @@ class GpuExporter(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             rows, updated, label_names = list(self._rows), self._updated, self._label_names
+            pod_resources_up = self._pod_resources_up
         if updated is not None:
             yield GaugeMetricFamily(*UPDATED_METRIC, value=updated)
+        if pod_resources_up is not None:
+            yield GaugeMetricFamily(*POD_RESOURCES_METRIC, value=1.0 if pod_resources_up else 0.0)
         if updated is None or (self.max_age_s is not None and self.clock() - updated > self.max_age_s):
             return
         for name, help_text, attr in METRICS:

@@ -10,7 +10,9 @@
 * **Annotations**: :data:`~gpupool.k8s.objects.agent_report.ANN_GPU_INVENTORY`
   (:func:`~gpupool.k8s.objects.agent_report.inventory_json`,
   compact with sorted keys; an inventory that differs from the Node's only in its top-level ``time`` is not
-  written, so ``time`` says when the inventory last changed) and the owned-labels list.
+  written, so ``time`` says when the inventory last changed), the owned-labels list and
+  :data:`~gpupool.k8s.objects.agent_report.ANN_POD_DEVICES` (the kubelet's pod -> GPU map, written the same way;
+  removed when the report has none, so that a map never outlives the socket it came from).
   Both go in one JSON merge patch on ``/api/v1/nodes/NAME`` with ``metadata.resourceVersion`` as a
   precondition: when someone else wrote the Node since it was read, the server answers 409 and the patch is
   computed again from a fresh read (a GFD label that appeared in between is then respected).
@@ -44,7 +46,13 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from gpupool.k8s.api import wire
-from gpupool.k8s.objects.agent_report import ANN_GPU_INVENTORY, ANN_OWNED_LABELS, NodeReport, inventory_json
+from gpupool.k8s.objects.agent_report import (
+    ANN_GPU_INVENTORY,
+    ANN_OWNED_LABELS,
+    ANN_POD_DEVICES,
+    NodeReport,
+    inventory_json,
+)
 
 __all__ = ["AGENT_PREFIXES", "NodePublisher", "Plan", "agent_label", "plan_patches", "rfc3339", "valid_label"]
 
@@ -156,6 +164,13 @@ def plan_patches(node: Mapping[str, Any], report: NodeReport, now: float, heartb
         if annotations.get(ANN_GPU_INVENTORY) != inv and _without_time(report.inventory) != _without_time(
                 _loads(annotations.get(ANN_GPU_INVENTORY))):
             ann_patch[ANN_GPU_INVENTORY] = inv
+    if report.pod_devices is not None:
+        text = inventory_json(report.pod_devices)
+        if annotations.get(ANN_POD_DEVICES) != text and _without_time(report.pod_devices) != _without_time(
+                _loads(annotations.get(ANN_POD_DEVICES))):
+            ann_patch[ANN_POD_DEVICES] = text
+    elif ANN_POD_DEVICES in annotations:
+        ann_patch[ANN_POD_DEVICES] = None  # no map now (socket gone): a stale one must not stay
 
     if label_patch or ann_patch:
         md: dict[str, Any] = {"resourceVersion": meta.get("resourceVersion")}

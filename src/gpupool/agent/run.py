@@ -12,7 +12,10 @@
   once (``publisher.refresh()``) for its allocatable; the validator (:mod:`gpupool.agent.validate`) checks the
   stack; the :class:`~gpupool.k8s.objects.agent_report.NodeReport` (GFD labels + ``gpupool.io/gpu-stack-ready``, the
   inventory annotation, conditions ``GpuHealthy`` and ``GpuStackReady``) is built and published; the metrics
-  exporter (:mod:`gpupool.agent.exporter`) is updated;
+  exporter (:mod:`gpupool.agent.exporter`) is updated; when a PodResources reader is given
+  (:class:`~gpupool.agent.podresources.PodResourcesReader`), the kubelet's pod -> GPU map is read each round and
+  published as ``gpupool.io/pod-devices`` (a missing socket: no map, the annotation removed; a failed call: the
+  last map kept);
 * between rounds the driver's events are polled with a short timeout (``event_poll_s``, 1 s): an XID, an ECC
   double-bit error or a reset starts a round at once, so an unhealthy GPU is marked within about
   ``event_poll_s`` plus one publish;
@@ -108,8 +111,10 @@ def call_with(fn: Callable[..., Any], *args: Any, **available: Any) -> Any:
 
 
 def report_json(report: NodeReport) -> dict[str, Any]:
-    """The report as a JSON-ready dict (``--dry-run`` prints it): labels, inventory, conditions."""
+    """The report as a JSON-ready dict (``--dry-run`` prints it): labels, inventory, pod devices (None: no map),
+    conditions."""
     return {"labels": dict(sorted(report.labels.items())), "inventory": report.inventory,
+            "podDevices": report.pod_devices,
             "conditions": [{"type": c.type, "status": c.status, "reason": c.reason, "message": c.message}
                            for c in report.conditions]}
 
@@ -159,7 +164,8 @@ class Agent:
 
     ``discover`` / ``labels`` / ``inventory`` / ``health_condition``: the discovery functions (default:
     :mod:`gpupool.agent.discovery`'s ``discover``, ``gfd_labels``, ``inventory_doc`` and
-    :mod:`gpupool.agent.health`'s ``condition``).
+    :mod:`gpupool.agent.health`'s ``condition``). ``pod_resources``: None, or an object whose ``read()`` returns a
+    :class:`~gpupool.agent.podresources.PodResourcesRead` (the kubelet's pod -> device IDs map).
     """
 
     def __init__(self, backend: GpuBackend, publisher: Any, tracker: Any, validator: Any = None,
@@ -168,7 +174,8 @@ class Agent:
                  discover: Callable[[GpuBackend], Any] | None = None,
                  labels: Callable[[Any, str], dict[str, str]] | None = None,
                  inventory: Callable[[Any, Mapping[str, GpuHealth], float], dict[str, Any]] | None = None,
-                 health_condition: Callable[[Mapping[str, GpuHealth]], Condition] | None = None) -> None:
+                 health_condition: Callable[[Mapping[str, GpuHealth]], Condition] | None = None,
+                 pod_resources: Any = None) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval {interval_s!r}: must be > 0 seconds")
         self.backend, self.publisher, self.tracker = backend, publisher, tracker
@@ -189,6 +196,9 @@ class Agent:
         self.stack: Any = None
         self.last_report: NodeReport | None = None
         self.known_gpus: list[dict[str, Any]] = []  # GPU entries of the last inventory (the Node's, then ours)
+        self.pod_resources = pod_resources
+        self.pod_devices: dict[str, list[str]] | None = None  # namespace/name -> GPU UUIDs, as the kubelet put them
+        self.pod_resources_up: bool | None = None  # the last PodResources read answered (None: not read)
         self._node_inventory_read = False
         self.rounds = 0
         self.discoveries = 0
@@ -262,6 +272,7 @@ class Agent:
             except BackendError as exc:
                 log.warning("rediscovery failed: %s", exc)
 
+        self._read_pod_resources()
         node = self.publisher.refresh() if self.publisher is not None else None
         if node is not None and not self._node_inventory_read:  # what the agent before this one published
             self._node_inventory_read = True
@@ -287,7 +298,8 @@ class Agent:
             try:
                 update = getattr(self.exporter, "update", self.exporter)
                 call_with(update, discovery=self.discovery, samples=samples or [], health=self.health,
-                          events=events, stack=self.stack, driver=self.driver)
+                          events=events, stack=self.stack, driver=self.driver,
+                          pod_resources_up=self.pod_resources_up)
             except Exception as exc:  # noqa: BLE001
                 self.errors += 1
                 log.exception("metrics update failed: %s", exc)
@@ -297,6 +309,28 @@ class Agent:
         self.rounds += 1
         self.last_round_at = self.clock.monotonic()
         return report
+
+    def _read_pod_resources(self) -> None:
+        """Read the kubelet's pod -> GPU map (when a reader is given): resolved to GPU UUIDs on ``ok``, dropped
+        when the socket is ``missing`` (the map would go stale), kept as it was on an ``error``."""
+        if self.pod_resources is None:
+            return
+        from gpupool.agent.podresources import resolve_pods
+
+        try:
+            got = self.pod_resources.read()
+            self.pod_resources_up = bool(got.up)
+            if got.up:
+                devices = getattr(self.discovery, "devices", None)
+                if devices is None:
+                    devices = self.backend.devices()
+                self.pod_devices = resolve_pods(got.pods, devices)
+            elif got.status == "missing":
+                self.pod_devices = None
+        except Exception as exc:  # noqa: BLE001 - the rest of the report still goes out
+            self.errors += 1
+            self.pod_resources_up = False
+            log.exception("reading the kubelet's PodResources failed: %s", exc)
 
     def alive(self, max_age_s: float | None = None) -> bool:
         """Liveness (the metrics server's ``/healthz``): a round finished within ``max_age_s`` seconds
@@ -340,7 +374,13 @@ class Agent:
                 conditions.append(cond)
         conditions = [c for c in conditions if c.type in (COND_GPU_HEALTHY, COND_STACK_READY)] + \
             [c for c in conditions if c.type not in (COND_GPU_HEALTHY, COND_STACK_READY)]
-        return NodeReport(labels=labels, inventory=inventory, conditions=conditions)
+        pod_devices = None
+        if self.pod_devices is not None:
+            from gpupool.agent.publisher import rfc3339
+            from gpupool.k8s.objects.agent_report import pod_devices_doc
+
+            pod_devices = pod_devices_doc(self.pod_devices, rfc3339(now))
+        return NodeReport(labels=labels, inventory=inventory, conditions=conditions, pod_devices=pod_devices)
 
     # ------------------------------------------------------------------ the loop
     def poll_events(self, timeout_s: float) -> bool:

@@ -3,20 +3,22 @@
 Pods already bound (``spec.nodeName`` set, not finished) are counted on their node. Their devices are
 read back from gpupool's own annotations (``gpupool.io/gpu-index`` and ``gpu-milli``, trusted only when
 ``gpupool.io/node`` equals ``spec.nodeName``); a pod bound by someone else takes the lowest-indexed
-devices that fit. So a restarted or newly elected gpupool never hands out a GPU twice.
+devices that fit. So a restarted or newly elected gpupool never hands out a GPU twice. Where the node agent
+publishes the kubelet's PodResources map (``gpupool.io/pod-devices``), a device-plugin GPU pod it names is
+counted on the GPUs the kubelet gave it (:func:`kubelet_devices`), whatever gpupool's annotation says.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any, TypedDict
 
 import numpy as np
 
-from gpupool.cluster import ClusterState
+from gpupool.cluster import ClusterState, slice_ask
 from gpupool.k8s import (
     ANN_ALIBABA_GPU_COUNT,
     ANN_ALIBABA_GPU_MILLI,
@@ -281,6 +283,31 @@ def count_bound_pod(state: ClusterState, info: PodInfo, node: int,
     except AllocationError:  # pragma: no cover - clipped to what is free
         a = None
     return a, note + f"does not fit on {state.node_names[node]} as gpupool counts it; counted in part"
+
+
+def plugin_gpus(info: PodInfo) -> bool:
+    """Does the bound pod hold GPUs the NVIDIA device plugin hands out (``nvidia.com/gpu: N``, whole GPUs or one
+    time-slicing replica each), so that the kubelet, not gpupool, chose which? Not a share, a memory amount, a MIG
+    device or a pod whose devices HAMi named."""
+    r = info.request
+    return (r.num_gpu > 0 and not info.mig and not info.named_devices
+            and slice_ask(r.gpu_milli, r.gpu_milli, r.gpu_memory_mib))
+
+
+def kubelet_devices(uuids: Sequence[str], gpu_ids: Sequence[str]) -> tuple[tuple[int, ...], int] | None:
+    """(device indices, most devices on one GPU) of the GPU UUIDs the kubelet reports for a pod (one per device it
+    gave: a GPU twice when the pod holds two time-slicing replicas of it), through the node's ``gpu_ids``
+    (:attr:`~gpupool.model.NodeSpec.gpu_ids`, the agent's GPU list in device-index order). None when a UUID is not
+    among them (a MIG device, a GPU the node does not advertise) or there is none."""
+    if not uuids or not gpu_ids:
+        return None
+    index = {u: i for i, u in enumerate(gpu_ids) if u}
+    if any(u not in index for u in uuids):
+        return None
+    counts: dict[int, int] = {}
+    for u in uuids:
+        counts[index[u]] = counts.get(index[u], 0) + 1
+    return tuple(sorted(counts)), max(counts.values())
 
 
 def bound_order(pod: Mapping[str, Any]) -> tuple:

@@ -1,5 +1,6 @@
 """Node eligibility per pod (kube-scheduler's NodeUnschedulable, TaintToleration and NodeAffinity plugins, and
-the MIG device count) as filter plugins for the engine."""
+the MIG device count) as filter plugins for the engine; and gpupool's own: no GPU share on a node where a
+device-plugin GPU pod runs on GPUs the kubelet has not reported yet."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from gpupool.k8s.cache.sharing import share_filters, share_spelling
 from gpupool.k8s.objects.fields import mapping
 from gpupool.k8s.objects.gpu_asks import gpu_ask
 from gpupool.k8s.objects.nodes import hami_registered_gpus, node_labels, node_name
-from gpupool.model import PodRequest
+from gpupool.model import MILLI, PodRequest
 
 
 # ------------------------------------------------------------------ node eligibility (per pod)
@@ -164,6 +165,8 @@ class Eligibility:
                              if n in state.node_index}
         self.mig_used = {state.node_index[n]: dict(c) for n, c in (mig_used or {}).items() if n in state.node_index}
         self.pending_mig: dict[str, tuple[tuple[str, int], ...]] = {}
+        # nodes with device-plugin GPU pods their kubelet map does not name yet (kept by the cluster model)
+        self.unsettled: set[int] = set()
         n = len(self.nodes)
         self.gen = np.zeros(n, dtype=np.int64)  # bumped by update_node
         self.ready = np.ones(n, dtype=bool)
@@ -177,7 +180,7 @@ class Eligibility:
         # Constraints key -> (gen snapshot, schedulable, taints tolerated, affinity matched)
         self._masks: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         self.filters = (_SchedulableFilter(self), _TaintFilter(self), _AffinityFilter(self), _MigFilter(self),
-                        *share_filters(share_enforcement, self.hami, state.node_names))
+                        _UnsettledFilter(self), *share_filters(share_enforcement, self.hami, state.node_names))
 
     def _read(self, i: int) -> None:
         node = self.nodes[i]
@@ -292,3 +295,21 @@ class _MigFilter(_EligibilityFilter):
         if c is None or not c.mig:
             return np.ones(len(nodes), dtype=bool)
         return np.array([all(self.book.mig_free(int(n), p) >= k for p, k in c.mig) for n in nodes], dtype=bool)
+
+
+class _UnsettledFilter(_EligibilityFilter):
+    """No GPU share (a fraction or a memory amount) on a node where a pod holding device-plugin GPUs runs on GPUs
+    the kubelet has not reported yet (the node agent's map does not name it): the kubelet may have given it any of
+    the node's free GPUs, so none of them is proven free for a share. Whole-GPU asks still go there (the kubelet
+    enforces their count). Lifted as soon as the map names the pod (one agent round, 10 s by default) or the pod
+    ends."""
+
+    reason = "node(s) had GPU pods the kubelet has not reported yet (GPU shares wait for the node agent's map)"
+    static = False  # the pods running there decide
+
+    def mask(self, state: ClusterState, req: EffectiveRequest, nodes: np.ndarray) -> np.ndarray:
+        r = req.requested
+        unsettled = self.book.unsettled
+        if not unsettled or r.num_gpu == 0 or (r.gpu_milli >= MILLI and not r.gpu_memory_mib):
+            return np.ones(len(nodes), dtype=bool)
+        return np.fromiter((int(n) not in unsettled for n in nodes), dtype=bool, count=len(nodes))

@@ -43,13 +43,13 @@ from gpupool.k8s.cache.devices import (
     InventoryInfo,
     NoUsableNodeError,
     annotated_devices,
-    bound_order,
     count_bound_pod,
     lenient_info,
     time_sliced,
 )
 from gpupool.k8s.cache.dra import DRA_KINDS, DraInventory
 from gpupool.k8s.cache.eligibility import ConstrainedRequest, Constraints, Eligibility
+from gpupool.k8s.cache.kubelet import KubeletBooks, kubelet_pods
 from gpupool.k8s.cache.queues import QueueBook, queue_book
 from gpupool.k8s.cache.records import Assumption, NodeRecord, PodRecord, queue_charge
 from gpupool.k8s.cache.sharing import check_mode
@@ -99,7 +99,7 @@ def _uid(obj: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------ the model
-class ClusterModel:
+class ClusterModel(KubeletBooks):
     """Typed records of the cluster, kept in step by :meth:`apply`; :meth:`cycle` plans the pending pods.
 
     ``scheduler_name``: pods naming another scheduler are counted where bound, never placed.
@@ -135,6 +135,8 @@ class ClusterModel:
         self.group_counted: dict[str, int] = {}  # PodGroup key -> counted pods
         self.mig_used: dict[str, dict[str, int]] = {}
         self.on_node: dict[str, set[str]] = {}  # node -> keys of the pods counted there
+        # node -> device-plugin GPU pods counted there that its kubelet map does not name yet (PodRecord.unsettled)
+        self.unsettled: dict[str, set[str]] = {}
         self.state: ClusterState | None = None
         self.engine: Engine | None = None
         self.elig: Eligibility | None = None
@@ -290,7 +292,7 @@ class ClusterModel:
             replicas = max(1, getattr(spec, "gpu_replicas", 1))
             cap = mig_capacity(obj) if mig_strategy(obj) == "mixed" else {}
             rec = NodeRecord(name, obj, rv, spec, "", replicas, cap, _eligibility_key(obj),
-                             inventory.agent_marked(obj, spec))
+                             inventory.agent_marked(obj, spec), kubelet_pods(name, obj, spec))
         except Exception as exc:  # noqa: BLE001 - one unreadable node never stops the others
             reason = str(exc) if isinstance(exc, ValueError) else f"invalid object: {type(exc).__name__}: {exc}"
             rec = NodeRecord(name or "?", obj, rv, None, reason)
@@ -303,6 +305,8 @@ class ClusterModel:
             i = self.state.node_index.get(name)
             if i is not None:
                 self._mark(self.state, i, rec.marked)
+        if old.kubelet_pods != rec.kubelet_pods and rec.spec is not None:
+            self._recount_node(name)
         if old.eligibility != rec.eligibility and rec.spec is not None:
             i = self.state.node_index.get(name)
             if i is not None and self.elig is not None:
@@ -366,6 +370,7 @@ class ClusterModel:
                     and annotated_devices(old.obj) == annotated_devices(obj) and not leaving)
             if same:
                 rec.counted, rec.charge, rec.note = True, old.charge, old.note
+                rec.kubelet, rec.unsettled = old.kubelet, old.unsettled
                 self.pods[key] = rec
                 self._set_pending(rec)
                 return
@@ -416,9 +421,10 @@ class ClusterModel:
         if self._dirty or self.state is None:
             return
         guessed = []
-        if bound_order(rec.obj)[0] is False:  # its devices are named
+        rank = self._order(rec)[0]
+        if rank < 2:  # its devices are named (by the kubelet, or by gpupool's or HAMi's annotations)
             guessed = sorted((r for k in self.on_node.get(rec.node, ()) if (r := self.pods.get(k)) is not None
-                              and r.counted and bound_order(r.obj)[0]), key=lambda r: (bound_order(r.obj), r.key))
+                              and r.counted and self._order(r)[0] > rank), key=self._order)
         for other in guessed:
             self._uncount(other)
         self._count_in(self.state, rec)
@@ -442,7 +448,15 @@ class ClusterModel:
             lenient = "; ".join(x for x in (note, lenient) if x)
             info = replace(info, key=rec.key, request=replace(info.request, name=rec.key))
         devices = annotated_devices(rec.obj)
+        placed = self._kubelet_placed(rec, info, state, node)
         info = time_sliced(info, self.nodes[rec.node].replicas if rec.node in self.nodes else 1)
+        if placed is not None:
+            gpus, per_gpu = placed
+            if len(gpus) != info.request.num_gpu:  # time-slicing replicas the kubelet stacked on fewer GPUs
+                one = int(state.slice_milli[node]) if state.gpu_replicas[node] > 1 else MILLI
+                info = replace(info, request=replace(info.request, num_gpu=len(gpus),
+                                                     gpu_milli=min(MILLI, per_gpu * one)))
+            devices = (gpus, info.request.gpu_milli)
         try:
             assignment, note = count_bound_pod(state, info, node, devices)
         except Exception as exc:  # noqa: BLE001 - one unreadable pod never stops the others
@@ -459,6 +473,9 @@ class ClusterModel:
     def _counted(self, rec: PodRecord, info: PodInfo, held: Assignment | None, state: ClusterState) -> None:
         """``rec`` now holds ``held`` in ``state``: charge its queue, count it for its node, gang and MIG books."""
         rec.counted = True
+        if rec.unsettled:
+            self.unsettled.setdefault(rec.node, set()).add(rec.key)
+            self._sync_unsettled(rec.node)
         rec.charge = queue_charge(info, held, state)
         if self.pool is not None:
             self.count_log.append(rec.key)
@@ -498,6 +515,9 @@ class ClusterModel:
         if self.pool is not None:
             self.count_log.append(rec.key)
         self.on_node.get(rec.node, set()).discard(rec.key)
+        if rec.key in self.unsettled.get(rec.node, ()):
+            self.unsettled[rec.node].discard(rec.key)
+            self._sync_unsettled(rec.node)
         self.skipped_pods.pop(rec.key, None)
         info = self._record_info(rec)
         self._book(rec, info, -1)
@@ -509,7 +529,8 @@ class ClusterModel:
 
     def _adopt(self, rec: PodRecord, a: Assumption) -> None:
         """The watch shows a pod gpupool placed as bound where it was placed: the assumption becomes the count."""
-        del self.assumed[rec.key]
+        a = self.assumed.pop(rec.key)
+        self._set_unsettled(a.node, rec.key, False)
         if self.elig is not None:
             self.elig.pending_mig.pop(rec.key, None)
         state = self.state
@@ -518,14 +539,20 @@ class ClusterModel:
             return
         held = state.assignments[rec.key]
         devices = annotated_devices(rec.obj)
-        if devices is not None and tuple(devices[0]) != tuple(held.gpus):
-            state.release(rec.key)  # bound with other devices than assumed (another replica's binding)
+        placed = self._kubelet_placed(rec, rec.info, state, held.node)
+        if ((devices is not None and tuple(devices[0]) != tuple(held.gpus))
+                or (placed is not None and placed[0] != tuple(held.gpus))):
+            # bound with other devices than assumed (another replica's binding), or the kubelet already reports
+            # other GPUs than gpupool booked
+            state.release(rec.key)
             self._count(rec)
             return
         self._counted(rec, rec.info, held, state)
 
     def _drop_assumption(self, key: str) -> None:
-        self.assumed.pop(key, None)
+        a = self.assumed.pop(key, None)
+        if a is not None and key in self.unsettled.get(a.node, ()):
+            self._set_unsettled(a.node, key, False)
         if self.pool is not None:
             self.count_log.append(key)
         if self.elig is not None:
@@ -541,6 +568,8 @@ class ClusterModel:
         """Pod ``key``, already placed in the state on ``node``, is being bound: it holds its devices and leaves
         the pending set until the watch shows it bound (:meth:`bound`) or :meth:`forget`."""
         self.assumed[key] = Assumption(self.pods[key].uid, node, self.clock(), mig=mig)
+        if self._plugin_unknown(key, node):  # the kubelet will pick its GPUs: shares keep off the node meanwhile
+            self._set_unsettled(node, key, True)
         self.pending.pop(key, None)
         self._last_fail.pop(key, None)
 
@@ -608,6 +637,7 @@ class ClusterModel:
         self.group_counted.clear()
         self.mig_used.clear()
         self.on_node.clear()
+        self.unsettled.clear()
         for rec in self.pods.values():
             rec.counted = False
         if not specs:
@@ -620,7 +650,7 @@ class ClusterModel:
                 self._mark(state, state.node_index[rec.name], rec.marked)
         bound = [r for r in self.pods.values() if r.node and not r.terminal and r.key not in self.assumed
                  and not self._evicting(r)]
-        for rec in sorted(bound, key=lambda r: (bound_order(r.obj), r.key)):
+        for rec in sorted(bound, key=self._order):
             self._count_in(state, rec)
         nodes = {n: r.obj for n, r in self.nodes.items() if r.spec is not None}
         caps = {n: r.mig_cap for n, r in self.nodes.items() if r.spec is not None and r.mig_cap}
@@ -642,6 +672,11 @@ class ClusterModel:
             except Exception:  # noqa: BLE001 - it no longer fits: plan it again
                 self.assumed.pop(key, None)
                 self._set_pending(rec)
+                continue
+            if self._plugin_unknown(key, a.node):
+                self.unsettled.setdefault(a.node, set()).add(key)
+        self.elig.unsettled = {state.node_index[n] for n, keys in self.unsettled.items()
+                               if keys and n in state.node_index}
         pol = make_policy(self.policy_name)
         pol.filters = tuple(self.elig.filters) + tuple(pol.filters)
         base_effective = pol.effective

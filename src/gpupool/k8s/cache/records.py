@@ -27,6 +27,9 @@ class NodeRecord:
     mig_cap: dict[str, int] = field(default_factory=dict)
     eligibility: str = ""  # canonical JSON of what node eligibility reads (labels, taints, cordon, Ready)
     marked: tuple[int, ...] = ()  # devices the node's agent marked unhealthy (gpupool.io/gpu-inventory)
+    # namespace/name -> GPU UUIDs the kubelet gave each pod (the agent's gpupool.io/pod-devices); None: no map, or
+    # no device identities on the node to read it with
+    kubelet_pods: dict[str, tuple[str, ...]] | None = None
 
     @property
     def capacity_key(self) -> tuple:
@@ -59,6 +62,8 @@ class PodRecord:
     counted: bool = False
     charge: int = 0  # milli-GPU charged to its queue while counted
     note: str = ""
+    kubelet: bool = False  # counted on the devices the kubelet reports it holds (PodResources)
+    unsettled: bool = False  # a device-plugin GPU pod on a node with a kubelet map that does not name it yet
 
 
 @dataclass
