@@ -97,13 +97,17 @@ def _check_allocations(e2e: E2E) -> dict[str, Any]:
     """No device in two claims, no counter set overdrawn, every reserved pod bound where its claim is allocated."""
     custom = client.CustomObjectsApi(e2e.admin)
     slices = custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices")["items"]
-    consumes, totals = {}, {}
+    consumes, totals, shared_cap = {}, {}, {}
+    shared_used: dict[tuple[str, str], dict[str, Decimal]] = {}
     for s in slices:
         pool = s["spec"]["pool"]["name"]
         for cs in s["spec"].get("sharedCounters") or ():
             totals[(pool, cs["name"])] = {k: quantity(v["value"], k) for k, v in cs["counters"].items()}
         for d in s["spec"].get("devices") or ():
             consumes[(pool, d["name"])] = d.get("consumesCounters") or []
+            if d.get("allowMultipleAllocations"):
+                shared_cap[(pool, d["name"])] = {f"{DRIVER}/{k}": quantity(v["value"], k)
+                                                 for k, v in (d.get("capacity") or {}).items()}
     pods = {p["metadata"]["name"]: p for p in lc.list_pods(e2e.admin, e2e.ns)}
     held: dict[tuple[str, str], str] = {}
     used: dict[tuple[str, str], dict[str, Decimal]] = {}
@@ -114,7 +118,15 @@ def _check_allocations(e2e: E2E) -> dict[str, Any]:
         node = alloc["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
         for r in alloc["devices"]["results"]:
             key = (r["pool"], r["device"])
-            assert key not in held, f"device {key} allocated to {held[key]} and {c['metadata']['name']}"
+            if key in shared_cap:  # a shared device: its shares within its capacity
+                for k, v in (r.get("consumedCapacity") or {}).items():
+                    used_k = shared_used.setdefault(key, {})
+                    used_k[k] = used_k.get(k, Decimal(0)) + quantity(v, k)
+                    assert used_k[k] <= shared_cap[key][k], f"shared device {key}: {k} over capacity"
+                if key in held:
+                    continue
+            else:
+                assert key not in held, f"device {key} allocated to {held[key]} and {c['metadata']['name']}"
             held[key] = c["metadata"]["name"]
             assert r["pool"] == node, f"claim {c['metadata']['name']}: device of {r['pool']} on node {node}"
             for cc in consumes[key]:
@@ -352,6 +364,53 @@ def test_restart_with_claim_half_written_and_slices_that_change(e2e: E2E) -> Non
         for claim in _claims(e2e):
             for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
                 assert (r["pool"], r["device"]) != ("dra-r1", "gpu-7")
+        _check_allocations(e2e)
+    finally:
+        _teardown(e2e)
+
+
+def test_shared_gpus_and_gangs_with_claims(e2e: E2E) -> None:
+    """Consumable capacity (an L40S shared by memory, ``allowMultipleAllocations``): two 20 GiB shares on one GPU
+    with their ``consumedCapacity`` and ``shareID``; a gang of two 4-GPU claims starts together on a DGX, a second
+    gang that cannot fit starts none of its pods."""
+    custom = client.CustomObjectsApi(e2e.admin)
+    _setup(e2e, ["dra-g"])
+    lc.make_node(e2e.admin, "dra-s", gpus=0)
+    for body in preset_slices("l40s", "dra-s", consumable_shares="memory"):
+        body["metadata"]["labels"] = {lc.E2E_LABEL: "1"}
+        custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
+    try:
+        for i in range(3):
+            c = _claim(e2e.ns, f"share-{i}", "e2e-gpu.nvidia.com", 1)
+            c["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"memory": "20Gi"}}
+            custom.create_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims", c)
+            lc.create_pod(e2e.admin, _pod(e2e.ns, f"p-share-{i}", [("gpu", f"share-{i}")]))
+        for gang, n, count in (("fits", 2, 4), ("nofit", 2, 6)):
+            lc.create_pod_group(e2e.admin, e2e.ns, gang, n)
+            for i in range(n):
+                name = f"{gang}-{i}"
+                custom.create_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaims",
+                                                       _claim(e2e.ns, name, "e2e-gpu.nvidia.com", count))
+                body = _pod(e2e.ns, f"p-{name}", [("gpu", name)])
+                body["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = gang
+                lc.create_pod(e2e.admin, body)
+        e2e.scheduler_inprocess()
+        lc.wait_bound(e2e.admin, e2e.ns, ["p-share-0", "p-share-1", "p-share-2", "p-fits-0", "p-fits-1"], 60)
+        claims = {c["metadata"]["name"]: c for c in _claims(e2e)}
+        results = [claims[f"share-{i}"]["status"]["allocation"]["devices"]["results"][0] for i in range(3)]
+        assert all(r["pool"] == "dra-s" and r.get("shareID") for r in results), results
+        assert all(quantity(r["consumedCapacity"]["gpu.nvidia.com/memory"], "m") == 20 * 2**30 for r in results)
+        devices = sorted(r["device"] for r in results)
+        assert len(set(devices)) == 2 and max(devices.count(d) for d in devices) == 2, devices  # two share one
+        assert {claims[f"fits-{i}"]["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]
+                ["values"][0] for i in range(2)} == {"dra-g"}
+        lc.wait_for(lambda: any("gang" in (e.get("message") or "") and
+                                e.get("involvedObject", {}).get("name", "").startswith("p-nofit")
+                                for e in lc.events_for(e2e.admin, e2e.ns, "FailedScheduling")), 30,
+                    "the gang that cannot fit refused as a whole")
+        pods = {p["metadata"]["name"]: p for p in lc.list_pods(e2e.admin, e2e.ns)}
+        assert not pods["p-nofit-0"]["spec"].get("nodeName") and not pods["p-nofit-1"]["spec"].get("nodeName")
+        assert not (claims["nofit-0"].get("status") or {}).get("allocation")
         _check_allocations(e2e)
     finally:
         _teardown(e2e)

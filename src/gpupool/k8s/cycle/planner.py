@@ -254,6 +254,7 @@ def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapp
                         keys.append(ca.claim.key)
                 model.claims_of[p.pod] = keys
         out.extend(placed)
+    return out
 
 
 def hand_over(model: ClusterModel, placements: list[Placement]) -> list[Placement]:
