@@ -207,7 +207,7 @@ def audit(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
             if d is None:
                 problems.append(f"{c.key}: {r.key} is not a published device")
                 continue
-            consumed = r.consumed.get("memory") if d.allow_multiple else None
+            consumed = r.consumed.get("memory", r.consumed.get(f"{d.driver}/memory")) if d.allow_multiple else None
             if d.allow_multiple:
                 consumed = consumed if consumed is not None else d.capacity_of("memory")
                 mem[r.key] += consumed or Decimal(0)

@@ -323,3 +323,20 @@ def test_openb_shaped_stream_beats_the_offline_best_fit() -> None:
     check_books(m.dra)
     assert first is not None and first >= 0.95 * bf["gpus_at_first_failure"], (first, bf)
     assert end >= bf["gpus_at_end"], (end, bf)
+
+
+def test_a_stale_claim_event_does_not_free_an_allocated_device() -> None:
+    """The scheduler feeds the claim its status write returned (resourceVersion 12) into the cache; the watch then
+    delivers the older finalizer update (11, no allocation): the claim stays allocated."""
+    inv = inventory({"n1": "l40s"}, [])
+    c = claim("c", count=1)
+    c["metadata"]["resourceVersion"] = "12"
+    c["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}
+    inv.apply("resourceclaims", "MODIFIED", c)
+    older = {**c, "metadata": {**c["metadata"], "resourceVersion": "11"}, "status": {}}
+    inv.apply("resourceclaims", "MODIFIED", older)
+    assert inv.claims["default/c"].allocated is not None
+    assert ("gpu.nvidia.com", "n1", "gpu-0") in inv.usage().exclusive

@@ -79,6 +79,8 @@ class Usage:
             self.shares[key] = before + sign
             cons = self.shared.setdefault(key, {})
             for name, amount in result.consumed.items():
+                if "/" not in name:  # written as the device names it: an unqualified name is its driver's
+                    name = f"{device.driver}/{name}"
                 cons[name] = cons.get(name, Decimal(0)) + sign * amount
             if self.shares[key] <= 0:
                 self.shares.pop(key, None)
@@ -143,6 +145,11 @@ class DraInventory:
                 self.assumed.pop(key, None)
             return
         if rv and self._rv.get((kind, key)) == rv:
+            return
+        if kind == RESOURCE_CLAIMS and _older(rv, self._rv.get((kind, key))):
+            # an event older than what this cache holds (the scheduler's own write was fed in ahead of its
+            # watch event): applying it would show an allocated claim as free again. kube-scheduler's assume
+            # cache compares resourceVersions the same way.
             return
         parse = {RESOURCE_SLICES: parse_slice, DEVICE_CLASSES: parse_device_class, RESOURCE_CLAIMS: parse_claim}[kind]
         try:
@@ -287,6 +294,15 @@ class DraInventory:
         return total
 
 
+def _older(rv: str, held: str | None) -> bool:
+    """Whether resourceVersion ``rv`` is older than ``held`` (both etcd revisions; False when either is not a
+    number)."""
+    try:
+        return held is not None and int(rv) < int(held)
+    except ValueError:
+        return False
+
+
 def memory_of(device: Device) -> Decimal | None:
     """The device's ``memory`` capacity in its driver's domain (bytes), None when it publishes none."""
     return device.capacity.get(device.driver, {}).get("memory")
@@ -298,7 +314,7 @@ def device_value(device: Device, result: AllocatedDevice | None = None, full_mem
     consumed memory over the device's."""
     mem = memory_of(device)
     if result is not None and device.allow_multiple and mem:
-        used = result.consumed.get(f"{device.driver}/memory", result.consumed.get("memory"))
+        used = result.consumed.get("memory", result.consumed.get(f"{device.driver}/memory"))
         if used is not None:
             return min(1.0, float(used / mem))
     if full_memory and mem:

@@ -47,6 +47,13 @@ from gpupool.k8s.objects.nodes import agent_unhealthy_uuids
 Matcher = Callable[[Sequence[str], Device], tuple[bool, "str | None"]]
 
 
+def _as_device_names(qualified: str, d: Device) -> str:
+    """A capacity name as the device's slice spells it (and kube-scheduler writes it in ``consumedCapacity``):
+    unqualified in the driver's own domain."""
+    domain, _, name = qualified.rpartition("/")
+    return name if domain == d.driver else qualified
+
+
 def default_matcher() -> Matcher:
     from gpupool.k8s.objects.dra_cel import device_matches
 
@@ -253,12 +260,24 @@ class DraAllocator(FragmentationScores):
                     return False
         return True
 
+    def _waste(self, d: Device, sub: SubRequest) -> float:
+        """A capacity request served by a device taken whole strands the rest of it: the unrequested share of
+        the device, in whole-GPU equivalents (0 for a shared device, or a request without capacity)."""
+        if d.allow_multiple or not sub.capacity:
+            return 0.0
+        fractions = [float(amount / cap) for q, amount in sub.capacity.items()
+                     if (cap := d.capacity_of(q)) is not None and cap > 0]
+        if not fractions:
+            return 0.0
+        return (1.0 - min(1.0, max(fractions))) * device_value(d, None, self.inv.full_memory.get(d.key))
+
     def _take(self, d: Device, sub: SubRequest, request_name: str, u: Usage,
               consumption: Mapping[str, Decimal] | None) -> AllocatedDevice:
         r = AllocatedDevice(request=request_name, driver=d.driver, pool=d.pool, device=d.name,
                             admin_access=sub.admin_access,
                             share_id=str(uuid.uuid4()) if d.allow_multiple and not sub.admin_access else None,
-                            consumed=dict(consumption or {}) if d.allow_multiple else {})
+                            consumed={_as_device_names(q, d): v for q, v in (consumption or {}).items()}
+                            if d.allow_multiple else {})
         u.add(d, r)
         return r
 
@@ -362,7 +381,7 @@ class DraAllocator(FragmentationScores):
                     continue
                 if not constraint_ok(rname.split("/")[0], d):
                     continue
-                lo = 0.0 if sub.admin_access else self._loss(d, u, totals)
+                lo = 0.0 if sub.admin_access else self._loss(d, u, totals) + self._waste(d, sub)
                 flex = 0 if sub.admin_access else self._flexibility(d, u, totals)
                 options.append((flex, lo, self._leftover(d, u, cons), d, cons))
             if len(options) < need:
