@@ -137,6 +137,10 @@ class ControlPlane:
         return [(int(p), n) for p, n in (line.split() for line in (self.dir / "pids").read_text().splitlines()
                                           if line.strip())]
 
+    def runs(self, part: str) -> bool:
+        """Whether start.sh started ``part`` (``kube-controller-manager``, ``kube-scheduler``...: ``KCP_WITH``)."""
+        return any(n == part for _, n in self._pids())
+
     def apiserver_pid(self) -> int:
         return next(p for p, n in self._pids() if n == "kube-apiserver")
 
