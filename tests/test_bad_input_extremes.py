@@ -119,7 +119,8 @@ def test_malformed_extender_args_get_an_error_naming_the_field_not_a_500(args) -
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from gpupool.k8s.extender import Extender, NodeCache, make_app
+    from gpupool.k8s.extender import Extender, NodeCache
+    from gpupool.k8s.extender_http import make_app
 
     cache = NodeCache()
     cache.load([{"metadata": {"name": "gpu-a", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",

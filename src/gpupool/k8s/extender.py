@@ -9,8 +9,14 @@ Go field names, no JSON tags, decoded case-insensitively):
 * ``prioritize``: ``ExtenderArgs`` -> ``HostPriorityList [{Host, Score}]``, scores 0..10
   (``MaxExtenderPriority``; kube-scheduler multiplies by the extender's weight and by 10).
 * ``bind``: ``ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`` ->
-  ``ExtenderBindingResult {Error}``. gpupool picks the devices, writes them on the pod
-  (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``) and POSTs the ``pods/binding``.
+  ``ExtenderBindingResult {Error}``. gpupool reads the pod, checks that it may bind it (its
+  ``schedulerName`` is one this extender serves, its namespace one it may bind in, not bound, not being
+  deleted, the UID kube-scheduler named), picks the devices and POSTs the ``pods/binding`` carrying them as
+  annotations (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``): the API server sets
+  ``spec.nodeName`` and copies the annotations in one update (``assignPod``), so the Binding is the one write
+  and a pod is never annotated by a bind that did not happen. One bind per pod at a time: a second bind of a
+  pod while one is in flight is refused at once (two concurrent binds of one pod used to release each other's
+  reservation and strip the annotations off the bound pod).
 
 Failures are answered with HTTP 200 and the ``Error`` field, as kube-scheduler expects; a node that can
 never fit the pod (GPU model, a request gpupool cannot read) goes to ``FailedAndUnresolvableNodes`` so
@@ -27,34 +33,36 @@ are kept (it may be bound) until the list shows the pod or ``assume_ttl`` passes
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from aiohttp import web
 from kubernetes import client
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.filters import EffectiveRequest, GpuModelMatch, feasible
 from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_NODE
+from gpupool.k8s.api.calls import post_binding, read_pod
 from gpupool.k8s.cache.devices import InventoryInfo
 from gpupool.k8s.cache.model import build_state
 from gpupool.k8s.metrics import SchedulerMetrics
-from gpupool.k8s.objects.fields import RequestParseError, pod_key
+from gpupool.k8s.objects.fields import RequestParseError
 from gpupool.k8s.objects.pods import parse_pod
 from gpupool.k8s.telemetry import GpuTelemetry
 from gpupool.model import AllocationError, Assignment, PodRequest
 from gpupool.policies import DEFAULT_POLICY, make_policy
 
 log = logging.getLogger(__name__)
+
+DEFAULT_SCHEDULER_NAME = "default-scheduler"
+"""kube-scheduler's default profile (``v1.DefaultSchedulerName``): a pod without ``spec.schedulerName`` has it."""
 
 MAX_EXTENDER_PRIORITY = 10
 """``extenderv1.MaxExtenderPriority``: extender scores run 0..10."""
@@ -86,9 +94,6 @@ def device_annotations(assignment: Assignment) -> dict[str, str]:
     }
 
 
-_NO_ASSIGNMENT = Assignment("", 0, "", (), 0, 0, 0, 0, 0)
-
-
 @dataclass(frozen=True, slots=True)
 class _Assumed:
     request: PodRequest
@@ -96,6 +101,7 @@ class _Assumed:
     gpus: tuple[int, ...]
     gpu_milli: int
     since: float
+    bound: bool = False  # the API server accepted the binding (else: in flight, or its outcome is unknown)
 
 
 class NodeCache:
@@ -201,10 +207,23 @@ class NodeCache:
             self.assumed[request.name] = a
             return assignment
 
-    def forget(self, key: str) -> None:
-        """Drop a reservation made by :meth:`assume` (a bind that failed, or a pod kube-scheduler retries)."""
+    def confirm(self, key: str) -> None:
+        """The binding of ``key`` went through: its reservation is kept until the list shows the pod, and no
+        later filter call releases it."""
         with self.lock:
-            if self.assumed.pop(key, None) is not None and self.state is not None and key in self.state.assignments:
+            a = self.assumed.get(key)
+            if a is not None:
+                self.assumed[key] = dataclasses.replace(a, bound=True)
+
+    def forget(self, key: str, *, keep_bound: bool = False) -> None:
+        """Drop a reservation made by :meth:`assume` (a bind that failed, or a pod kube-scheduler retries).
+        ``keep_bound``: leave it if its binding went through (:meth:`confirm`)."""
+        with self.lock:
+            a = self.assumed.get(key)
+            if a is None or (keep_bound and a.bound):
+                return
+            del self.assumed[key]
+            if self.state is not None and key in self.state.assignments:
                 assignment = self.state.release(key)
                 self.policy.on_release(self.state, assignment)
 
@@ -255,12 +274,15 @@ class Extender:
     """The three verbs over a :class:`NodeCache`; ``core`` is used by :meth:`bind` (read, annotate, bind).
 
     ``load_weight`` (0..1) blends GPU utilisation from ``telemetry`` into the score: a node's score becomes
-    ``(1 - w) * policy score + w * idle share``, both on the 0..10 scale.
+    ``(1 - w) * policy score + w * idle share``, both on the 0..10 scale. ``scheduler_names``: the
+    ``spec.schedulerName`` values of the pods it may bind (kube-scheduler's profiles that call it; default
+    ``default-scheduler``); ``namespaces``: the namespaces it may bind in (None: all).
     """
 
     def __init__(self, cache: NodeCache, core: client.CoreV1Api | None = None,
                  metrics: SchedulerMetrics | None = None, telemetry: GpuTelemetry | None = None,
-                 load_weight: float = 0.0) -> None:
+                 load_weight: float = 0.0, scheduler_names: Iterable[str] = (DEFAULT_SCHEDULER_NAME,),
+                 namespaces: Iterable[str] | None = None) -> None:
         if not 0.0 <= load_weight <= 1.0:
             raise ValueError("load_weight must be within [0, 1]")
         self.cache = cache
@@ -268,8 +290,12 @@ class Extender:
         self.metrics = metrics
         self.telemetry = telemetry
         self.load_weight = load_weight
-        self._pods: dict[str, dict] = {}  # pods seen by filter, so bind need not read them back
-        self._pods_lock = threading.Lock()
+        self.scheduler_names = frozenset(scheduler_names)
+        if not self.scheduler_names:
+            raise ValueError("scheduler_names: name at least one scheduler (kube-scheduler's profile) to bind for")
+        self.namespaces = None if namespaces is None else frozenset(namespaces)
+        self._in_flight: set[str] = set()  # "ns/name" of the pods being bound now
+        self._in_flight_lock = threading.Lock()
 
     # ------------------------------------------------------------------ filter
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -294,8 +320,9 @@ class Extender:
             self._keep(names, set(), node_objs, result)
             self._count("unschedulable")
             return result
-        self._remember(pod)
-        self.cache.forget(req.name)  # asked again: an earlier reservation did not lead to a binding
+        with self._in_flight_lock:  # asked again: an earlier reservation whose binding is unknown did not lead
+            if req.name not in self._in_flight:  # to one (never one being bound now, or bound)
+                self.cache.forget(req.name, keep_bound=True)
         with self.cache.lock:
             state, policy = self.cache.state, self.cache.policy
             assert state is not None
@@ -360,21 +387,36 @@ class Extender:
 
     # ------------------------------------------------------------------ bind
     def bind(self, args: Mapping[str, Any]) -> dict[str, str]:
+        """``ExtenderBindingArgs`` -> ``ExtenderBindingResult`` (``{"Error": ""}`` when bound). One bind per pod
+        at a time: another bind of the same pod while this one runs is refused at once, untouched."""
         start = time.perf_counter()
-        name = str(field_of(args, "PodName") or "")
-        namespace = str(field_of(args, "PodNamespace") or "default")
-        uid = str(field_of(args, "PodUID") or "")
-        node = str(field_of(args, "Node") or "")
+        try:
+            name, namespace, uid, node = _binding_args(args)
+        except ValueError as exc:
+            self._count("error", start)
+            return {"Error": str(exc)}
         key = f"{namespace}/{name}"
-        if not name or not node:
-            return {"Error": "ExtenderBindingArgs needs PodName and Node"}
         if self.core is None:
             return {"Error": "gpupool extender has no API client to bind with"}
+        with self._in_flight_lock:
+            if key in self._in_flight:
+                self._count("error", start)
+                log.warning("bind refused", extra={"pod": key, "node": node,
+                                                   "error": "another bind of this pod is in progress"})
+                return {"Error": f"bind {key} to {node}: another bind of this pod is in progress"}
+            self._in_flight.add(key)
         try:
-            with self._pods_lock:
-                pod = self._pods.pop(key, None)
-            if pod is None or (uid and (pod.get("metadata") or {}).get("uid") not in ("", None, uid)):
-                pod = json.loads(self.core.read_namespaced_pod(name, namespace, _preload_content=False).data)
+            return self._bind(key, name, namespace, uid, node, start)
+        finally:
+            with self._in_flight_lock:
+                self._in_flight.discard(key)
+
+    def _bind(self, key: str, name: str, namespace: str, uid: str, node: str, start: float) -> dict[str, str]:
+        assert self.core is not None
+        api = self.core.api_client
+        try:
+            pod = read_pod(api, namespace, name)
+            uid = self._admit(pod, key, uid)
             req = parse_pod(pod)
             assignment = self._reserve(req, node)
         except (RequestParseError, AllocationError, LookupError) as exc:
@@ -385,31 +427,31 @@ class Extender:
             self._count("error", start)
             log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
             return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
+        annotations = device_annotations(assignment)
         try:
-            patch = {"metadata": {"annotations": device_annotations(assignment)}}
-            self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
-            binding = {"apiVersion": "v1", "kind": "Binding",
-                       "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
-                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-            # The response is a Status, not a Binding: read it raw (the typed client cannot decode it).
-            self.core.create_namespaced_pod_binding(name, namespace, binding, _preload_content=False)
+            post_binding(api, namespace, name, uid, annotations, node)
         except Exception as exc:
-            where = self._read_back_node(name, namespace) if _outcome_unknown(exc) else ""
-            if where is None:  # no answer, no read-back: it may be bound; its devices stay reserved and named
+            status = exc.status if isinstance(exc, client.ApiException) else None
+            where = self._read_back(name, namespace) if status is None or status == 409 or status >= 500 else ("", {})
+            if where is None and _outcome_unknown(exc):  # no answer, no read-back: it may be bound
                 self._count("error", start)
                 log.warning("bind outcome unknown", extra={"pod": key, "node": node, "error": _api_error(exc),
                                                            "action": "devices kept until the pod shows up or "
                                                                      f"{self.cache.assume_ttl:.0f}s pass"})
                 return {"Error": f"bind {key} to {node}: outcome unknown ({_api_error(exc)}); gpupool keeps its "
                                  "devices reserved until the API shows the pod"}
-            if where != node:
+            bound_to, ann = where or ("", {})
+            if bound_to != node or ann.get(ANN_GPU_INDEX) != annotations[ANN_GPU_INDEX]:
+                # refused, or bound by someone else: nothing of ours is on the pod (the annotations ride on
+                # the Binding), so only the reservation goes
                 self.cache.forget(req.name)
-                self._unannotate(name, namespace)
                 self._count("error", start)
-                log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
+                log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc),
+                                                  **({"bound_to": bound_to} if bound_to else {})})
                 return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
             log.info("bind answered late", extra={"pod": key, "node": node, "error": _api_error(exc),
-                                                  "note": "read back: bound there"})
+                                                  "note": "read back: bound there with these devices"})
+        self.cache.confirm(req.name)
         self._count("scheduled", start)
         if self.metrics is not None and self.cache.state is not None:
             with self.cache.lock:
@@ -418,7 +460,30 @@ class Extender:
                                  "gpu_milli": assignment.gpu_milli})
         return {"Error": ""}
 
+    def _admit(self, pod: Mapping[str, Any], key: str, uid: str) -> str:
+        """The pod's UID if this extender may bind it now; LookupError naming the field otherwise."""
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+        pod_uid = str(meta.get("uid") or "")
+        if uid and pod_uid and uid != pod_uid:
+            raise LookupError(f"pod {key}: metadata.uid is {pod_uid}, not the PodUID {uid} asked to bind "
+                              "(the pod was replaced)")
+        scheduler = str(spec.get("schedulerName") or DEFAULT_SCHEDULER_NAME)
+        if scheduler not in self.scheduler_names:
+            raise LookupError(f"pod {key}: spec.schedulerName {scheduler!r} is not served by this extender "
+                              f"(it binds for {', '.join(sorted(self.scheduler_names))})")
+        if self.namespaces is not None and str(meta.get("namespace") or "default") not in self.namespaces:
+            raise LookupError(f"pod {key}: namespace not one this extender may bind in "
+                              f"({', '.join(sorted(self.namespaces))})")
+        if meta.get("deletionTimestamp"):
+            raise LookupError(f"pod {key} is being deleted (metadata.deletionTimestamp set)")
+        if spec.get("nodeName"):
+            raise LookupError(f"pod {key} is already bound to {spec['nodeName']} (spec.nodeName)")
+        return pod_uid or uid
+
     def _reserve(self, req: PodRequest, node: str) -> Assignment:
+        # The API shows the pod unbound (``_admit``): a reservation still held for it (an earlier bind whose
+        # outcome was unknown) did not lead to a binding.
         self.cache.forget(req.name)
         with self.cache.lock:
             state, policy = self.cache.state, self.cache.policy
@@ -435,36 +500,23 @@ class Extender:
             gpus = policy.select_gpus(state, eff, i)
             return self.cache.assume(req, node, gpus, eff.gpu_milli if req.num_gpu else 0)
 
-    def _read_back_node(self, name: str, namespace: str) -> str | None:
-        """The node the pod is bound to now ("" unbound or gone), read back after a binding without an answer;
-        None when the read-back fails too (the outcome stays unknown)."""
+    def _read_back(self, name: str, namespace: str) -> tuple[str, dict[str, str]] | None:
+        """(the node the pod is bound to now, "" if unbound or gone; its annotations), read back after a binding
+        that was refused or not answered; None when the read-back fails too (the outcome stays unknown)."""
+        assert self.core is not None
         try:
-            pod = json.loads(self.core.read_namespaced_pod(name, namespace, _preload_content=False).data)
+            pod = read_pod(self.core.api_client, namespace, name)
         except client.ApiException as exc:
-            return "" if exc.status == 404 else None
+            return ("", {}) if exc.status == 404 else None
         except Exception:  # noqa: BLE001 - transport trouble: unknown
             return None
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
         spec = pod.get("spec") if isinstance(pod, Mapping) else None
         bound_to = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        return str(bound_to or "")
-
-    def _unannotate(self, name: str, namespace: str) -> None:
-        """Best effort: take the device annotations off a pod whose binding failed."""
-        try:
-            patch = {"metadata": {"annotations": dict.fromkeys(device_annotations(_NO_ASSIGNMENT))}}
-            self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
-        except Exception as exc:
-            log.debug("could not remove device annotations", extra={"pod": f"{namespace}/{name}", "error": repr(exc)})
+        ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+        return str(bound_to or ""), dict(ann) if isinstance(ann, Mapping) else {}
 
     # ------------------------------------------------------------------ helpers
-    def _remember(self, pod: Mapping[str, Any]) -> None:
-        key = pod_key(pod)
-        with self._pods_lock:
-            self._pods.pop(key, None)
-            self._pods[key] = dict(pod)
-            while len(self._pods) > 1024:  # oldest first
-                self._pods.pop(next(iter(self._pods)))
-
     def _count(self, result: str, start: float | None = None) -> None:
         if self.metrics is not None:
             self.metrics.observe_attempt(result, None if start is None else time.perf_counter() - start)
@@ -486,6 +538,22 @@ def _scale(scores: np.ndarray) -> np.ndarray:
     return (scores - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY
 
 
+def _binding_args(args: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """(PodName, PodNamespace, PodUID, Node) of ``ExtenderBindingArgs``; ValueError naming a field that is missing
+    or not a string."""
+    values = []
+    for field, required in (("PodName", True), ("PodNamespace", False), ("PodUID", False), ("Node", True)):
+        value = field_of(args, field)
+        if value is None or value == "":
+            if required:
+                raise ValueError(f"ExtenderBindingArgs.{field}: required")
+            value = "default" if field == "PodNamespace" else ""
+        if not isinstance(value, str):
+            raise ValueError(f"ExtenderBindingArgs.{field}: expected a string, got {str(value)[:80]!r}")
+        values.append(value)
+    return values[0], values[1], values[2], values[3]
+
+
 def _outcome_unknown(exc: Exception) -> bool:
     """A binding that failed this way may still have gone through: no HTTP answer, or a 5xx (a timeout after
     etcd took it). A 4xx is a refusal."""
@@ -503,62 +571,5 @@ def _api_error(exc: Exception) -> str:
     return repr(exc)
 
 
-# ---------------------------------------------------------------------- HTTP
-def make_app(extender: Extender, url_prefix: str = "", metrics: SchedulerMetrics | None = None) -> web.Application:
-    """The aiohttp application: ``POST {prefix}/filter|prioritize|bind``, ``GET /healthz|/readyz|/metrics``."""
-    prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
-
-    async def read_json(request: web.Request) -> Mapping[str, Any] | None:
-        try:
-            body = await request.json()
-        except ValueError:
-            return None
-        return body if isinstance(body, Mapping) else None
-
-    async def filter_(request: web.Request) -> web.Response:
-        args = await read_json(request)
-        if args is None:
-            return web.json_response({"Nodes": None, "NodeNames": None, "FailedNodes": {},
-                                      "FailedAndUnresolvableNodes": {}, "Error": "request body is not ExtenderArgs"})
-        return web.json_response(extender.filter(args))
-
-    async def prioritize(request: web.Request) -> web.Response:
-        args = await read_json(request)
-        if args is None:
-            return web.json_response({"error": "request body is not ExtenderArgs"}, status=400)
-        try:
-            return web.json_response(extender.prioritize(args))
-        except ValueError as exc:  # Nodes / NodeNames malformed (_candidates names the field)
-            return web.json_response({"error": str(exc)}, status=400)
-
-    async def bind(request: web.Request) -> web.Response:
-        args = await read_json(request)
-        if args is None:
-            return web.json_response({"Error": "request body is not ExtenderBindingArgs"})
-        result = await asyncio.get_running_loop().run_in_executor(None, extender.bind, args)
-        return web.json_response(result)
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(request: web.Request) -> web.Response:
-        if extender.cache.ready:
-            return web.Response(text="ok\n")
-        return web.Response(text="node cache not synced\n", status=503)
-
-    async def metrics_(request: web.Request) -> web.Response:
-        if metrics is None:
-            return web.Response(status=404, text="metrics disabled\n")
-        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application(client_max_size=64 << 20)  # a NodeList of a large cluster is big
-    app.router.add_post(f"{prefix}/filter", filter_)
-    app.router.add_post(f"{prefix}/prioritize", prioritize)
-    app.router.add_post(f"{prefix}/bind", bind)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_)
-    return app
-
-
-__all__ = ["MAX_EXTENDER_PRIORITY", "Extender", "NodeCache", "device_annotations", "field_of", "make_app"]
+__all__ = ["DEFAULT_SCHEDULER_NAME", "MAX_EXTENDER_PRIORITY", "Extender", "NodeCache", "device_annotations",
+           "field_of"]
