@@ -476,3 +476,44 @@ async def test_two_concurrent_binds_of_one_pod_bind_it_once_with_its_devices(kmo
         assert int(state.gpu_free[state.node_index["gpu-d"]].sum()) == 0
         assert sorted(h.cache.assumed) == sorted(f"team-a/{n}" for n in names)
         assert all(a.bound for a in h.cache.assumed.values())
+
+
+@pytest.mark.asyncio
+async def test_bind_only_pods_of_its_schedulers_and_namespaces(kmock):
+    """Issue 33 item 3: the extender bound another scheduler's pod in another namespace to an arbitrary node.
+    It binds only pods whose spec.schedulerName is one it serves (the kube-scheduler profile that calls it)
+    and, when given, only in its namespaces; pods bound, being deleted or replaced (UID) are refused too.
+    Nothing is written for a refused pod."""
+    seed(kmock)
+    bindings = serve_bindings(kmock)
+    theirs = pod("theirs", ns="team-a", gpus=1)
+    theirs["spec"]["schedulerName"] = "gpupool"
+    deleting = pod("leaving", ns="team-a", gpus=1)
+    deleting["metadata"]["deletionTimestamp"] = "2025-05-01T12:01:00Z"
+    unset = pod("plain", ns="team-a", gpus=1)
+    del unset["spec"]["schedulerName"]  # the API server defaults it to default-scheduler
+    for p in (theirs, deleting, unset, pod("other-ns", ns="kube-system", gpus=1), pod("mine", ns="team-a", gpus=1)):
+        kmock.objects[PODS, p["metadata"]["namespace"], p["metadata"]["name"]] = p
+    async with Harness(kmock) as h:
+        h.extender.namespaces = frozenset({"team-a"})
+        await h.refresh()
+
+        async def bind(name, ns="team-a", uid=None, node_="gpu-b"):
+            _, body = await h.post("bind", {"PodName": name, "PodNamespace": ns, "PodUID": uid or f"uid-{name}",
+                                            "Node": node_})
+            return body["Error"]
+
+        assert "spec.schedulerName 'gpupool' is not served by this extender (it binds for default-scheduler)" \
+            in await bind("theirs")
+        assert "namespace not one this extender may bind in (team-a)" in await bind("other-ns", ns="kube-system")
+        assert "being deleted" in await bind("leaving")
+        assert "not the PodUID uid-old asked to bind (the pod was replaced)" in await bind("mine", uid="uid-old")
+        assert await bind("plain") == ""
+        assert await bind("mine") == ""
+        assert [b["metadata"]["name"] for b in bindings] == ["plain", "mine"]
+        assert sorted(h.cache.assumed) == ["team-a/mine", "team-a/plain"]
+        # malformed ExtenderBindingArgs: one line naming the field, nothing bound
+        _, body = await h.post("bind", {"PodName": {"x": 1}, "Node": "gpu-b"})
+        assert body["Error"] == "ExtenderBindingArgs.PodName: expected a string, got \"{'x': 1}\""
+        _, body = await h.post("bind", {"PodName": "mine", "PodNamespace": "team-a"})
+        assert body["Error"] == "ExtenderBindingArgs.Node: required"
