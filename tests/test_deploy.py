@@ -182,7 +182,7 @@ def test_rbac_is_least_privilege():
 
     cluster = grants(_one(objs, "ClusterRole"))
     assert cluster == {
-        ("", "pods", "get", ()), ("", "pods", "list", ()), ("", "pods", "watch", ()), ("", "pods", "patch", ()),
+        ("", "pods", "get", ()), ("", "pods", "list", ()), ("", "pods", "watch", ()),
         ("", "pods/binding", "create", ()), ("", "pods/status", "patch", ()), ("", "pods/eviction", "create", ()),
         ("policy", "poddisruptionbudgets", "get", ()), ("policy", "poddisruptionbudgets", "list", ()),
         ("policy", "poddisruptionbudgets", "watch", ()),
@@ -462,9 +462,28 @@ def test_extender_example_matches_the_extender():
     opts = dict(a.lstrip("-").split("=", 1) for a in args[1:])
     assert args[0] == "extender"
     svc = objs["Service"]
-    assert ext["urlPrefix"] == (f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:"
-                                f"{svc['spec']['ports'][0]['port']}{opts['url-prefix']}")
+    host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    assert ext["urlPrefix"] == f"https://{host}:{svc['spec']['ports'][0]['port']}{opts['url-prefix']}"
     assert opts["policy"] in REGISTRY
+    # authenticated (issue 33 item 3): HTTPS, a client certificate kube-scheduler presents through tlsConfig
+    assert ext["enableHTTPS"] is True and ext["tlsConfig"]["serverName"] == host
+    assert {"caFile", "certFile", "keyFile"} <= set(ext["tlsConfig"])
+    assert {"tls-cert-file", "tls-private-key-file", "client-ca-file", "client-name", "scheduler-name"} <= set(opts)
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    for flag in ("tls-cert-file", "tls-private-key-file", "client-ca-file"):
+        assert opts[flag].rsplit("/", 1)[0] in mounts, flag
+    assert {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v} == {
+        "gpupool-extender-tls", "gpupool-extender-client-ca"}
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert pod["containers"][0][probe]["httpGet"]["scheme"] == "HTTPS"
+    # only kube-scheduler (and metrics scrapers) reach the port
+    netpol = objs["NetworkPolicy"]
+    assert netpol["spec"]["podSelector"] == objs["Deployment"]["spec"]["selector"]
+    assert netpol["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = netpol["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "https"}]
+    assert {"component": "kube-scheduler"} in [p["podSelector"]["matchLabels"] for p in rule["from"]]
     help_text = CliRunner().invoke(app, ["extender", "--help"], terminal_width=200).output
     for flag in opts:
         assert f"--{flag}" in help_text
