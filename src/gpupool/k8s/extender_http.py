@@ -233,6 +233,8 @@ def make_app(extender: Extender, url_prefix: str = "", metrics: SchedulerMetrics
             raise RequestRefused(408, f"request body not received within {limits.read_timeout_s:g}s") from None
         except web.HTTPRequestEntityTooLarge:
             raise RequestRefused(413, f"request body is over the limit of {limits.max_body_bytes} bytes") from None
+        except ConnectionError:  # the client went away mid-body: nobody to answer, nothing to log as an error
+            raise RequestRefused(400, "connection lost while the request body was read") from None
         return await asyncio.get_running_loop().run_in_executor(None, parse_json, body, limits.max_json_depth)
 
     def verb(call: Callable[[Mapping[str, Any]], Any], what: str) -> Handler:
