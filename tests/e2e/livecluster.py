@@ -480,9 +480,12 @@ class SchedulerProcess:
     def __init__(self, kubeconfig: Path, identity: str, log_dir: Path, extra: list[str] | None = None) -> None:
         self.identity = identity
         self.log_path = log_dir / f"scheduler-{identity}.log"
+        extra = list(extra or [])
+        if not any(a.startswith(("--leader-elect", "--no-leader-elect")) for a in extra):
+            extra.append("--no-leader-elect")  # election is on by default; scenarios that want it say so
         self.argv = gpupool_exe() + ["scheduler", "--kubeconfig", str(kubeconfig), "--identity", identity,
                                      "--metrics-bind-address", "0", "--log-format", "json", "--log-level", "info",
-                                     *(extra or [])]
+                                     *extra]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> SchedulerProcess:
