@@ -783,13 +783,39 @@ def test_autoscaler_objects_render_in_the_namespace_with_the_image():
     objs = rendered_autoscaler()
     assert sorted(o["kind"] for o in objs) == sorted([
         "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-        "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"])
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Deployment", "Service",
+        "PodDisruptionBudget", "NetworkPolicy"])
+    cluster_scoped = ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding")
     for obj in objs:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] not in cluster_scoped:
             assert obj["metadata"]["namespace"] == "gpupool-system", obj["metadata"]["name"]
     (c,) = _one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["image"] == kustomize_image()
+
+
+def test_autoscaler_policy_holds_its_writes_to_the_gpu_slice_and_scale():
+    """deploy/autoscaler/admission-policy.yaml (issue 33 item 4; refusals checked on a real apiserver in
+    tests/e2e/test_autoscaler_e2e.py): the autoscaler's ServiceAccount, any namespace's; its four write targets;
+    Deny; system namespaces refused; the annotations it may change are those slice_template_patch writes."""
+    from gpupool.k8s.autoscaler.crd import FRACTION_ANNOTATION, SLICE_ANNOTATION
+
+    docs = _docs((AUTOSCALER / "admission-policy.yaml").read_text())
+    vap = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    vb = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert vb["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    (match,) = vap["spec"]["matchConditions"]
+    assert "':gpupool-autoscaler'" in match["expression"]
+    assert _autoscaler_file("rbac.yaml", "ServiceAccount")["metadata"]["name"] == "gpupool-autoscaler"
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"deployments", "statefulsets", "deployments/scale", "statefulsets/scale"}
+    text = json.dumps(vap)
+    assert "kube-system" in text and f"'{SLICE_ANNOTATION}'" in text and f"'{FRACTION_ANNOTATION}'" in text
+    assert all(v.get("reason") == "Forbidden" and v.get("messageExpression") for v in vap["spec"]["validations"])
+    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert "autoscaler/admission-policy.yaml" in kust["resources"]
 
 
 def test_autoscaler_deployment_leader_elects_with_probes_and_real_flags():
