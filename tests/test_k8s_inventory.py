@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -246,4 +247,33 @@ def test_repeated_device_indices_in_an_annotation_are_not_trusted():
     assert len(set(a["default/hostile"].gpus)) == 4 and a["default/other"].gpus == (5,)
     assert not set(a["default/hostile"].gpus) & {5}
     assert (state.gpu_free[0] >= 0).all() and int((state.gpu_free[0] == 0).sum()) == 5
+    state.check_invariants()
+
+
+@pytest.mark.parametrize(("annotations", "field", "why"), [
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "5,5"}, "gpupool.io/gpu-index", "more than once"),
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "zero"}, "gpupool.io/gpu-index", "not a comma list"),
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "-1"}, "gpupool.io/gpu-index", "negative"),
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "0", "gpupool.io/gpu-milli": "half"},
+     "gpupool.io/gpu-milli", "not an integer"),
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "0", "gpupool.io/gpu-milli": "5000"},
+     "gpupool.io/gpu-milli", "outside 0..1000"),
+    ({"gpupool.io/node": "n2", "gpupool.io/gpu-index": "0"}, "gpupool.io/node", "does not name the node"),
+    ({"gpupool.io/gpu-index": "0"}, "gpupool.io/node", "does not name the node"),
+])
+def test_an_unusable_device_annotation_is_logged_once_naming_pod_and_field(annotations, field, why, caplog):
+    """Issue 33 item 7: 8 of 9 kinds of malformed annotations on bound pods were accepted without a log line.
+    Each is now one warning (not one per cycle) naming the pod and the annotation; the pod is still counted."""
+    import uuid
+
+    name = f"odd-{uuid.uuid4().hex[:6]}"  # warn_once remembers (pod, problem) for the process
+    p = pod(name, "n1", gpus=1, annotations=annotations)
+    with caplog.at_level(logging.WARNING, logger="gpupool.k8s"):
+        assert annotated_devices(p) is None
+        assert annotated_devices(p) is None
+        state, info = build_state([node("n1", gpus=8)], [p])
+    lines = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"pod default/{name}: annotation {field}=" in lines[0] and why in lines[0], lines[0]
+    assert len(info["assignments"][f"default/{name}"].gpus) == 1  # still counted, on a free device
     state.check_invariants()
