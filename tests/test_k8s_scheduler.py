@@ -1569,3 +1569,19 @@ def test_queue_status_is_current_within_a_second_with_the_production_intervals(h
     # 0.5 s by design; the bug it guards against showed a change at the next resync, 30 s later: a bound well
     # below that, and far above 0.5 s, tells the two apart on a loaded machine too
     assert max(lags) < 15.0, lags
+
+
+def test_a_failed_binding_tells_the_user_what_it_means():
+    """Issue 33 item 7: binds refused while a restarted API server warms up showed users "Binding rejected: 403
+    Forbidden". The FailedScheduling message says what the answer means and that gpupool retries."""
+    from gpupool.k8s.api.calls import binding_failure_message
+
+    msg = binding_failure_message(403, "Forbidden")
+    assert msg.startswith("Binding refused by the API server (403 Forbidden); gpupool retries.")
+    assert "authorization needs a few seconds" in msg and "pods/binding create" in msg
+    assert binding_failure_message(429, "TooManyRequests") == ("API server busy (429 TooManyRequests); gpupool "
+                                                               "retries the binding")
+    assert binding_failure_message(504, "Timeout") == ("the API server did not complete the binding "
+                                                       "(504 Timeout); gpupool retries")
+    assert binding_failure_message(None, None).startswith("the API server did not complete the binding (no answer)")
+    assert binding_failure_message(422, "Invalid") == "Binding rejected: 422 Invalid"

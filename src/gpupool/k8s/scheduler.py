@@ -59,6 +59,7 @@ from gpupool.k8s import (
 from gpupool.k8s.api.calls import (
     DISRUPTION_TARGET,
     PREEMPTION_BY_SCHEDULER,
+    binding_failure_message,
     clear_disruption_target,
     evict,
     mark_disruption_target,
@@ -477,7 +478,7 @@ class Scheduler:
                 self._bind_outage.failure(pod=key, status=exc.status, reason=exc.reason)
                 result = self._on_conflict(ns, name, key, a, why=f"{exc.status} {exc.reason}")
                 if result == "error":
-                    self._report_unschedulable(pod, f"Binding rejected: {exc.status} {exc.reason}", force=True)
+                    self._report_unschedulable(pod, binding_failure_message(exc.status, exc.reason), force=True)
             else:
                 result = "error"
                 if exc.status is None or exc.status in (403, 429):
@@ -485,7 +486,7 @@ class Scheduler:
                 else:
                     _log(logging.WARNING, "bind_failed", pod=key, node=node, status=exc.status, reason=exc.reason)
                 self._forget(key, a)
-                self._report_unschedulable(pod, f"Binding rejected: {exc.status} {exc.reason}", force=True)
+                self._report_unschedulable(pod, binding_failure_message(exc.status, exc.reason), force=True)
             if result == "error":
                 self._metric("observe_attempt", "error", time.perf_counter() - a.started)
             elif result == "bound":
