@@ -119,7 +119,8 @@ def test_malformed_extender_args_get_an_error_naming_the_field_not_a_500(args) -
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from gpupool.k8s.extender import Extender, NodeCache, make_app
+    from gpupool.k8s.extender import Extender, NodeCache
+    from gpupool.k8s.extender_http import make_app
 
     cache = NodeCache()
     cache.load([{"metadata": {"name": "gpu-a", "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
@@ -196,7 +197,7 @@ def test_a_queue_cr_with_a_huge_priority_is_left_out_and_the_pool_goes_on() -> N
 
 
 def test_an_empty_node_list_as_go_encodes_it_is_no_error() -> None:
-    from gpupool.k8s.extender import _candidates
+    from gpupool.k8s.extender_wire import candidate_nodes as _candidates
 
     assert _candidates({"Nodes": {"items": None}}) == ([], [])  # Go: a nil slice is null
 

@@ -8,6 +8,7 @@ against the openAPIV3Schema of its CRD in deploy/crds/ (jsonschema); the built-i
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import shutil
@@ -182,7 +183,7 @@ def test_rbac_is_least_privilege():
 
     cluster = grants(_one(objs, "ClusterRole"))
     assert cluster == {
-        ("", "pods", "get", ()), ("", "pods", "list", ()), ("", "pods", "watch", ()), ("", "pods", "patch", ()),
+        ("", "pods", "get", ()), ("", "pods", "list", ()), ("", "pods", "watch", ()),
         ("", "pods/binding", "create", ()), ("", "pods/status", "patch", ()), ("", "pods/eviction", "create", ()),
         ("policy", "poddisruptionbudgets", "get", ()), ("policy", "poddisruptionbudgets", "list", ()),
         ("policy", "poddisruptionbudgets", "watch", ()),
@@ -487,9 +488,28 @@ def test_extender_example_matches_the_extender():
     opts = dict(a.lstrip("-").split("=", 1) for a in args[1:])
     assert args[0] == "extender"
     svc = objs["Service"]
-    assert ext["urlPrefix"] == (f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:"
-                                f"{svc['spec']['ports'][0]['port']}{opts['url-prefix']}")
+    host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    assert ext["urlPrefix"] == f"https://{host}:{svc['spec']['ports'][0]['port']}{opts['url-prefix']}"
     assert opts["policy"] in REGISTRY
+    # authenticated (issue 33 item 3): HTTPS, a client certificate kube-scheduler presents through tlsConfig
+    assert ext["enableHTTPS"] is True and ext["tlsConfig"]["serverName"] == host
+    assert {"caFile", "certFile", "keyFile"} <= set(ext["tlsConfig"])
+    assert {"tls-cert-file", "tls-private-key-file", "client-ca-file", "client-name", "scheduler-name"} <= set(opts)
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    for flag in ("tls-cert-file", "tls-private-key-file", "client-ca-file"):
+        assert opts[flag].rsplit("/", 1)[0] in mounts, flag
+    assert {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v} == {
+        "gpupool-extender-tls", "gpupool-extender-client-ca"}
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert pod["containers"][0][probe]["httpGet"]["scheme"] == "HTTPS"
+    # only kube-scheduler (and metrics scrapers) reach the port
+    netpol = objs["NetworkPolicy"]
+    assert netpol["spec"]["podSelector"] == objs["Deployment"]["spec"]["selector"]
+    assert netpol["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = netpol["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "https"}]
+    assert {"component": "kube-scheduler"} in [p["podSelector"]["matchLabels"] for p in rule["from"]]
     help_text = CliRunner().invoke(app, ["extender", "--help"], terminal_width=200).output
     for flag in opts:
         assert f"--{flag}" in help_text
@@ -579,13 +599,18 @@ def test_agent_rbac_is_its_own_node_only():
     vap = _one(objs, "ValidatingAdmissionPolicy")
     assert vap["apiVersion"] == "admissionregistration.k8s.io/v1" and vap["spec"]["failurePolicy"] == "Fail"
     (match,) = vap["spec"]["matchConditions"]
-    assert "system:serviceaccount:gpupool-system:gpupool-agent" in match["expression"]
+    # any namespace's ServiceAccount named gpupool-agent (kustomize's namespace does not rewrite CEL strings)
+    assert "'system:serviceaccount:'" in match["expression"] and "':gpupool-agent'" in match["expression"]
     (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
     assert set(rule["resources"]) == {"nodes", "nodes/status"} and rule["operations"] == ["UPDATE"]
     variables = {v["name"]: v["expression"] for v in vap["spec"]["variables"]}
     assert "authentication.kubernetes.io/node-name" in variables["nodeName"]
     exprs = " ".join(v["expression"] for v in vap["spec"]["validations"])
     assert "variables.nodeName == object.metadata.name" in exprs
+    # metadata and status are compared whole (as maps, through dyn(): capacity and allocatable are maps of
+    # Quantity, which kube-controller-manager's type checker leaves out of NodeStatus), not field by field
+    assert "size(variables.changedMeta) == 0" in exprs and "size(variables.changedStatus) == 0" in exprs
+    assert "object.status.capacity" not in json.dumps(vap) and "status.?capacity" not in json.dumps(vap)
     assert all(v.get("reason") == "Forbidden" and (v.get("message") or v.get("messageExpression"))
                for v in vap["spec"]["validations"])
     vb = _one(objs, "ValidatingAdmissionPolicyBinding")
@@ -784,13 +809,39 @@ def test_autoscaler_objects_render_in_the_namespace_with_the_image():
     objs = rendered_autoscaler()
     assert sorted(o["kind"] for o in objs) == sorted([
         "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-        "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"])
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Deployment", "Service",
+        "PodDisruptionBudget", "NetworkPolicy"])
+    cluster_scoped = ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding")
     for obj in objs:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-        if obj["kind"] not in ("CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding"):
+        if obj["kind"] not in cluster_scoped:
             assert obj["metadata"]["namespace"] == "gpupool-system", obj["metadata"]["name"]
     (c,) = _one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert c["image"] == kustomize_image()
+
+
+def test_autoscaler_policy_holds_its_writes_to_the_gpu_slice_and_scale():
+    """deploy/autoscaler/admission-policy.yaml (issue 33 item 4; refusals checked on a real apiserver in
+    tests/e2e/test_autoscaler_e2e.py): the autoscaler's ServiceAccount, any namespace's; its four write targets;
+    Deny; system namespaces refused; the annotations it may change are those slice_template_patch writes."""
+    from gpupool.k8s.autoscaler.crd import FRACTION_ANNOTATION, SLICE_ANNOTATION
+
+    docs = _docs((AUTOSCALER / "admission-policy.yaml").read_text())
+    vap = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    vb = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert vb["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    (match,) = vap["spec"]["matchConditions"]
+    assert "':gpupool-autoscaler'" in match["expression"]
+    assert _autoscaler_file("rbac.yaml", "ServiceAccount")["metadata"]["name"] == "gpupool-autoscaler"
+    (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"deployments", "statefulsets", "deployments/scale", "statefulsets/scale"}
+    text = json.dumps(vap)
+    assert "kube-system" in text and f"'{SLICE_ANNOTATION}'" in text and f"'{FRACTION_ANNOTATION}'" in text
+    assert all(v.get("reason") == "Forbidden" and v.get("messageExpression") for v in vap["spec"]["validations"])
+    kust = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    assert "autoscaler/admission-policy.yaml" in kust["resources"]
 
 
 def test_autoscaler_deployment_leader_elects_with_probes_and_real_flags():

@@ -24,7 +24,9 @@ from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_NODE
-from gpupool.k8s.extender import Extender, NodeCache, _scale, field_of, make_app
+from gpupool.k8s.extender import Extender, NodeCache, field_of
+from gpupool.k8s.extender_http import make_app
+from gpupool.k8s.extender_wire import scale_scores as _scale
 from gpupool.k8s.metrics import SchedulerMetrics
 from gpupool.k8s.telemetry import GpuSample, GpuTelemetry
 
@@ -78,18 +80,27 @@ def seed(api) -> None:
         api.objects[PODS, p["metadata"]["namespace"], p["metadata"]["name"]] = p
 
 
-def serve_bindings(api) -> list[dict]:
-    """Answer POST .../pods/NAME/binding as the API server does: set spec.nodeName, 409 if already bound."""
+def serve_bindings(api, before=None) -> list[dict]:
+    """Answer POST .../pods/NAME/binding as kube-apiserver does (``BindingREST.Create`` -> ``assignPod`` ->
+    ``setPodNodeAndMetadata``): 409 if the pod is bound already or the UID precondition fails; else, in one
+    update, spec.nodeName and the Binding's annotations merged over the pod's. ``before``: awaited with the
+    Binding before it is served (a hook to hold it)."""
     bindings: list[dict] = []
 
-    def bind(request):
+    async def bind(request):
+        if before is not None:
+            await before(request.data)
         stored = api.objects[PODS, request.namespace, request.name]
+        meta = request.data.get("metadata") or {}
+        if meta.get("uid") and meta["uid"] != stored["metadata"].get("uid"):
+            raise kmock.KubernetesError(status=409, reason="Conflict", message="Precondition failed: UID")
         if stored["spec"].get("nodeName"):
             raise kmock.KubernetesError(status=409, reason="Conflict",
                                         message=f"pod {request.name} is already assigned to node "
                                                 f"\"{stored['spec']['nodeName']}\"")
         bindings.append(request.data)
-        stored.patch({"spec": {"nodeName": request.data["target"]["name"]}, "status": {"phase": "Running"}})
+        stored.patch({"metadata": {"annotations": dict(meta.get("annotations") or {})},
+                      "spec": {"nodeName": request.data["target"]["name"]}, "status": {"phase": "Running"}})
         return {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201, "metadata": {}}
 
     api["post", PODS, kmock.subresource("binding")] << bind
@@ -187,7 +198,7 @@ async def test_filter_answers_in_kube_scheduler_shapes(kmock):
         assert body["Nodes"]["items"][0] == node_list["items"][0]
 
         status, body = await h.post("filter", ["not", "args"])
-        assert status == 200 and body["Error"]
+        assert status == 400 and body["error"] == "request body is not ExtenderArgs (a JSON object)"
 
 
 @pytest.mark.asyncio
@@ -231,7 +242,15 @@ async def test_load_aware_score_from_telemetry(kmock):
 @pytest.mark.asyncio
 async def test_bind_annotates_and_posts_binding(kmock):
     seed(kmock)
-    bindings = serve_bindings(kmock)
+    first = {}  # pod name -> node: someone else binds it there between gpupool's read and its Binding
+
+    async def someone_else_first(binding):
+        node = first.pop(binding["metadata"]["name"], None)
+        if node:
+            kmock.objects[PODS, binding["metadata"]["namespace"], binding["metadata"]["name"]].patch(
+                {"spec": {"nodeName": node}})
+
+    bindings = serve_bindings(kmock, before=someone_else_first)
     for p in (pod("w1", ns="team-a", gpus=1), pod("w2", ns="team-a", gpus=1), pod("q1", fraction="0.25")):
         kmock.objects[PODS, p["metadata"]["namespace"], p["metadata"]["name"]] = p
     async with Harness(kmock, prefix="/gpupool") as h:
@@ -268,23 +287,26 @@ async def test_bind_annotates_and_posts_binding(kmock):
         ann = kmock.objects[PODS, "default", "q1"]["metadata"]["annotations"]
         assert (ann[ANN_GPU_INDEX], ann[ANN_GPU_MILLI]) == ("1", "250")  # the half-used GPU, not a new one
 
-        # Binding a pod the cache knows is placed is refused without asking the API.
+        # Binding a pod the API shows bound is refused before anything is reserved or written.
         status, body = await h.post("bind", {"PodName": "w1", "PodNamespace": "team-a", "Node": "gpu-b"})
-        assert "already placed on gpu-c" in body["Error"]
+        assert body["Error"] == "pod team-a/w1 is already bound to gpu-c (spec.nodeName)"
 
-        # Someone else bound w2 since the last list: the API refuses, the error comes back, the reservation
-        # is released and the device annotations written a moment before are taken off again.
-        kmock.objects[PODS, "team-a", "w2"].patch({"spec": {"nodeName": "gpu-b"}})
+        # Someone else binds w2 between gpupool's read and its Binding: the API refuses (409), the error comes
+        # back, the reservation is released, and nothing of gpupool's is on the pod (the annotations ride on
+        # the Binding, which did not happen).
+        first["w2"] = "gpu-b"
         free_before = int(h.cache.state.gpu_free[h.cache.state.node_index["gpu-b"]].sum())
         status, body = await h.post("bind", {"PodName": "w2", "PodNamespace": "team-a", "Node": "gpu-b"})
         assert "already assigned" in body["Error"]
         assert int(h.cache.state.gpu_free[h.cache.state.node_index["gpu-b"]].sum()) == free_before
         assert "team-a/w2" not in h.cache.assumed
         assert ANN_GPU_INDEX not in (kmock.objects[PODS, "team-a", "w2"]["metadata"].get("annotations") or {})
+        assert len(kmock["patch"]) == 0  # the Binding is the one write
 
         status, body = await h.post("bind", {"PodName": "nope", "PodNamespace": "default", "Node": "gpu-b"})
         assert body["Error"]
-        status, body = await h.post("bind", {"PodName": "q1", "PodNamespace": "default", "Node": "ghost"})
+        kmock.objects[PODS, "default", "g1"] = pod("g1", gpus=1)
+        status, body = await h.post("bind", {"PodName": "g1", "PodNamespace": "default", "Node": "ghost"})
         assert "not in gpupool's cache" in body["Error"]
 
         status, text = await h.get("/metrics")
@@ -368,11 +390,13 @@ async def test_bind_whose_outcome_is_unknown_keeps_the_devices(kmock):
     import kmock as km
 
     seed(kmock)
-    down = {"on": True}
+    down = {"on": False}
 
-    def bind(request):
+    def bind(request):  # commits, then the API server goes down before it answers
         stored = kmock.objects[PODS, request.namespace, request.name]
-        stored.patch({"spec": {"nodeName": request.data["target"]["name"]}, "status": {"phase": "Running"}})
+        stored.patch({"metadata": {"annotations": request.data["metadata"]["annotations"]},
+                      "spec": {"nodeName": request.data["target"]["name"]}, "status": {"phase": "Running"}})
+        down["on"] = request.name == "w1"
         raise km.KubernetesError(status=504, reason="Timeout", message="request did not complete in time")
 
     def read(request):
@@ -400,3 +424,100 @@ async def test_bind_whose_outcome_is_unknown_keeps_the_devices(kmock):
         down["on"] = False
         status, body = await h.post("bind", {"PodName": "w3", "PodNamespace": "team-a", "Node": "gpu-b"})
         assert body == {"Error": ""} and "team-a/w3" in h.cache.assumed
+
+
+@pytest.mark.asyncio
+async def test_two_concurrent_binds_of_one_pod_bind_it_once_with_its_devices(kmock):
+    """Issue 33 item 3: two binds of one pod at the same time (to two nodes). The second used to release the
+    first one's reservation, write its own annotations and bind; the first, refused with 409, then released the
+    pod's reservation again and took the annotations off: 10 of 10 pods bound with no GPU annotations and no
+    GPU counted. Now the second bind is refused while the first is in flight, and each pod is bound once, on
+    the node its annotations and the cache name. Each first Binding is held at the API until the second bind
+    has answered, so the two always overlap."""
+    seed(kmock)
+    for n in (node("gpu-d", 10, "NVIDIA-H100-80GB-HBM3"), node("gpu-e", 10, "NVIDIA-H100-80GB-HBM3")):
+        kmock.objects[NODES, None, n["metadata"]["name"]] = n
+    reached: dict[str, asyncio.Event] = {}
+    release: dict[str, asyncio.Event] = {}
+
+    async def hold_the_first(binding):
+        name = binding["metadata"]["name"]
+        if name not in reached:
+            return  # a Binding after the first one of this pod is served at once
+        if not reached[name].is_set():
+            reached[name].set()
+            await release[name].wait()
+
+    serve_bindings(kmock, before=hold_the_first)
+    names = [f"p{i}" for i in range(10)]
+    for name in names:
+        kmock.objects[PODS, "team-a", name] = pod(name, ns="team-a", gpus=1)
+    async with Harness(kmock) as h:
+        await h.refresh()
+        answers = {}
+        for name in names:
+            reached[name], release[name] = asyncio.Event(), asyncio.Event()
+            first = asyncio.create_task(h.post("bind", {"PodName": name, "PodNamespace": "team-a",
+                                                        "PodUID": f"uid-{name}", "Node": "gpu-d"}))
+            await asyncio.wait_for(reached[name].wait(), 30)  # the first Binding is at the API now
+            second = await h.post("bind", {"PodName": name, "PodNamespace": "team-a", "PodUID": f"uid-{name}",
+                                           "Node": "gpu-e"})
+            release[name].set()
+            answers[name] = (await first, second)
+        for name in names:
+            (s1, b1), (s2, b2) = answers[name]
+            assert (s1, b1) == (200, {"Error": ""}), (name, b1)
+            assert s2 == 200 and "another bind of this pod is in progress" in b2["Error"], (name, b2)
+            stored = kmock.objects[PODS, "team-a", name]
+            ann = stored["metadata"].get("annotations") or {}
+            assert stored["spec"]["nodeName"] == "gpu-d" == ann.get(ANN_NODE), (name, stored["spec"], ann)
+            assert ann.get(ANN_GPU_INDEX) and ann.get(ANN_GPU_MILLI) == "1000", (name, ann)
+            a = h.cache.state.assignments[f"team-a/{name}"]
+            assert (a.node_name, ",".join(map(str, a.gpus))) == ("gpu-d", ann[ANN_GPU_INDEX])
+        # nothing reserved on gpu-e; gpu-d holds exactly the 10 pods, each on its own GPU
+        state = h.cache.state
+        assert int(state.gpu_free[state.node_index["gpu-e"]].sum()) == 10 * 1000
+        assert int(state.gpu_free[state.node_index["gpu-d"]].sum()) == 0
+        assert sorted(h.cache.assumed) == sorted(f"team-a/{n}" for n in names)
+        assert all(a.bound for a in h.cache.assumed.values())
+
+
+@pytest.mark.asyncio
+async def test_bind_only_pods_of_its_schedulers_and_namespaces(kmock):
+    """Issue 33 item 3: the extender bound another scheduler's pod in another namespace to an arbitrary node.
+    It binds only pods whose spec.schedulerName is one it serves (the kube-scheduler profile that calls it)
+    and, when given, only in its namespaces; pods bound, being deleted or replaced (UID) are refused too.
+    Nothing is written for a refused pod."""
+    seed(kmock)
+    bindings = serve_bindings(kmock)
+    theirs = pod("theirs", ns="team-a", gpus=1)
+    theirs["spec"]["schedulerName"] = "gpupool"
+    deleting = pod("leaving", ns="team-a", gpus=1)
+    deleting["metadata"]["deletionTimestamp"] = "2025-05-01T12:01:00Z"
+    unset = pod("plain", ns="team-a", gpus=1)
+    del unset["spec"]["schedulerName"]  # the API server defaults it to default-scheduler
+    for p in (theirs, deleting, unset, pod("other-ns", ns="kube-system", gpus=1), pod("mine", ns="team-a", gpus=1)):
+        kmock.objects[PODS, p["metadata"]["namespace"], p["metadata"]["name"]] = p
+    async with Harness(kmock) as h:
+        h.extender.namespaces = frozenset({"team-a"})
+        await h.refresh()
+
+        async def bind(name, ns="team-a", uid=None, node_="gpu-b"):
+            _, body = await h.post("bind", {"PodName": name, "PodNamespace": ns, "PodUID": uid or f"uid-{name}",
+                                            "Node": node_})
+            return body["Error"]
+
+        assert "spec.schedulerName 'gpupool' is not served by this extender (it binds for default-scheduler)" \
+            in await bind("theirs")
+        assert "namespace not one this extender may bind in (team-a)" in await bind("other-ns", ns="kube-system")
+        assert "being deleted" in await bind("leaving")
+        assert "not the PodUID uid-old asked to bind (the pod was replaced)" in await bind("mine", uid="uid-old")
+        assert await bind("plain") == ""
+        assert await bind("mine") == ""
+        assert [b["metadata"]["name"] for b in bindings] == ["plain", "mine"]
+        assert sorted(h.cache.assumed) == ["team-a/mine", "team-a/plain"]
+        # malformed ExtenderBindingArgs: one line naming the field, nothing bound
+        _, body = await h.post("bind", {"PodName": {"x": 1}, "Node": "gpu-b"})
+        assert body["Error"] == "ExtenderBindingArgs.PodName: expected a string, got \"{'x': 1}\""
+        _, body = await h.post("bind", {"PodName": "mine", "PodNamespace": "team-a"})
+        assert body["Error"] == "ExtenderBindingArgs.Node: required"

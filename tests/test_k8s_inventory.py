@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -247,3 +248,65 @@ def test_repeated_device_indices_in_an_annotation_are_not_trusted():
     assert not set(a["default/hostile"].gpus) & {5}
     assert (state.gpu_free[0] >= 0).all() and int((state.gpu_free[0] == 0).sum()) == 5
     state.check_invariants()
+
+
+@pytest.mark.parametrize(("annotations", "field", "why"), [
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "5,5"}, "gpupool.io/gpu-index", "more than once"),
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "zero"}, "gpupool.io/gpu-index", "not a comma list"),
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "-1"}, "gpupool.io/gpu-index", "negative"),
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "0", "gpupool.io/gpu-milli": "half"},
+     "gpupool.io/gpu-milli", "not an integer"),
+    ({"gpupool.io/node": "n1", "gpupool.io/gpu-index": "0", "gpupool.io/gpu-milli": "5000"},
+     "gpupool.io/gpu-milli", "outside 0..1000"),
+    ({"gpupool.io/node": "n2", "gpupool.io/gpu-index": "0"}, "gpupool.io/node", "does not name the node"),
+    ({"gpupool.io/gpu-index": "0"}, "gpupool.io/node", "does not name the node"),
+])
+def test_an_unusable_device_annotation_is_logged_once_naming_pod_and_field(annotations, field, why, caplog):
+    """Issue 33 item 7: 8 of 9 kinds of malformed annotations on bound pods were accepted without a log line.
+    Each is now one warning (not one per cycle) naming the pod and the annotation; the pod is still counted."""
+    import uuid
+
+    name = f"odd-{uuid.uuid4().hex[:6]}"  # warn_once remembers (pod, problem) for the process
+    p = pod(name, "n1", gpus=1, annotations=annotations)
+    with caplog.at_level(logging.WARNING, logger="gpupool.k8s"):
+        assert annotated_devices(p) is None
+        assert annotated_devices(p) is None
+        state, info = build_state([node("n1", gpus=8)], [p])
+    lines = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"pod default/{name}: annotation {field}=" in lines[0] and why in lines[0], lines[0]
+    assert len(info["assignments"][f"default/{name}"].gpus) == 1  # still counted, on a free device
+    state.check_invariants()
+
+
+@pytest.mark.parametrize(("labels", "label", "then", "gpus"), [
+    ({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "four",
+      "nvidia.com/gpu.count": "2"}, "nvidia.com/gpu.replicas", "using allocatable / gpu.count", 2),
+    ({"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "0",
+      "nvidia.com/gpu.count": "2"}, "nvidia.com/gpu.replicas", "in 1..1000", 2),
+    ({"nvidia.com/gpu.count": "-8"}, "nvidia.com/gpu.count", "using allocatable", 8),
+    ({"nvidia.com/gpu.sharing-strategy": "timeslicing"}, "nvidia.com/gpu.sharing-strategy", "taken as not shared", 8),
+])
+def test_an_unreadable_gpu_label_is_logged_once_naming_node_and_label(labels, label, then, gpus, caplog):
+    """Issue 33 item 7: 6 of 9 kinds of malformed node labels were accepted without a log line. A GPU label gpupool
+    reads that is present but unreadable is one warning per node and label, saying what is used instead."""
+    import uuid
+
+    name = f"odd-{uuid.uuid4().hex[:6]}"
+    n = node(name, gpus=8, labels=labels)
+    with caplog.at_level(logging.WARNING, logger="gpupool.k8s"):
+        spec = node_spec_from_node(n)
+        node_spec_from_node(n)
+    lines = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"node {name}: label {label}=" in lines[0] and then in lines[0], lines[0]
+    assert spec.gpu_count == gpus
+
+
+def test_readable_gpu_labels_log_nothing(caplog):
+    good = {"nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.replicas": "4",
+            "nvidia.com/gpu.count": "2", "nvidia.com/gpu.memory": "81559"}
+    with caplog.at_level(logging.WARNING, logger="gpupool.k8s"):
+        assert node_spec_from_node(node("fine", gpus=8, labels=good)).gpu_count == 2
+        node_spec_from_node(node("plain", gpus=8, labels={"nvidia.com/gpu.sharing-strategy": "none"}))
+    assert [r.getMessage() for r in caplog.records if "fine" in r.getMessage() or "plain" in r.getMessage()] == []

@@ -41,6 +41,7 @@ import collections
 import copy
 import datetime
 import itertools
+import logging
 import os
 import threading
 import time
@@ -876,6 +877,39 @@ def test_conflict_409_counts_the_pod_where_the_api_says(h):
     assert ("default/raced", taken[0]) not in s.bindings
 
 
+def test_a_second_gpupool_binder_is_detected_and_named(h, caplog):
+    """Issue 33 item 5: two replicas without leader election double-booked GPUs and nothing said so. A pod this
+    scheduler planned, found bound by a Binding that carries gpupool's annotations but is not its own, is
+    another gpupool scheduler at work: one ERROR line ``second_scheduler_detected`` naming the pod (a minute
+    apart at most); the pod is counted where the API says. Leader election is on by default, as
+    kube-scheduler's."""
+    from gpupool.k8s.scheduler_cli import Settings
+
+    assert Settings().leader_elect is True
+    h.create_node(gpu_node("n1", gpus=1))
+    h.create_node(gpu_node("n2", gpus=1, **{"gpupool.io/test": "x"}))
+    h.create_pod(gpu_pod("raced", gpus=1))
+    taken: list[str] = []
+
+    async def another_gpupool_binds_first(server, ns, name, binding):
+        other = "n2" if binding["target"]["name"] == "n1" else "n1"
+        taken.append(other)
+        async with server._lock:
+            await server._set_node(ns, name, other, {"gpupool.io/node": other, "gpupool.io/gpu-index": "0",
+                                                     "gpupool.io/gpu-milli": "1000"})
+
+    h.call(lambda: h.server.before_bind.__setitem__("raced", another_gpupool_binds_first))
+    with caplog.at_level(logging.INFO, logger="gpupool.k8s"):
+        h.scheduler()
+        wait_for(lambda: taken and bound_node(h, "raced") == taken[0], what="bound by the other")
+        wait_for(lambda: [r for r in caplog.records if "second_scheduler_detected" in r.getMessage()],
+                 what="second_scheduler_detected logged")
+    (line,) = [r for r in caplog.records if "second_scheduler_detected" in r.getMessage()]
+    assert line.levelno == logging.ERROR and line.pod == "default/raced" and line.bound_to == taken[0]
+    assert "--leader-elect" in line.action
+    assert "gpupool.io/node" in h.pod("raced")["metadata"]["annotations"]  # the other's, untouched
+
+
 def test_the_loop_waits_resync_s_between_idle_passes_as_leader_and_as_standby(h):
     """The loop's wait counts from its last full pass (so that deferred status rounds do not postpone the resync):
     a standby, which never runs a cycle, and an idle leader still wait ``resync_s`` between passes, no busy loop."""
@@ -1539,3 +1573,19 @@ def test_queue_status_is_current_within_a_second_with_the_production_intervals(h
     # 0.5 s by design; the bug it guards against showed a change at the next resync, 30 s later: a bound well
     # below that, and far above 0.5 s, tells the two apart on a loaded machine too
     assert max(lags) < 15.0, lags
+
+
+def test_a_failed_binding_tells_the_user_what_it_means():
+    """Issue 33 item 7: binds refused while a restarted API server warms up showed users "Binding rejected: 403
+    Forbidden". The FailedScheduling message says what the answer means and that gpupool retries."""
+    from gpupool.k8s.api.calls import binding_failure_message
+
+    msg = binding_failure_message(403, "Forbidden")
+    assert msg.startswith("Binding refused by the API server (403 Forbidden); gpupool retries.")
+    assert "authorization needs a few seconds" in msg and "pods/binding create" in msg
+    assert binding_failure_message(429, "TooManyRequests") == ("API server busy (429 TooManyRequests); gpupool "
+                                                               "retries the binding")
+    assert binding_failure_message(504, "Timeout") == ("the API server did not complete the binding "
+                                                       "(504 Timeout); gpupool retries")
+    assert binding_failure_message(None, None).startswith("the API server did not complete the binding (no answer)")
+    assert binding_failure_message(422, "Invalid") == "Binding rejected: 422 Invalid"

@@ -349,7 +349,7 @@ def test_extender_filters_shares_by_mode_and_binds_through_hami(h):
     h.create_pod(share)
     cache = NodeCache(h.v1, share_enforcement="hami")
     cache.refresh()
-    ext = Extender(cache, h.v1)
+    ext = Extender(cache, h.v1, scheduler_names=("gpupool",))  # the pod's schedulerName
     out = ext.filter(args)
     assert out["NodeNames"] == ["h"] and "HAMi's device plugin has not registered there" in out["FailedNodes"]["plain"]
     assert ext.bind({"PodName": "share", "PodNamespace": "ml", "PodUID": "uid-share", "Node": "h"}) == {"Error": ""}

@@ -137,6 +137,10 @@ class ControlPlane:
         return [(int(p), n) for p, n in (line.split() for line in (self.dir / "pids").read_text().splitlines()
                                           if line.strip())]
 
+    def runs(self, part: str) -> bool:
+        """Whether start.sh started ``part`` (``kube-controller-manager``, ``kube-scheduler``...: ``KCP_WITH``)."""
+        return any(n == part for _, n in self._pids())
+
     def apiserver_pid(self) -> int:
         return next(p for p, n in self._pids() if n == "kube-apiserver")
 
@@ -476,10 +480,13 @@ class SchedulerProcess:
     def __init__(self, kubeconfig: Path, identity: str, log_dir: Path, extra: list[str] | None = None) -> None:
         self.identity = identity
         self.log_path = log_dir / f"scheduler-{identity}.log"
+        extra = list(extra or [])
+        if not any(a.startswith(("--leader-elect", "--no-leader-elect")) for a in extra):
+            extra.append("--no-leader-elect")  # election is on by default; scenarios that want it say so
         self.argv = gpupool_exe() + ["scheduler", "--kubeconfig", str(kubeconfig), "--identity", identity,
                                      "--metrics-bind-address", "0", "--log-format", "json", "--log-level", "info",
                                      # the suite places GPU shares; no share mechanism runs on the simulated nodes
-                                     "--share-enforcement", "trust", *(extra or [])]
+                                     "--share-enforcement", "trust", *extra]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> SchedulerProcess:

@@ -144,16 +144,47 @@ def agent_node(e2e: lc.E2E, deployed: list[str]):
             pass
 
 
+def _type_checked(api: client.AdmissionregistrationV1Api, name: str) -> dict[str, Any]:
+    """The policy once kube-controller-manager's policy status controller has type-checked its generation."""
+    def read() -> dict[str, Any] | None:
+        vap = json.loads(api.read_validating_admission_policy(name, _preload_content=False).data)
+        status = vap.get("status") or {}
+        done = status.get("observedGeneration") == vap["metadata"]["generation"] and "typeChecking" in status
+        return vap if done else None
+
+    return lc.wait_for(read, 60, f"kube-controller-manager to type-check ValidatingAdmissionPolicy {name}",
+                       interval=0.2)
+
+
 def test_admission_policy_is_accepted_without_cel_errors(e2e: lc.E2E, deployed: list[str]) -> None:
     assert f"ValidatingAdmissionPolicy/{POLICY}" in deployed
     assert f"ValidatingAdmissionPolicyBinding/{POLICY}" in deployed
     api = client.AdmissionregistrationV1Api(e2e.admin)
     vap = json.loads(api.read_validating_admission_policy(POLICY, _preload_content=False).data)
     # The apiserver compiles every expression on create (a CEL syntax or undeclared-reference error is a 422,
-    # shown below with a broken copy). Type-check warnings (status.typeChecking) come from
-    # kube-controller-manager's policy status controller, which does not run here: checked when present.
-    warnings = ((vap.get("status") or {}).get("typeChecking") or {}).get("expressionWarnings") or []
-    assert warnings == [], warnings
+    # shown below with a broken copy). Type checking against the Node's schema is done by
+    # kube-controller-manager's policy status controller (status.typeChecking): with KCP_WITH=controller-manager
+    # the policy must check without a warning, and a copy that names status.capacity directly (a map of
+    # Quantity, which the checker leaves out of NodeStatus) must get one, so the check is known to be live.
+    if e2e.cp.runs("kube-controller-manager"):
+        vap = _type_checked(api, POLICY)
+        assert vap["status"]["typeChecking"].get("expressionWarnings", []) == [], vap["status"]
+        naive = json.loads(json.dumps(vap))
+        naive["metadata"] = {"name": f"{POLICY}-naive"}
+        naive.pop("status", None)
+        naive["spec"]["validations"] = [{"expression": "object.status.capacity == oldObject.status.capacity"}]
+        drain(api.create_validating_admission_policy(naive, _preload_content=False))
+        try:
+            warnings = _type_checked(api, naive["metadata"]["name"])["status"]["typeChecking"]["expressionWarnings"]
+        finally:
+            drain(api.delete_validating_admission_policy(naive["metadata"]["name"], _preload_content=False))
+        assert [w["fieldRef"] for w in warnings] == ["spec.validations[0].expression"], warnings
+        assert "undefined field 'capacity'" in warnings[0]["warning"], warnings
+        print(f"\n[e2e] policy type-checked by kube-controller-manager: no warnings (the naive copy: "
+              f"{warnings[0]['warning'].splitlines()[0]})")
+    else:
+        assert ((vap.get("status") or {}).get("typeChecking") or {}).get("expressionWarnings") in (None, [])
+        print("\n[e2e] no kube-controller-manager (KCP_WITH): policy type checking not exercised")
     broken = json.loads(json.dumps(vap))
     broken["metadata"] = {"name": f"{POLICY}-broken"}
     broken.pop("status", None)
@@ -269,21 +300,39 @@ def test_policy_keeps_the_agent_to_its_own_node_and_fields(e2e: lc.E2E, agent_no
                 "lastHeartbeatTime": now, "lastTransitionTime": now}
     assert patch(bound, name, {"status": {"conditions": [gpu_cond]}}, status=True, content_type=STRATEGIC) \
         == (200, "")
-    # refused: another node; a label or annotation of someone else's; the spec; the kubelet's condition
+    # refused: another node; a label or annotation of someone else's; the spec; the kubelet's condition; every
+    # other field of metadata and status (item 6 of issue 33). Each value differs from what the Node holds, also
+    # with kube-controller-manager running (its TTL controller sets node.alpha.kubernetes.io/ttl to "0" on every
+    # Node: writing "0" again changes nothing and is rightly allowed, which made an earlier version of this test
+    # see 200).
+    drain(client.CoreV1Api(e2e.admin).patch_node(name, {"metadata": {"annotations": {"example.com/note": "keep"}}},
+                                                 _preload_content=False))
+    owner = {"apiVersion": "v1", "kind": "Namespace", "name": lc.SA_NAMESPACE, "uid": str(uuid.uuid4())}
     refusals = {}
     for what, node, body, status, expect in [
             ("other node", other, {"metadata": {"labels": {"nvidia.com/gpu.count": "1"}}}, False,
              "only the Node its pod runs on"),
             ("foreign label", name, {"metadata": {"labels": {"kubernetes.io/hostname": "x"}}}, False, "labels"),
             ("remove a foreign label", name, {"metadata": {"labels": {lc.E2E_LABEL: None}}}, False, "labels"),
-            ("foreign annotation", name, {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "0"}}},
+            ("foreign annotation", name, {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "3600"}}},
              False, "annotations"),
+            ("remove a foreign annotation", name, {"metadata": {"annotations": {"example.com/note": None}}},
+             False, "annotations"),
+            ("ownerReferences", name, {"metadata": {"ownerReferences": [owner]}}, False, "metadata.ownerReferences"),
+            ("finalizers", name, {"metadata": {"finalizers": ["example.com/hold"]}}, False, "metadata.finalizers"),
             ("spec", name, {"spec": {"unschedulable": True}}, False, "spec"),
             ("taints", name, {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}, False, "spec"),
+            ("providerID", name, {"spec": {"providerID": "aws:///x/i-0"}}, False, "spec"),
             ("Ready condition", name, {"status": {"conditions": [
                 {"type": "Ready", "status": "False", "reason": "X", "message": "x", "lastHeartbeatTime": now,
-                 "lastTransitionTime": now}]}}, True, "GpuHealthy"),
-            ("allocatable", name, {"status": {"allocatable": {"nvidia.com/gpu": "8"}}}, True, "GpuHealthy")]:
+                 "lastTransitionTime": now}]}}, True, "another condition"),
+            ("allocatable", name, {"status": {"allocatable": {"nvidia.com/gpu": "8"}}}, True, "status.allocatable"),
+            ("capacity", name, {"status": {"capacity": {"nvidia.com/gpu": "8"}}}, True, "status.capacity"),
+            ("addresses", name, {"status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.66"}]}}, True,
+             "status.addresses"),
+            ("nodeInfo", name, {"status": {"nodeInfo": {"kubeletVersion": "v9.9.9"}}}, True, "status.nodeInfo"),
+            ("daemonEndpoints", name, {"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": 10999}}}}, True,
+             "status.daemonEndpoints")]:
         code, msg = patch(bound, node, body, status, STRATEGIC if status else MERGE)
         refusals[what] = code
         assert code == 403 and expect in msg, (what, code, msg)
@@ -303,3 +352,6 @@ def test_policy_keeps_the_agent_to_its_own_node_and_fields(e2e: lc.E2E, agent_no
     assert after["metadata"]["labels"]["kubernetes.io/hostname"] == name
     assert not after["spec"].get("unschedulable")
     assert _conditions(after)["Ready"]["status"] == "True"
+    assert after["metadata"]["annotations"]["example.com/note"] == "keep"
+    assert not after["metadata"].get("ownerReferences") and not after["metadata"].get("finalizers")
+    assert not after["status"].get("addresses") and after["status"]["capacity"]["nvidia.com/gpu"] == "1"

@@ -304,3 +304,72 @@ def test_gpuautoscaler_crd_validates_and_defaults_on_the_apiserver(e2e: E2E,
             create(name, **spec)
         message = json.loads(info.value.body)["message"]
         assert info.value.status == 422 and text in message, (name, message)
+
+
+def test_autoscaler_writes_only_the_gpu_slice_and_scale(e2e: E2E, autoscaler_client: client.ApiClient) -> None:
+    """Issue 33 item 4: as the autoscaler's ServiceAccount a kube-system Deployment's image and ServiceAccount
+    were changed and it was scaled to 0. deploy/autoscaler/admission-policy.yaml: the pod template may change only
+    in its containers' GPU resources and the slice annotations (what ``slice_template_patch`` writes), replicas
+    only through ``scale``, and nothing at all in kube-system; each refusal a 403 naming the part."""
+    from gpupool.engine.rightsize import SliceOption
+    from gpupool.k8s.autoscaler.crd import slice_template_patch
+
+    apps_admin = client.AppsV1Api(e2e.admin)
+    drain(apps_admin.create_namespaced_deployment(e2e.ns, _deployment(e2e.ns), _preload_content=False))
+    system = {**_deployment("kube-system"), "metadata": {"name": f"victim-{e2e.ns[-4:]}", "namespace": "kube-system"}}
+    drain(apps_admin.create_namespaced_deployment("kube-system", system, _preload_content=False))
+    victim = system["metadata"]["name"]
+    apps = client.AppsV1Api(autoscaler_client)
+
+    def write(fn, *args) -> tuple[int, str]:
+        try:
+            drain(fn(*args, _preload_content=False))
+            return 200, ""
+        except client.ApiException as exc:
+            return exc.status, json.loads(exc.body or "{}").get("message", "")
+
+    def template(body: dict[str, Any], ns: str = e2e.ns, name: str = "llm") -> tuple[int, str]:
+        return write(apps.patch_namespaced_deployment, name, ns, body)
+
+    try:
+        # in effect once the apiserver's policy informer has it
+        lc.wait_for(lambda: write(apps.patch_namespaced_deployment_scale, victim, "kube-system",
+                                  {"spec": {"replicas": 0}})[0] == 403, 30, "the autoscaler policy in effect",
+                    interval=0.2)
+        code, msg = write(apps.patch_namespaced_deployment_scale, victim, "kube-system", {"spec": {"replicas": 0}})
+        assert code == 403 and msg.endswith("denied request: the gpupool autoscaler writes nothing in namespace "
+                                            "kube-system"), msg
+        # allowed: scale, and the GPU slice the controller writes (mig 3g.71gb here)
+        assert write(apps.patch_namespaced_deployment_scale, "llm", e2e.ns, {"spec": {"replicas": 3}}) == (200, "")
+        current = json.loads(apps_admin.read_namespaced_deployment("llm", e2e.ns, _preload_content=False).data)
+        option = SliceOption(kind="mig", name="3g.71gb", gpu_fraction=3 / 7, memory_mib=72192, compute_fraction=3 / 7)
+        assert template(slice_template_patch(option, current["spec"]["template"])) == (200, "")
+        after = json.loads(apps_admin.read_namespaced_deployment("llm", e2e.ns, _preload_content=False).data)
+        limits = after["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert limits == {"nvidia.com/mig-3g.71gb": "1"} and after["spec"]["replicas"] == 3
+        container = {"name": "vllm"}
+        refusals = {}
+        for what, body, expect in [
+                ("image", {"spec": {"template": {"spec": {"containers": [{**container, "image": "evil:1"}]}}}},
+                 "image"),
+                ("serviceAccountName", {"spec": {"template": {"spec": {"serviceAccountName": "default"}}}},
+                 "spec.template.spec.serviceAccountName"),
+                ("replicas", {"spec": {"replicas": 0}}, "spec.replicas"),
+                ("template label", {"spec": {"template": {"metadata": {"labels": {"x": "y"}}}}},
+                 "spec.template.metadata.labels"),
+                ("other annotation", {"spec": {"template": {"metadata": {"annotations": {"x": "y"}}}}},
+                 "annotations x"),
+                ("cpu", {"spec": {"template": {"spec": {"containers": [
+                    {**container, "resources": {"limits": {"cpu": "64"}}}]}}}}, "other resources"),
+                ("metadata label", {"metadata": {"labels": {"x": "y"}}}, "metadata.labels"),
+                ("kube-system slice", {"spec": {"template": {"spec": {"containers": [
+                    {**container, "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}}}, "kube-system")]:
+            code, msg = template(body, *(("kube-system", victim) if what == "kube-system slice" else ()))
+            refusals[what] = code
+            assert code == 403 and expect in msg, (what, code, msg)
+        print(f"\n[e2e] autoscaler policy refusals: {refusals}")
+        final = json.loads(apps_admin.read_namespaced_deployment("llm", e2e.ns, _preload_content=False).data)
+        assert final["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm/vllm-openai:v0.6.3"
+        assert final["spec"]["replicas"] == 3
+    finally:
+        drain(apps_admin.delete_namespaced_deployment(victim, "kube-system", _preload_content=False))

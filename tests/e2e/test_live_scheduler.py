@@ -61,13 +61,15 @@ def test_deploy_crds_and_rbac(e2e: E2E, deployed: list[str]) -> None:
         resp = authz.create_self_subject_access_review(body, _preload_content=False)
         return bool(json.loads(resp.data)["status"].get("allowed"))
 
-    needed = [("list", "pods"), ("watch", "pods"), ("patch", "pods"), ("create", "pods", "", "binding"),
+    needed = [("list", "pods"), ("watch", "pods"), ("create", "pods", "", "binding"),
               ("patch", "pods", "", "status"), ("create", "events"), ("watch", "nodes", "", "", None),
               ("watch", "queues", "gpupool.io", "", None), ("watch", "podgroups", "scheduling.x-k8s.io"),
               ("update", "leases", "coordination.k8s.io", "", lc.SA_NAMESPACE, lc.LEASE_NAME)]
     missing = [n for n in needed if not can(*n)]
     assert not missing, f"deploy/rbac.yaml does not grant: {missing}"
-    extra = [n for n in [("delete", "pods"), ("create", "pods"), ("update", "nodes", "", "", None),
+    # no pods patch/update (issue 33 item 4: it let this account replace a kube-system pod's image)
+    extra = [n for n in [("delete", "pods"), ("create", "pods"), ("patch", "pods"), ("update", "pods"),
+                         ("patch", "pods", "", "", "kube-system"), ("update", "nodes", "", "", None),
                          ("update", "leases", "coordination.k8s.io", "", lc.SA_NAMESPACE, "someone-else")]
              if can(*n)]
     assert not extra, f"deploy/rbac.yaml grants more than it says: {extra}"

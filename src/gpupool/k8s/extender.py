@@ -9,9 +9,15 @@ Go field names, no JSON tags, decoded case-insensitively):
 * ``prioritize``: ``ExtenderArgs`` -> ``HostPriorityList [{Host, Score}]``, scores 0..10
   (``MaxExtenderPriority``; kube-scheduler multiplies by the extender's weight and by 10).
 * ``bind``: ``ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`` ->
-  ``ExtenderBindingResult {Error}``. gpupool picks the devices, writes them on the pod
-  (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``) and POSTs the ``pods/binding``; with
-  ``share_enforcement="hami"`` on a HAMi node, also HAMi's keys, after taking HAMi's node lock (``api.hami_lock``).
+  ``ExtenderBindingResult {Error}``. gpupool reads the pod, checks that it may bind it (its
+  ``schedulerName`` is one this extender serves, its namespace one it may bind in, not bound, not being
+  deleted, the UID kube-scheduler named), picks the devices and POSTs the ``pods/binding`` carrying them as
+  annotations (``gpupool.io/node``, ``gpu-index``, ``gpu-milli``, ``gpu-memory``): the API server sets
+  ``spec.nodeName`` and copies the annotations in one update (``assignPod``), so the Binding is the one write
+  and a pod is never annotated by a bind that did not happen. One bind per pod at a time: a second bind of a
+  pod while one is in flight is refused at once (two concurrent binds of one pod used to release each other's
+  reservation and strip the annotations off the bound pod). With ``share_enforcement="hami"`` on a HAMi node the Binding
+  also carries HAMi's keys, after gpupool took HAMi's node lock (``api.hami_lock``).
 
 Failures are answered with HTTP 200 and the ``Error`` field, as kube-scheduler expects; a node that can
 never fit the pod (GPU model, a request gpupool cannot read) goes to ``FailedAndUnresolvableNodes`` so
@@ -28,32 +34,32 @@ are kept (it may be bound) until the list shows the pod or ``assume_ttl`` passes
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from aiohttp import web
 from kubernetes import client
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gpupool.cluster import ClusterState
 from gpupool.engine.core import Engine, Policy
 from gpupool.engine.filters import EffectiveRequest, GpuModelMatch, feasible
 from gpupool.k8s import ANN_GPU_INDEX, ANN_GPU_MEMORY, ANN_GPU_MILLI, ANN_NODE
+from gpupool.k8s.api.calls import post_binding, read_pod
 from gpupool.k8s.api.hami_lock import release_node_lock, take_node_lock
 from gpupool.k8s.cache.devices import InventoryInfo
 from gpupool.k8s.cache.eligibility import with_share
 from gpupool.k8s.cache.model import build_state
 from gpupool.k8s.cache.sharing import check_mode, share_filters
+from gpupool.k8s.extender_wire import MAX_EXTENDER_PRIORITY, binding_args, candidate_nodes, field_of, scale_scores
 from gpupool.k8s.metrics import SchedulerMetrics
-from gpupool.k8s.objects.fields import RequestParseError, pod_key
+from gpupool.k8s.objects.fields import RequestParseError
 from gpupool.k8s.objects.hami import hami_devices_for, hami_pod_annotations
 from gpupool.k8s.objects.nodes import RegisteredGpu, hami_registered_gpus, node_name
 from gpupool.k8s.objects.pods import parse_pod
@@ -63,24 +69,12 @@ from gpupool.policies import DEFAULT_POLICY, make_policy
 
 log = logging.getLogger(__name__)
 
-MAX_EXTENDER_PRIORITY = 10
-"""``extenderv1.MaxExtenderPriority``: extender scores run 0..10."""
+DEFAULT_SCHEDULER_NAME = "default-scheduler"
+"""kube-scheduler's default profile (``v1.DefaultSchedulerName``): a pod without ``spec.schedulerName`` has it."""
+
 
 UNRESOLVABLE_FILTERS: tuple[type, ...] = (GpuModelMatch,)
 """Filters whose failure preemption cannot cure (evicting pods does not change a node's GPU model)."""
-
-
-def field_of(obj: Mapping[str, Any] | None, name: str) -> Any:
-    """``obj[name]`` matched case-insensitively, as Go's encoding/json decodes struct fields."""
-    if not obj:
-        return None
-    if name in obj:
-        return obj[name]
-    lower = name.lower()
-    for key, value in obj.items():
-        if key.lower() == lower:
-            return value
-    return None
 
 
 def device_annotations(assignment: Assignment) -> dict[str, str]:
@@ -93,9 +87,6 @@ def device_annotations(assignment: Assignment) -> dict[str, str]:
     }
 
 
-_NO_ASSIGNMENT = Assignment("", 0, "", (), 0, 0, 0, 0, 0)
-
-
 @dataclass(frozen=True, slots=True)
 class _Assumed:
     request: PodRequest
@@ -103,6 +94,7 @@ class _Assumed:
     gpus: tuple[int, ...]
     gpu_milli: int
     since: float
+    bound: bool = False  # the API server accepted the binding (else: in flight, or its outcome is unknown)
 
 
 class NodeCache:
@@ -217,10 +209,23 @@ class NodeCache:
             self.assumed[request.name] = a
             return assignment
 
-    def forget(self, key: str) -> None:
-        """Drop a reservation made by :meth:`assume` (a bind that failed, or a pod kube-scheduler retries)."""
+    def confirm(self, key: str) -> None:
+        """The binding of ``key`` went through: its reservation is kept until the list shows the pod, and no
+        later filter call releases it."""
         with self.lock:
-            if self.assumed.pop(key, None) is not None and self.state is not None and key in self.state.assignments:
+            a = self.assumed.get(key)
+            if a is not None:
+                self.assumed[key] = dataclasses.replace(a, bound=True)
+
+    def forget(self, key: str, *, keep_bound: bool = False) -> None:
+        """Drop a reservation made by :meth:`assume` (a bind that failed, or a pod kube-scheduler retries).
+        ``keep_bound``: leave it if its binding went through (:meth:`confirm`)."""
+        with self.lock:
+            a = self.assumed.get(key)
+            if a is None or (keep_bound and a.bound):
+                return
+            del self.assumed[key]
+            if self.state is not None and key in self.state.assignments:
                 assignment = self.state.release(key)
                 self.policy.on_release(self.state, assignment)
 
@@ -248,35 +253,19 @@ class NodeCache:
             self._thread = None
 
 
-def _candidates(args: Mapping[str, Any]) -> tuple[list[str], list[dict] | None]:
-    """(node names, the Node objects when the request carried a NodeList). Raises ValueError naming the field
-    when ``Nodes`` / ``NodeNames`` is not what kube-scheduler sends."""
-    node_list = field_of(args, "Nodes")
-    if node_list:
-        items = field_of(node_list, "items") if isinstance(node_list, Mapping) else None
-        if isinstance(node_list, Mapping) and items is None:  # Go's encoding of an empty list: no nodes
-            items = []
-        if not isinstance(items, list) or not all(isinstance(n, Mapping) for n in items):
-            raise ValueError(f"ExtenderArgs.Nodes: expected a NodeList {{items: [Node, ...]}}, got "
-                             f"{str(node_list)[:80]!r}")
-        names = [(n.get("metadata") if isinstance(n.get("metadata"), Mapping) else {}).get("name", "") for n in items]
-        return [str(n) for n in names], items
-    raw = field_of(args, "NodeNames") or []
-    if not isinstance(raw, list) or not all(isinstance(n, str) for n in raw):
-        raise ValueError(f"ExtenderArgs.NodeNames: expected a list of node names, got {str(raw)[:80]!r}")
-    return list(raw), None
-
-
 class Extender:
     """The three verbs over a :class:`NodeCache`; ``core`` is used by :meth:`bind` (read, annotate, bind).
 
     ``load_weight`` (0..1) blends GPU utilisation from ``telemetry`` into the score: a node's score becomes
-    ``(1 - w) * policy score + w * idle share``, both on the 0..10 scale.
+    ``(1 - w) * policy score + w * idle share``, both on the 0..10 scale. ``scheduler_names``: the
+    ``spec.schedulerName`` values of the pods it may bind (kube-scheduler's profiles that call it; default
+    ``default-scheduler``); ``namespaces``: the namespaces it may bind in (None: all).
     """
 
     def __init__(self, cache: NodeCache, core: client.CoreV1Api | None = None,
                  metrics: SchedulerMetrics | None = None, telemetry: GpuTelemetry | None = None,
-                 load_weight: float = 0.0) -> None:
+                 load_weight: float = 0.0, scheduler_names: Iterable[str] = (DEFAULT_SCHEDULER_NAME,),
+                 namespaces: Iterable[str] | None = None) -> None:
         if not 0.0 <= load_weight <= 1.0:
             raise ValueError("load_weight must be within [0, 1]")
         self.cache = cache
@@ -284,15 +273,19 @@ class Extender:
         self.metrics = metrics
         self.telemetry = telemetry
         self.load_weight = load_weight
-        self._pods: dict[str, dict] = {}  # pods seen by filter, so bind need not read them back
-        self._pods_lock = threading.Lock()
+        self.scheduler_names = frozenset(scheduler_names)
+        if not self.scheduler_names:
+            raise ValueError("scheduler_names: name at least one scheduler (kube-scheduler's profile) to bind for")
+        self.namespaces = None if namespaces is None else frozenset(namespaces)
+        self._in_flight: set[str] = set()  # "ns/name" of the pods being bound now
+        self._in_flight_lock = threading.Lock()
 
     # ------------------------------------------------------------------ filter
     def filter(self, args: Mapping[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = {"Nodes": None, "NodeNames": None, "FailedNodes": {},
                                   "FailedAndUnresolvableNodes": {}, "Error": ""}
         try:
-            names, node_objs = _candidates(args)
+            names, node_objs = candidate_nodes(args)
         except ValueError as exc:
             result["Error"] = str(exc)
             return result
@@ -310,8 +303,9 @@ class Extender:
             self._keep(names, set(), node_objs, result)
             self._count("unschedulable")
             return result
-        self._remember(pod)
-        self.cache.forget(req.name)  # asked again: an earlier reservation did not lead to a binding
+        with self._in_flight_lock:  # asked again: an earlier reservation whose binding is unknown did not lead
+            if req.name not in self._in_flight:  # to one (never one being bound now, or bound)
+                self.cache.forget(req.name, keep_bound=True)
         with self.cache.lock:
             state, policy = self.cache.state, self.cache.policy
             assert state is not None
@@ -346,7 +340,7 @@ class Extender:
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, args: Mapping[str, Any]) -> list[dict[str, Any]]:
-        names, _ = _candidates(args)
+        names, _ = candidate_nodes(args)
         scores = dict.fromkeys(names, 0)
         pod = field_of(args, "Pod")
         if not isinstance(pod, Mapping) or not self.cache.ready:
@@ -365,7 +359,7 @@ class Extender:
                 fit = feasible(state, eff, idx, self.cache.filters)
                 if fit.any():
                     cand = idx[fit]
-                    norm = _scale(policy.score(state, eff, cand))
+                    norm = scale_scores(policy.score(state, eff, cand))
                     if self.telemetry is not None and self.load_weight > 0:
                         idle = (1.0 - self.telemetry.load(state)[cand]) * MAX_EXTENDER_PRIORITY
                         norm = (1 - self.load_weight) * norm + self.load_weight * idle
@@ -376,21 +370,36 @@ class Extender:
 
     # ------------------------------------------------------------------ bind
     def bind(self, args: Mapping[str, Any]) -> dict[str, str]:
+        """``ExtenderBindingArgs`` -> ``ExtenderBindingResult`` (``{"Error": ""}`` when bound). One bind per pod
+        at a time: another bind of the same pod while this one runs is refused at once, untouched."""
         start = time.perf_counter()
-        name = str(field_of(args, "PodName") or "")
-        namespace = str(field_of(args, "PodNamespace") or "default")
-        uid = str(field_of(args, "PodUID") or "")
-        node = str(field_of(args, "Node") or "")
+        try:
+            name, namespace, uid, node = binding_args(args)
+        except ValueError as exc:
+            self._count("error", start)
+            return {"Error": str(exc)}
         key = f"{namespace}/{name}"
-        if not name or not node:
-            return {"Error": "ExtenderBindingArgs needs PodName and Node"}
         if self.core is None:
             return {"Error": "gpupool extender has no API client to bind with"}
+        with self._in_flight_lock:
+            if key in self._in_flight:
+                self._count("error", start)
+                log.warning("bind refused", extra={"pod": key, "node": node,
+                                                   "error": "another bind of this pod is in progress"})
+                return {"Error": f"bind {key} to {node}: another bind of this pod is in progress"}
+            self._in_flight.add(key)
         try:
-            with self._pods_lock:
-                pod = self._pods.pop(key, None)
-            if pod is None or (uid and (pod.get("metadata") or {}).get("uid") not in ("", None, uid)):
-                pod = json.loads(self.core.read_namespaced_pod(name, namespace, _preload_content=False).data)
+            return self._bind(key, name, namespace, uid, node, start)
+        finally:
+            with self._in_flight_lock:
+                self._in_flight.discard(key)
+
+    def _bind(self, key: str, name: str, namespace: str, uid: str, node: str, start: float) -> dict[str, str]:
+        assert self.core is not None
+        api = self.core.api_client
+        try:
+            pod = read_pod(api, namespace, name)
+            uid = self._admit(pod, key, uid)
             req = parse_pod(pod)
             assignment = self._reserve(req, node, pod)
         except (RequestParseError, AllocationError, LookupError) as exc:
@@ -406,7 +415,7 @@ class Extender:
             registered = self.cache.hami.get(node) if self.cache.share_enforcement == "hami" else None
             devices = hami_devices_for(pod, assignment.gpus, registered) if registered and assignment.gpus else ""
             hami = hami_pod_annotations(node, devices, time.time()) if devices else {}
-            why = take_node_lock(self.core.api_client, node, namespace, name, time.time()) if hami else ""
+            why = take_node_lock(api, node, namespace, name, time.time()) if hami else ""
         except Exception as exc:  # ValueError: the registration does not name the devices chosen
             why = (f"not handed to HAMi's device plugin: {exc}" if isinstance(exc, ValueError)
                    else f"HAMi's node lock: {_api_error(exc)}")
@@ -414,34 +423,34 @@ class Extender:
             self.cache.forget(req.name)
             self._count("error", start)
             return {"Error": f"bind {key} to {node}: {why}"}
+        annotations = device_annotations(assignment)
         try:
-            patch = {"metadata": {"annotations": {**device_annotations(assignment), **hami}}}
-            self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
-            binding = {"apiVersion": "v1", "kind": "Binding",
-                       "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
-                       "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-            # The response is a Status, not a Binding: read it raw (the typed client cannot decode it).
-            self.core.create_namespaced_pod_binding(name, namespace, binding, _preload_content=False)
+            post_binding(api, namespace, name, uid, {**annotations, **hami}, node)
         except Exception as exc:
-            where = self._read_back_node(name, namespace) if _outcome_unknown(exc) else ""
-            if where is None:  # no answer, no read-back: it may be bound; its devices stay reserved and named
+            status = exc.status if isinstance(exc, client.ApiException) else None
+            where = self._read_back(name, namespace) if status is None or status == 409 or status >= 500 else ("", {})
+            if where is None and _outcome_unknown(exc):  # no answer, no read-back: it may be bound
                 self._count("error", start)
                 log.warning("bind outcome unknown", extra={"pod": key, "node": node, "error": _api_error(exc),
                                                            "action": "devices kept until the pod shows up or "
                                                                      f"{self.cache.assume_ttl:.0f}s pass"})
                 return {"Error": f"bind {key} to {node}: outcome unknown ({_api_error(exc)}); gpupool keeps its "
                                  "devices reserved until the API shows the pod"}
-            if where != node:
+            bound_to, ann = where or ("", {})
+            if bound_to != node or ann.get(ANN_GPU_INDEX) != annotations[ANN_GPU_INDEX]:
+                # refused, or bound by someone else: nothing of ours is on the pod (the annotations ride on
+                # the Binding), so only the reservation goes
                 self.cache.forget(req.name)
-                self._unannotate(name, namespace, tuple(hami))
                 if hami:  # best effort: it expires after 5 minutes, or the next taker finds its pod unbound
                     with contextlib.suppress(Exception):
-                        release_node_lock(self.core.api_client, node, namespace, name)
+                        release_node_lock(api, node, namespace, name)
                 self._count("error", start)
-                log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc)})
+                log.warning("bind failed", extra={"pod": key, "node": node, "error": _api_error(exc),
+                                                  **({"bound_to": bound_to} if bound_to else {})})
                 return {"Error": f"bind {key} to {node}: {_api_error(exc)}"}
             log.info("bind answered late", extra={"pod": key, "node": node, "error": _api_error(exc),
-                                                  "note": "read back: bound there"})
+                                                  "note": "read back: bound there with these devices"})
+        self.cache.confirm(req.name)
         self._count("scheduled", start)
         if self.metrics is not None and self.cache.state is not None:
             with self.cache.lock:
@@ -450,7 +459,30 @@ class Extender:
                                  "gpu_milli": assignment.gpu_milli})
         return {"Error": ""}
 
+    def _admit(self, pod: Mapping[str, Any], key: str, uid: str) -> str:
+        """The pod's UID if this extender may bind it now; LookupError naming the field otherwise."""
+        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+        pod_uid = str(meta.get("uid") or "")
+        if uid and pod_uid and uid != pod_uid:
+            raise LookupError(f"pod {key}: metadata.uid is {pod_uid}, not the PodUID {uid} asked to bind "
+                              "(the pod was replaced)")
+        scheduler = str(spec.get("schedulerName") or DEFAULT_SCHEDULER_NAME)
+        if scheduler not in self.scheduler_names:
+            raise LookupError(f"pod {key}: spec.schedulerName {scheduler!r} is not served by this extender "
+                              f"(it binds for {', '.join(sorted(self.scheduler_names))})")
+        if self.namespaces is not None and str(meta.get("namespace") or "default") not in self.namespaces:
+            raise LookupError(f"pod {key}: namespace not one this extender may bind in "
+                              f"({', '.join(sorted(self.namespaces))})")
+        if meta.get("deletionTimestamp"):
+            raise LookupError(f"pod {key} is being deleted (metadata.deletionTimestamp set)")
+        if spec.get("nodeName"):
+            raise LookupError(f"pod {key} is already bound to {spec['nodeName']} (spec.nodeName)")
+        return pod_uid or uid
+
     def _reserve(self, req: PodRequest, node: str, pod: Mapping[str, Any] | None = None) -> Assignment:
+        # The API shows the pod unbound (``_admit``): a reservation still held for it (an earlier bind whose
+        # outcome was unknown) did not lead to a binding.
         self.cache.forget(req.name)
         with self.cache.lock:
             state, policy = self.cache.state, self.cache.policy
@@ -469,55 +501,26 @@ class Extender:
             gpus = policy.select_gpus(state, eff, i)
             return self.cache.assume(req, node, gpus, eff.gpu_milli if req.num_gpu else 0)
 
-    def _read_back_node(self, name: str, namespace: str) -> str | None:
-        """The node the pod is bound to now ("" unbound or gone), read back after a binding without an answer;
-        None when the read-back fails too (the outcome stays unknown)."""
+    def _read_back(self, name: str, namespace: str) -> tuple[str, dict[str, str]] | None:
+        """(the node the pod is bound to now, "" if unbound or gone; its annotations), read back after a binding
+        that was refused or not answered; None when the read-back fails too (the outcome stays unknown)."""
+        assert self.core is not None
         try:
-            pod = json.loads(self.core.read_namespaced_pod(name, namespace, _preload_content=False).data)
+            pod = read_pod(self.core.api_client, namespace, name)
         except client.ApiException as exc:
-            return "" if exc.status == 404 else None
+            return ("", {}) if exc.status == 404 else None
         except Exception:  # noqa: BLE001 - transport trouble: unknown
             return None
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
         spec = pod.get("spec") if isinstance(pod, Mapping) else None
         bound_to = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        return str(bound_to or "")
-
-    def _unannotate(self, name: str, namespace: str, extra: Sequence[str] = ()) -> None:
-        """Best effort: take the device annotations (and ``extra`` keys) off a pod whose binding failed."""
-        try:
-            patch = {"metadata": {"annotations": dict.fromkeys([*device_annotations(_NO_ASSIGNMENT), *extra])}}
-            self.core.patch_namespaced_pod(name, namespace, patch, _preload_content=False)
-        except Exception as exc:
-            log.debug("could not remove device annotations", extra={"pod": f"{namespace}/{name}", "error": repr(exc)})
+        ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+        return str(bound_to or ""), dict(ann) if isinstance(ann, Mapping) else {}
 
     # ------------------------------------------------------------------ helpers
-    def _remember(self, pod: Mapping[str, Any]) -> None:
-        key = pod_key(pod)
-        with self._pods_lock:
-            self._pods.pop(key, None)
-            self._pods[key] = dict(pod)
-            while len(self._pods) > 1024:  # oldest first
-                self._pods.pop(next(iter(self._pods)))
-
     def _count(self, result: str, start: float | None = None) -> None:
         if self.metrics is not None:
             self.metrics.observe_attempt(result, None if start is None else time.perf_counter() - start)
-
-
-def _scale(scores: np.ndarray) -> np.ndarray:
-    """Scores onto 0..MAX_EXTENDER_PRIORITY (best = 10); all equal -> all 10."""
-    scores = np.asarray(scores, dtype=np.float64)
-    finite = np.isfinite(scores)
-    if not finite.any():
-        return np.full(len(scores), float(MAX_EXTENDER_PRIORITY))
-    lo, hi = float(scores[finite].min()), float(scores[finite].max())
-    # +inf ranks above every finite score, -inf and NaN below: one step beyond the finite range.
-    step = max(hi - lo, 1.0)
-    scores = np.where(finite, scores, np.where(scores > 0, hi + step, lo - step))
-    lo, hi = float(scores.min()), float(scores.max())
-    if hi - lo < 1e-12:
-        return np.full(len(scores), float(MAX_EXTENDER_PRIORITY))
-    return (scores - lo) / (hi - lo) * MAX_EXTENDER_PRIORITY
 
 
 def _outcome_unknown(exc: Exception) -> bool:
@@ -537,62 +540,5 @@ def _api_error(exc: Exception) -> str:
     return repr(exc)
 
 
-# ---------------------------------------------------------------------- HTTP
-def make_app(extender: Extender, url_prefix: str = "", metrics: SchedulerMetrics | None = None) -> web.Application:
-    """The aiohttp application: ``POST {prefix}/filter|prioritize|bind``, ``GET /healthz|/readyz|/metrics``."""
-    prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
-
-    async def read_json(request: web.Request) -> Mapping[str, Any] | None:
-        try:
-            body = await request.json()
-        except ValueError:
-            return None
-        return body if isinstance(body, Mapping) else None
-
-    async def filter_(request: web.Request) -> web.Response:
-        args = await read_json(request)
-        if args is None:
-            return web.json_response({"Nodes": None, "NodeNames": None, "FailedNodes": {},
-                                      "FailedAndUnresolvableNodes": {}, "Error": "request body is not ExtenderArgs"})
-        return web.json_response(extender.filter(args))
-
-    async def prioritize(request: web.Request) -> web.Response:
-        args = await read_json(request)
-        if args is None:
-            return web.json_response({"error": "request body is not ExtenderArgs"}, status=400)
-        try:
-            return web.json_response(extender.prioritize(args))
-        except ValueError as exc:  # Nodes / NodeNames malformed (_candidates names the field)
-            return web.json_response({"error": str(exc)}, status=400)
-
-    async def bind(request: web.Request) -> web.Response:
-        args = await read_json(request)
-        if args is None:
-            return web.json_response({"Error": "request body is not ExtenderBindingArgs"})
-        result = await asyncio.get_running_loop().run_in_executor(None, extender.bind, args)
-        return web.json_response(result)
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    async def readyz(request: web.Request) -> web.Response:
-        if extender.cache.ready:
-            return web.Response(text="ok\n")
-        return web.Response(text="node cache not synced\n", status=503)
-
-    async def metrics_(request: web.Request) -> web.Response:
-        if metrics is None:
-            return web.Response(status=404, text="metrics disabled\n")
-        return web.Response(body=generate_latest(metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application(client_max_size=64 << 20)  # a NodeList of a large cluster is big
-    app.router.add_post(f"{prefix}/filter", filter_)
-    app.router.add_post(f"{prefix}/prioritize", prioritize)
-    app.router.add_post(f"{prefix}/bind", bind)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_)
-    return app
-
-
-__all__ = ["MAX_EXTENDER_PRIORITY", "Extender", "NodeCache", "device_annotations", "field_of", "make_app"]
+__all__ = ["DEFAULT_SCHEDULER_NAME", "MAX_EXTENDER_PRIORITY", "Extender", "NodeCache", "device_annotations",
+           "field_of"]

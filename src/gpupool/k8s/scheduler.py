@@ -67,6 +67,7 @@ from gpupool.k8s import (
 from gpupool.k8s.api.calls import (
     DISRUPTION_TARGET,
     PREEMPTION_BY_SCHEDULER,
+    binding_failure_message,
     clear_disruption_target,
     evict,
     mark_disruption_target,
@@ -173,6 +174,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self.assumed: dict[str, _Assumed] = {}
         self._reported: dict[str, tuple[str, str, str, float]] = {}  # pod -> (uid, message, its shape, when)
+        self._second_binder_logged = -1e9  # monotonic time of the last second_scheduler_detected line
         self._leading = False
         self._lists_at_election: dict[str, int] | None = None
         self._pool = ThreadPoolExecutor(max_workers=self.config.bind_workers, thread_name_prefix="gpupool-bind")
@@ -559,7 +561,7 @@ class Scheduler:
                 self._bind_outage.failure(pod=key, status=exc.status, reason=exc.reason)
                 result = self._on_conflict(ns, name, key, a, why=f"{exc.status} {exc.reason}")
                 if result == "error":
-                    self._report_unschedulable(pod, f"Binding rejected: {exc.status} {exc.reason}", force=True)
+                    self._report_unschedulable(pod, binding_failure_message(exc.status, exc.reason), force=True)
             else:
                 result = "error"
                 if exc.status is None or exc.status in (403, 429):
@@ -567,7 +569,7 @@ class Scheduler:
                 else:
                     _log(logging.WARNING, "bind_failed", pod=key, node=node, status=exc.status, reason=exc.reason)
                 self._forget(key, a)
-                self._report_unschedulable(pod, f"Binding rejected: {exc.status} {exc.reason}", force=True)
+                self._report_unschedulable(pod, binding_failure_message(exc.status, exc.reason), force=True)
             if result == "error":
                 self._metric("observe_attempt", "error", time.perf_counter() - a.started)
             elif result == "bound":
@@ -663,8 +665,23 @@ class Scheduler:
             return "error"
         _log(logging.INFO, "bind_conflict", pod=key, planned=node, bound_to=bound_to,
              their_gpus=ann.get(ANN_GPU_INDEX, "?") if ann.get(ANN_NODE) == bound_to else "?")
+        if ann.get(ANN_NODE) == bound_to:
+            self._second_binder(key, bound_to)
         self._forget(key, a)
         return "conflict"
+
+    def _second_binder(self, key: str, bound_to: str) -> None:
+        """A pod this scheduler planned was bound by a Binding carrying gpupool's annotations that is not its
+        own: another gpupool scheduler (a second replica without leader election, an extender) binds the same
+        pods, and two of them book the same GPUs twice (issue 33 item 5). One ERROR line a minute."""
+        now = time.monotonic()
+        if now - self._second_binder_logged < 60.0:
+            return
+        self._second_binder_logged = now
+        _log(logging.ERROR, "second_scheduler_detected", pod=key, bound_to=bound_to,
+             scheduler=self.config.scheduler_name, identity=self.config.identity,
+             action="another gpupool scheduler binds pods of this schedulerName: run one replica, or all with "
+                    "--leader-elect (the default)")
 
     def _keep_unconfirmed(self, ns: str, name: str, key: str, a: _Assumed, why: str) -> str:
         """Neither the binding of ``key`` nor its read-back answered: it may be bound. The assumption (its GPUs)

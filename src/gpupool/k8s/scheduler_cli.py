@@ -43,7 +43,7 @@ class Settings:
 
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
     policy: str = DEFAULT_POLICY
-    leader_elect: bool = False
+    leader_elect: bool = True  # as kube-scheduler's --leader-elect: two replicas without it book GPUs twice
     lease_name: str = DEFAULT_LEASE
     lease_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or DEFAULT_LEASE_NAMESPACE)
     lease_duration: float = 15.0
@@ -422,6 +422,10 @@ def run_scheduler(settings: Settings, seed: int, identity: str, kubeconfig: Path
         elector.start()
     log.info("scheduler running", extra={"scheduler": settings.scheduler_name, "policy": settings.policy,
                                          "leader_elect": settings.leader_elect, "identity": identity})
+    if not settings.leader_elect:
+        log.warning("leader election off: run exactly one replica of this scheduler; two replicas without a Lease "
+                    "book the same GPUs twice (a conflict with another gpupool binder is logged as "
+                    "second_scheduler_detected)", extra={"scheduler": settings.scheduler_name})
     try:
         stop.wait()
     finally:
@@ -468,8 +472,9 @@ def register(app: typer.Typer) -> None:
                                           help="Seed of the tie-break between equal nodes (>= 0).")] = 0,
         leader_elect: Annotated[bool | None, typer.Option(
             "--leader-elect/--no-leader-elect", show_default=False,
-            help="Elect one binding replica through a coordination.k8s.io Lease. Default: off "
-                 "(or the config's leaderElection.leaderElect).")] = None,
+            help="Elect one binding replica through a coordination.k8s.io Lease. Default: on, as "
+                 "kube-scheduler (or the config's leaderElection.leaderElect); --no-leader-elect: run exactly "
+                 "one replica.")] = None,
         lease_name: Annotated[str | None, typer.Option(
             show_default=False, help=f"Lease name. Default: {DEFAULT_LEASE}.")] = None,
         lease_namespace: Annotated[str | None, typer.Option(

@@ -43,6 +43,22 @@ def post_binding(api_client: client.ApiClient, ns: str, name: str, uid: str, ann
          path_params={"namespace": ns, "name": name})
 
 
+def binding_failure_message(status: int | None, reason: str | None) -> str:
+    """What a user reads on a pod (``FailedScheduling``) when its Binding failed with ``status``: what the answer
+    means and that gpupool retries, instead of a bare "Binding rejected: 403 Forbidden" (issue 33 item 7: a
+    restarted API server refuses bindings with 403 for a few seconds while its authorization warms up)."""
+    what = f"{status} {reason}" if status is not None else (reason or "no answer")
+    if status == 403:
+        return (f"Binding refused by the API server ({what}); gpupool retries. Right after an API server restart "
+                "its authorization needs a few seconds; if it lasts, gpupool's ServiceAccount lacks pods/binding "
+                "create")
+    if status == 429:
+        return f"API server busy ({what}); gpupool retries the binding"
+    if status is None or status >= 500:
+        return f"the API server did not complete the binding ({what}); gpupool retries"
+    return f"Binding rejected: {what}"
+
+
 def read_pod(api_client: client.ApiClient, ns: str, name: str, timeout: Timeout = None) -> dict[str, Any]:
     """GET pod ``ns/name`` (the read-back after a refused or unanswered binding)."""
     return json.loads(call(api_client, "GET", "/api/v1/namespaces/{namespace}/pods/{name}",
@@ -123,7 +139,7 @@ def set_nominated_node(api_client: client.ApiClient, ns: str, name: str, node: s
 
 __all__ = ["EVICTION_PATH", "POD_STATUS_PATH", "DISRUPTION_TARGET", "PREEMPTION_BY_SCHEDULER", "EVICTION_REFUSED",
            "Timeout", "split_key", "post_binding", "read_pod", "set_unschedulable", "evict", "mark_disruption_target",
-           "clear_disruption_target", "set_nominated_node"]
+           "clear_disruption_target", "set_nominated_node", "binding_failure_message"]
 
 
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"

@@ -155,22 +155,41 @@ def lenient_info(pod: Mapping[str, Any], error: Exception) -> PodInfo:
 
 def annotated_devices(pod: Mapping[str, Any]) -> tuple[tuple[int, ...], int] | None:
     """(device indices, milli per device) gpupool wrote on a bound pod; None unless they are readable, distinct,
-    and ``gpupool.io/node`` names the node the pod is bound to (the pod is then counted as an unannotated one)."""
+    and ``gpupool.io/node`` names the node the pod is bound to (the pod is then counted as an unannotated one).
+    A device annotation that is present but unusable is logged once per pod and problem (warning), naming the
+    pod, the annotation and its value (issue 33 item 7: they used to be dropped without a word)."""
     ann = annotations_of(pod)
     node = node_name_of(pod)
-    if not node or ann.get(ANN_NODE) != node or ANN_GPU_INDEX not in ann:
+    if not node or ANN_GPU_INDEX not in ann:
+        return None
+    key = pod_key(pod)
+
+    def unusable(field: str, why: str) -> None:
+        warn_once(key, f"annotation {field}", f"pod {key}: annotation {field}={str(ann.get(field))[:80]!r} {why}; "
+                  "the pod is counted as one without device annotations", pod=key, annotation=field)
+
+    if ann.get(ANN_NODE) != node:
+        unusable(ANN_NODE, f"does not name the node the pod is bound to ({node})")
+        return None
+    text = str(ann[ANN_GPU_INDEX]).strip()
+    try:
+        gpus = tuple(int(x) for x in text.split(",")) if text else ()
+    except ValueError:
+        unusable(ANN_GPU_INDEX, "is not a comma list of device indices")
         return None
     try:
-        text = str(ann[ANN_GPU_INDEX]).strip()
-        gpus = tuple(int(x) for x in text.split(",")) if text else ()
         milli = int(str(ann.get(ANN_GPU_MILLI, MILLI) or 0))
     except ValueError:
+        unusable(ANN_GPU_MILLI, "is not an integer")
         return None
-    if len(gpus) > 1024:
+    if len(gpus) > 1024 or any(g < 0 for g in gpus):
+        unusable(ANN_GPU_INDEX, "names a negative index or more than 1024 devices")
         return None
-    if any(g < 0 for g in gpus) or not (0 <= milli <= MILLI):
+    if not 0 <= milli <= MILLI:
+        unusable(ANN_GPU_MILLI, f"is outside 0..{MILLI}")
         return None
     if len(set(gpus)) != len(gpus):  # "5,5,5,5": one card named for several, never a way to book it twice
+        unusable(ANN_GPU_INDEX, "names a device more than once")
         return None
     return gpus, milli
 

@@ -196,6 +196,26 @@ def hami_registered_gpus(node: Mapping[str, Any]) -> list[RegisteredGpu] | None:
     return [g for _, g in out]
 
 
+SHARING_STRATEGIES = ("none", "time-slicing", "mps")
+"""Values of GFD's ``nvidia.com/gpu.sharing-strategy`` label."""
+
+
+def _warn_unreadable_labels(name: str, labels: Mapping[str, str]) -> None:
+    """Log once per node and label a GPU label gpupool reads that is present but unreadable (issue 33 item 7: they
+    were ignored without a word): ``nvidia.com/gpu.replicas`` and ``gpu.count`` not a whole number in range,
+    ``gpu.sharing-strategy`` not one of GFD's values. What is then used instead is said in the line."""
+    for label, high, fallback in ((LABEL_GPU_REPLICAS, MILLI, "allocatable / gpu.count, else not shared"),
+                                  (LABEL_GPU_COUNT, 4096, "allocatable")):
+        if label in labels and _label_int(labels, label, high) is None:
+            warn_once(name, label, f"node {name}: label {label}={str(labels[label])[:80]!r} is not a whole number "
+                      f"in 1..{high}; using {fallback}", event="node_label_unreadable", node=name, label=label)
+    sharing = labels.get(LABEL_GPU_SHARING)
+    if sharing is not None and sharing not in SHARING_STRATEGIES:
+        warn_once(name, LABEL_GPU_SHARING, f"node {name}: label {LABEL_GPU_SHARING}={str(sharing)[:80]!r} is not one "
+                  f"of {', '.join(SHARING_STRATEGIES)}; the GPUs are taken as not shared",
+                  event="node_label_unreadable", node=name, label=LABEL_GPU_SHARING)
+
+
 def _gpu_memory_label(name: str, labels: Mapping[str, str]) -> int:
     """GFD's ``nvidia.com/gpu.memory`` (MiB per GPU); 0 when absent. An unreadable value is ignored (0: the
     catalog's figure, or unknown) and logged once, naming the label."""
@@ -324,6 +344,7 @@ def node_spec_from_node(node: Mapping[str, Any]) -> NodeSpec:
         slots = int(quantity(alloc.get(RES_GPU, 0), f'{where}["{RES_GPU}"]'))
     except RequestParseError as exc:
         raise NodeParseError(str(exc)) from None
+    _warn_unreadable_labels(name, labels)
     replicas = _replicas(labels, slots)
     gpus = slots // replicas
     gpu_memory = _gpu_memory_label(name, labels)
