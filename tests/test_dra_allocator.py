@@ -340,3 +340,38 @@ def test_a_stale_claim_event_does_not_free_an_allocated_device() -> None:
     inv.apply("resourceclaims", "MODIFIED", older)
     assert inv.claims["default/c"].allocated is not None
     assert ("gpu.nvidia.com", "n1", "gpu-0") in inv.usage().exclusive
+
+
+def _allocated(name: str, node: str, devices: list[str], pod_uid: str, pod: str) -> dict[str, Any]:
+    c = claim(name, count=len(devices))
+    c["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": DRIVER, "pool": node, "device": d} for d in devices]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+        "reservedFor": [{"resource": "pods", "name": pod, "uid": pod_uid}]}
+    return c
+
+
+def test_a_higher_priority_pod_preempts_pods_holding_claims() -> None:
+    """kube-scheduler preempts for DRA claims too: the cheapest lower-priority pods whose claims free enough
+    devices on one node are evicted and the pod nominated there; equal priority or preemptionPolicy Never: none."""
+    objs: list[dict[str, Any]] = [_node("n1"), *preset_slices("dgx-h100", "n1"), *nvidia_device_classes()]
+    for i, (prio, gpus) in enumerate([(10, 4), (20, 4)]):
+        p = _pod(f"low{i}", [f"held{i}"])
+        p["spec"]["nodeName"], p["spec"]["priority"], p["status"]["phase"] = "n1", prio, "Running"
+        objs += [p, _allocated(f"held{i}", "n1", [f"gpu-{4 * i + k}" for k in range(gpus)], f"p-low{i}", f"low{i}")]
+    objs += [claim("want", count=4), claim("tie", count=4), claim("never", count=4)]
+    hi = _pod("hi", ["want"])
+    hi["spec"]["priority"] = 100
+    tie = _pod("tie", ["tie"])
+    tie["spec"]["priority"] = 5
+    never = _pod("never", ["never"])
+    never["spec"]["priority"], never["spec"]["preemptionPolicy"] = 100, "Never"
+    res = plan(snapshot_from_objects([*objs, hi]))
+    assert [(p.preemptor, p.victims) for p in res.preemptions] == [("default/hi", [("default/low0", "p-low0")])]
+    by = {p.pod: p for p in res.placements}
+    assert by["default/hi"].nominated and by["default/hi"].node == "n1"
+    res = plan(snapshot_from_objects([*objs, tie]))
+    assert not res.preemptions
+    res = plan(snapshot_from_objects([*objs, never]))
+    assert not res.preemptions

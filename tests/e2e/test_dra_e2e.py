@@ -415,3 +415,49 @@ def test_shared_gpus_and_gangs_with_claims(e2e: E2E) -> None:
         _check_allocations(e2e)
     finally:
         _teardown(e2e)
+
+
+@pytest.mark.skipif(not WITH_CONTROLLERS, reason="needs KCP_WITH=controller-manager,kubelet-sim (claims released "
+                    "when the preempted pod is gone)")
+def test_preemption_frees_the_victims_claims(e2e: E2E) -> None:
+    """A higher-priority pod whose claim fits nowhere evicts the cheapest lower-priority pod holding claims on a
+    node (Eviction API), the resourceclaim controller releases the victim's claim, and the pod gets its devices."""
+    sched_api = client.SchedulingV1Api(e2e.admin)
+    for name, value in (("e2e-dra-low", 10), ("e2e-dra-high", 1000)):
+        try:
+            sched_api.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                             "metadata": {"name": name, "labels": {lc.E2E_LABEL: "1"}},
+                                             "value": value})
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+    custom = client.CustomObjectsApi(e2e.admin)
+    _setup(e2e, ["dra-pre"])
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, e2e.ns, "resourceclaimtemplates", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "four", "namespace": e2e.ns},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "e2e-gpu.nvidia.com", "count": 4}}]}}}})
+        e2e.scheduler_inprocess()
+        low = ["low-0", "low-1"]
+        for name in low:
+            body = _pod(e2e.ns, name, [("gpu", "four")], template=True)
+            body["spec"]["priorityClassName"] = "e2e-dra-low"
+            lc.create_pod(e2e.admin, body)
+        lc.wait_bound(e2e.admin, e2e.ns, low, 60)
+        body = _pod(e2e.ns, "high", [("gpu", "four")], template=True)
+        body["spec"]["priorityClassName"] = "e2e-dra-high"
+        lc.create_pod(e2e.admin, body)
+        lc.wait_bound(e2e.admin, e2e.ns, ["high"], 90)
+        pods = {p["metadata"]["name"]: p for p in lc.list_pods(e2e.admin, e2e.ns)}
+        survivors = [n for n in low if n in pods and not pods[n]["metadata"].get("deletionTimestamp")]
+        assert len(survivors) == 1, survivors  # exactly one victim: 4 GPUs were needed
+        _check_allocations(e2e)
+    finally:
+        _teardown(e2e)
+        for name in ("e2e-dra-low", "e2e-dra-high"):
+            try:
+                sched_api.delete_priority_class(name)
+            except client.exceptions.ApiException:
+                pass

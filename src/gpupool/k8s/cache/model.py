@@ -152,6 +152,9 @@ class ClusterModel(KubeletBooks):
         self.count_log: list[str] = []  # pods counted, uncounted or forgotten since the pool last looked
         self.dra = DraInventory()  # ResourceSlices, DeviceClasses, ResourceClaims (DRA)
         self.claims_of: dict[str, list[str]] = {}  # assumed pod -> claim keys whose allocation it carries
+        # preemptor -> (preemption id, victim keys, victim uids): DRA preemptions under way (cycle.planner)
+        self.dra_preempting: dict[str, tuple[int, list[str], list[str]]] = {}
+        self.dra_preemption_seq = 0
         self.stats = {"events": 0, "parsed_pods": 0, "parsed_nodes": 0, "rebuilds": 0, "drift": 0,
                       "incremental": 0, "skipped_unchanged": 0}
 
@@ -901,6 +904,10 @@ class ClusterModel(KubeletBooks):
         run (``blocked``: pod key -> why, e.g. a PodDisruptionBudget's 429): nothing was evicted. The victims
         are counted again where they run, the preemptor's held placements are dropped (it waits again) and
         the blocked victims are not chosen again for a while (the next cycle chooses other victims)."""
+        for pod, (dra_pid, _, _) in list(self.dra_preempting.items()):
+            if dra_pid == pid:  # a DRA preemption (cycle.planner): the pod may choose other victims next cycle
+                del self.dra_preempting[pod]
+                return
         if self.pool is not None:
             self.pool.preemption_refused(pid, dict(blocked))
 

@@ -132,3 +132,37 @@ def book_charge(book: QueueBook, charges: tuple[dict[str, int], dict[str, int]],
     every, np_part = charges
     for queue, milli in every.items():
         book.charge(queue, sign * milli, sign * np_part.get(queue, 0))
+
+
+def claim_victims(pod: Mapping[str, Any], info: PodInfo, claims: Sequence[Any], candidates: Sequence[tuple[str, Any]],
+                  running: Mapping[str, Sequence[tuple[int, float, str, str, list[Any]]]], allocator: DraAllocator,
+                  usage: Usage) -> tuple[str, list[tuple[str, str]]] | None:
+    """Pods to evict so that ``pod``'s claims allocate on one node (kube-scheduler's DRA preemption in PostFilter):
+    on each candidate node the lower-priority pods holding claims there (``running``: node -> (priority, start,
+    key, uid, the claims only they hold)) are released cheapest first (lowest priority, then the newest) until
+    the claims fit; the node that needs the fewest victims (then the lowest priorities) wins. None: no set of
+    lower-priority pods frees enough, or the pod may not preempt (``preemptionPolicy: Never``)."""
+    if ((pod.get("spec") or {}).get("preemptionPolicy") or "") == "Never":
+        return None
+    devices = allocator.inv.devices()
+    best: tuple[tuple[int, int], str, list[tuple[str, str]]] | None = None
+    for name, obj in candidates:
+        victims = sorted((v for v in running.get(name, ()) if v[0] < info.request.priority),
+                         key=lambda v: (v[0], -v[1]))
+        if not victims:
+            continue
+        trial = usage.copy()
+        taken: list[tuple[str, str]] = []
+        prio = 0
+        for v_prio, _, key, uid, held in victims:
+            for claim in held:
+                for r in claim.allocated or ():
+                    trial.add(devices.get(r.key), r, -1)
+            taken.append((key, uid))
+            prio += v_prio
+            if not isinstance(allocator.fit(claims, name, obj, trial.copy()), str):
+                score = (len(taken), prio)
+                if best is None or score < best[0]:
+                    best = (score, name, list(taken))
+                break
+    return None if best is None else (best[1], best[2])

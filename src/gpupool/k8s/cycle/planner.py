@@ -22,11 +22,12 @@ from gpupool.cluster import ClusterState
 from gpupool.k8s.cache.eligibility import constraints_of
 from gpupool.k8s.cache.model import ClusterModel
 from gpupool.k8s.cache.sharing import share_spelling
-from gpupool.k8s.cycle.claims import dra_backed, has_claims, place_claim_unit
+from gpupool.k8s.cycle.claims import claim_victims, dra_backed, has_claims, place_claim_unit
 from gpupool.k8s.cycle.dra import DraAllocator
-from gpupool.k8s.cycle.plan import Placement, Plan
+from gpupool.k8s.cycle.plan import Placement, Plan, Preemption
 from gpupool.k8s.cycle.pool import PoolDriver
 from gpupool.k8s.cycle.units import Unit, identity_problem, place_unit, unsupported_constraint
+from gpupool.k8s.objects.fields import deletion_time
 from gpupool.k8s.objects.hami import hami_devices_for
 from gpupool.k8s.objects.nodes import hami_registered_gpus
 from gpupool.k8s.objects.pods import PodInfo, describe_pod
@@ -171,7 +172,8 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
             units = [u for u in units if all(i.key in model.pending for _, i in u.members)]
         else:
             if claim_units and model.state is not None and model.engine is not None:
-                plan.placements.extend(place_claims(model, claim_units, model.queue_book(), backed))
+                plan.placements.extend(place_claims(model, claim_units, model.queue_book(), backed,
+                                                    plan.preemptions))
             model._after_cycle()
             if full_inventory:
                 plan.inventory = model.inventory()
@@ -185,8 +187,9 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
             if info.mig:
                 elig.pending_mig[info.key] = info.mig
     pol = engine.policy
+    claim_preemptions: list[Preemption] = []
     if claim_units:
-        out.extend(place_claims(model, claim_units, book, backed))
+        out.extend(place_claims(model, claim_units, book, backed, claim_preemptions))
     epoch = model._epoch
     for unit in sorted(units, key=Unit.order):
         single = unit.members[0][1].key if unit.gang is None else None
@@ -219,13 +222,15 @@ def run_cycle(model: ClusterModel, prepare_state: Callable[[ClusterState], Any] 
         out.extend(placed)
     model._after_cycle()
     inventory = model.inventory() if full_inventory else None
-    return Plan(hand_over(model, out), inventory, model.policy_name, state, book)
+    return Plan(hand_over(model, out), inventory, model.policy_name, state, book, preemptions=claim_preemptions)
 
 
-def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapping[str, str] | None = None
-                 ) -> list[Placement]:
+def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapping[str, str] | None = None,
+                 preemptions: list[Preemption] | None = None) -> list[Placement]:
     """Place the units whose pods hold ResourceClaims (:mod:`gpupool.k8s.cycle.claims`), in unit order; placed
-    pods and their claims' allocations are assumed until the watch shows them."""
+    pods and their claims' allocations are assumed until the watch shows them. A single pod whose claims fit
+    nowhere may preempt lower-priority pods holding claims (appended to ``preemptions``; it is nominated on the
+    node while they leave, and preempts nothing more until they are gone)."""
     engine = model.engine
     assert engine is not None
     allocator = getattr(model, "dra_allocator", None)
@@ -244,8 +249,11 @@ def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapp
             placed = [Placement(i.key, None, gang=unit.gang,
                                 reason=f"gpupool could not allocate this pod's claims: {type(exc).__name__}: {exc}")
                       for _, i in unit.members]
+        if preemptions is not None and unit.gang is None and placed and placed[0].node is None \
+                and not placed[0].invalid:
+            placed = [_preempt_for(model, unit, placed[0], allocator, usage, nodes, backed or {}, preemptions)]
         for p in placed:
-            if p.node is not None:
+            if p.node is not None and not p.nominated:
                 model.assume(p.pod, p.node)
                 keys = []
                 for ca in p.claims:  # a claim to be made is assumed under its generateName until it exists
@@ -255,6 +263,68 @@ def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapp
                 model.claims_of[p.pod] = keys
         out.extend(placed)
     return out
+
+
+def _running_claims(model: ClusterModel) -> dict[str, list[tuple[int, float, str, str, list[Any]]]]:
+    """node -> (priority, start, pod key, uid, the allocated claims reserved for that pod alone) of bound pods."""
+    alone: dict[str, list[Any]] = {}
+    for c in model.dra.claims.values():
+        if c.allocated and len(c.reserved_for) == 1 and not c.deleting:
+            alone.setdefault(c.reserved_for[0][1], []).append(c)
+    out: dict[str, list[tuple[int, float, str, str, list[Any]]]] = {}
+    for rec in model.pods.values():
+        held = alone.get(rec.uid) if rec.uid else None
+        if not held or not rec.node or rec.terminal or rec.info is None or deletion_time(rec.obj) is not None:
+            continue
+        out.setdefault(rec.node, []).append((rec.info.request.priority, rec.info.request.creation_time or 0.0,
+                                             rec.key, rec.uid, held))
+    return out
+
+
+def _preempt_for(model: ClusterModel, unit: Unit, failed: Placement, allocator: DraAllocator, usage: Any,
+                 nodes: Mapping[str, Any], backed: Mapping[str, str], preemptions: list[Preemption]) -> Placement:
+    pod, info = unit.members[0]
+    pending = model.dra_preempting.get(info.key)
+    if pending is not None:
+        left = [k for k in pending[1] if (r := model.pods.get(k)) is not None and not r.terminal]
+        if left:
+            return dataclasses.replace(failed, reason=f"{failed.reason}; waiting for {len(left)} pod(s) preempted "
+                                                      f"for it to leave ({', '.join(left[:3])})")
+        uids = set(pending[2])
+        held = [c.key for c in model.dra.claims.values() if c.allocated and any(u in uids for _, u in c.reserved_for)]
+        if held:  # the resourceclaim controller (kube-controller-manager) has not released them yet
+            return dataclasses.replace(failed, reason=f"{failed.reason}; waiting for the claims of the pods preempted "
+                                                      f"for it to be released ({', '.join(held[:3])})")
+        model.dra_preempting.pop(info.key, None)
+    claims, why = allocator.pod_claims(pod)
+    ext = allocator.extended_claim(pod, backed) if not why else None
+    if why:
+        return failed
+    if ext is not None:
+        claims = [*claims, ext[0]]
+    engine = model.engine
+    assert engine is not None and model.state is not None
+    request = info.request if ext is None else dataclasses.replace(info.request, num_gpu=0, gpu_milli=0,
+                                                                  gpu_memory_mib=0)
+    mask = engine.feasible_mask(engine.policy.effective(request))
+    names = [model.state.node_names[i] for i in mask.nonzero()[0].tolist()]
+    chosen = claim_victims(pod, info, claims, [(n, nodes.get(n)) for n in names], _running_claims(model),
+                           allocator, usage)
+    if chosen is None:
+        return failed
+    node, victims = chosen
+    model.dra_preemption_seq += 1
+    pid = 1_000_000_000 + model.dra_preemption_seq  # apart from the pool scheduler's ids
+    reason = (f"preempted by {info.key} (priority {info.request.priority}), whose ResourceClaims need the devices "
+              f"this pod's claims hold on node {node}")
+    grace = max([float((model.pods[k].obj.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
+                 for k, _ in victims if k in model.pods] or [30.0])
+    nominated = Placement(info.key, node, nominated=True, reason=(
+        f"preempting {len(victims)} lower-priority pod(s) holding claims on {node}: "
+        f"{', '.join(k for k, _ in victims[:3])}"))
+    preemptions.append(Preemption(pid, "preempt", info.key, reason, victims, [nominated], grace))
+    model.dra_preempting[info.key] = (pid, [k for k, _ in victims], [u for _, u in victims])
+    return nominated
 
 
 def hand_over(model: ClusterModel, placements: list[Placement]) -> list[Placement]:
