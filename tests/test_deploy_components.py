@@ -7,6 +7,7 @@ against the Kubernetes 1.30 schemas, strict.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -110,3 +111,65 @@ def test_gpupool_watch_namespace_is_the_autoscalers_namespace_option(monkeypatch
     result = CliRunner().invoke(app, ["autoscaler", "--prometheus-url", "http://prom:9090", "--namespace", "x"],
                                 env={"GPUPOOL_WATCH_NAMESPACE": "ml-serving"})
     assert seen["namespace"] == "x"  # the flag wins over the environment
+
+
+# ------------------------------------------------------------------ presets/{kai,volcano,hami}
+SNAPSHOT = ROOT / "examples" / "snapshots" / "cluster.yaml"
+PRESETS = {  # preset -> (the anchor's schedulerName, shareEnforcement)
+    "kai": ("kai-scheduler", "none"),
+    "volcano": ("volcano", "none"),
+    "hami": ("hami-scheduler", "hami"),
+}
+
+
+def _scheduler_args(objs: list[dict], tmp_path: Path) -> list[str]:
+    """The rendered scheduler container's arguments after `scheduler`, runnable here: --config points at the
+    rendered ConfigMap's config.yaml written to tmp_path."""
+    (dep,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupool-scheduler"]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["args"][0] == "scheduler"
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpupool-config"]
+    config = tmp_path / "config.yaml"
+    config.write_text(cm["data"]["config.yaml"])
+    return [f"--config={config}" if a.startswith("--config=") else a for a in c["args"][1:]]
+
+
+def _dry_run(args: list[str], snapshot: Path, out: Path) -> list[tuple[str, str | None]]:
+    from gpupool.cli import app
+
+    result = CliRunner().invoke(app, ["scheduler", "--dry-run", "--snapshot", str(snapshot), "--json", str(out),
+                                      *args])
+    assert result.exit_code == 0, result.output
+    return [(p["pod"], p["node"]) for p in json.loads(out.read_text())["placements"]]
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_renders_and_serves_the_anchors_scheduler_name(tmp_path, preset):
+    """Each preset: valid Kubernetes 1.30 objects; the scheduler started with the anchor's scheduler name and share
+    enforcement; run with those exact arguments (and the rendered config) on the example snapshot whose gpupool pods
+    are renamed to the anchor's scheduler, it plans the same pods as the base install plans on the original (the
+    same placements where shares are refused as in the base), and none of the pods still naming gpupool."""
+    name, enforcement = PRESETS[preset]
+    (tmp_path / "p").mkdir()
+    objs = overlay(tmp_path / "p", f"presets/{preset}")
+    for obj in objs:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    args = _scheduler_args(objs, tmp_path / "p")
+    assert args[-2:] == [f"--scheduler-name={name}", f"--share-enforcement={enforcement}"]
+    (cr,) = [o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "gpupool-scheduler"]
+    node_writes = {v for r in cr["rules"] if "nodes" in r["resources"] and r["apiGroups"] == [""] for v in r["verbs"]}
+    assert ("patch" in node_writes) == (enforcement == "hami")  # HAMi's node lock only
+
+    (tmp_path / "b").mkdir()
+    base_args = _scheduler_args(overlay(tmp_path / "b"), tmp_path / "b")
+    base = _dry_run(base_args, SNAPSHOT, tmp_path / "base.json")
+    assert len(base) >= 5
+    renamed = tmp_path / "snapshot.yaml"
+    text = SNAPSHOT.read_text()
+    assert "schedulerName: gpupool" in text
+    renamed.write_text(text.replace("schedulerName: gpupool", f"schedulerName: {name}"))
+    served = _dry_run(args, renamed, tmp_path / "preset.json")
+    assert [pod for pod, _ in served] == [pod for pod, _ in base]
+    if enforcement == "none":
+        assert served == base
+    assert _dry_run(args, SNAPSHOT, tmp_path / "gpupool-named.json") == []
