@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
@@ -31,7 +32,7 @@ CRDS = Path(__file__).resolve().parent / "data" / "prometheus-operator"
 K8S_VERSION = "1.30"
 MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 
-pytestmark = pytest.mark.skipif(subprocess.run(["which", "kubectl"], capture_output=True).returncode != 0,
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None,
                                 reason="kubectl not found: cannot render deploy/ with `kubectl kustomize`")
 
 
