@@ -39,7 +39,10 @@ EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), once the finished runs are written."""
 
 LOG_PROGRESS_INTERVAL_S = 15.0
-"""Seconds between two progress lines on stderr when it is not a terminal."""
+"""Seconds between two progress lines on stderr when it is not a terminal (the environment variable
+``GPUPOOL_PROGRESS_INTERVAL``, seconds > 0, overrides it)."""
+
+PROGRESS_INTERVAL_ENV = "GPUPOOL_PROGRESS_INTERVAL"
 
 # --------------------------------------------------------------------------------------------------
 # Helpers
@@ -226,15 +229,33 @@ def _duration(seconds: float) -> str:
     return f"{secs}s"
 
 
+def progress_interval() -> float:
+    """Seconds between progress lines on a non-terminal stderr: ``$GPUPOOL_PROGRESS_INTERVAL`` when it is a number
+    > 0 (a bad value is an error naming the variable), else :data:`LOG_PROGRESS_INTERVAL_S`."""
+    raw = os.environ.get(PROGRESS_INTERVAL_ENV, "").strip()
+    if not raw:
+        return LOG_PROGRESS_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        fail(f"{PROGRESS_INTERVAL_ENV}={raw!r}: expected seconds, a number > 0 and <= 86400")
+    return value
+
+
 class RunProgress:
-    """Progress of ``total`` runs: a rich bar with ETA when stderr is a terminal, else one line on stderr
-    at most every ``interval`` seconds (what, runs done/total, elapsed, ETA); nothing when ``quiet``."""
+    """Progress of ``total`` runs: a rich bar with ETA when stderr is a terminal, else one line on stderr every
+    ``interval`` seconds (what, runs done/total, elapsed, ETA) while inside ``with``, whether or not a run reported
+    progress since the last line (a heartbeat thread writes it: a long run without ticks is not silent); nothing
+    when ``quiet``. ``interval``: seconds, default :data:`LOG_PROGRESS_INTERVAL_S` or ``$GPUPOOL_PROGRESS_INTERVAL``;
+    0 = a line at every update and no heartbeat."""
 
     def __init__(self, total: int, *, quiet: bool, interval: float | None = None,
                  clock: Callable[[], float] | None = None, tty: bool | None = None) -> None:
         self.total = total
         self.clock = clock or time.monotonic
-        self.interval = LOG_PROGRESS_INTERVAL_S if interval is None else interval
+        self.interval = progress_interval() if interval is None else interval
         clock = self.clock
         self.start = self.last_line = clock()
         self.description = "simulating"
@@ -248,16 +269,43 @@ class RunProgress:
             console=Console(stderr=True), transient=True, disable=not self.bar,
         )
         self.task = self.progress.add_task(self.description, total=total)
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     def __enter__(self) -> RunProgress:
         self.progress.__enter__()
+        if self.lines and self.interval > 0:
+            self._heartbeat = threading.Thread(target=self._beat, name="gpupool-progress", daemon=True)
+            self._heartbeat.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop_heartbeat()
         self.progress.__exit__(None, None, None)
 
     def stop(self) -> None:
+        self._stop_heartbeat()
         self.progress.stop()
+
+    def _stop_heartbeat(self) -> None:
+        self._stopped.set()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join()
+        self._heartbeat = None
+
+    def _beat(self) -> None:
+        # wake at least every second, so a line follows `interval` after the last one (an update's or ours)
+        while not self._stopped.wait(min(self.interval, 1.0)):
+            self._line_if_due()
+
+    def _line_if_due(self) -> None:
+        with self._lock:
+            now = self.clock()
+            if now - self.last_line >= self.interval and not self._stopped.is_set():
+                self.last_line = now
+                sys.stderr.write(self.line(now) + "\n")
+                sys.stderr.flush()
 
     def begin(self, k: int, description: str) -> None:
         """Run ``k`` (0-based) starts."""
@@ -273,11 +321,7 @@ class RunProgress:
             else:
                 self.progress.update(self.task, completed=done, description=description)
         if self.lines:
-            now = self.clock()
-            if now - self.last_line >= self.interval:
-                self.last_line = now
-                sys.stderr.write(self.line(now) + "\n")
-                sys.stderr.flush()
+            self._line_if_due()
 
     def line(self, now: float) -> str:
         elapsed = now - self.start

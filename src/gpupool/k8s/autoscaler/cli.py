@@ -102,7 +102,8 @@ def register(app: typer.Typer) -> None:
             help="kubeconfig file. Default: in-cluster ServiceAccount, else ~/.kube/config.")] = None,
         context: Annotated[str | None, typer.Option(show_default=False, help="kubeconfig context.")] = None,
         namespace: Annotated[str | None, typer.Option(
-            show_default=False, help="Watch GpuAutoscalers in this namespace only. Default: all.")] = None,
+            envvar="GPUPOOL_WATCH_NAMESPACE", show_default=False,
+            help="Watch GpuAutoscalers in this namespace only (deploy/autoscaler/namespaced). Default: all.")] = None,
         sync_period: Annotated[float, typer.Option(
             "--sync-period", metavar="SECONDS", min=1.0, max=86400.0,
             help="Reconcile every GpuAutoscaler at least this often (the HPA's default).")] = 15.0,
