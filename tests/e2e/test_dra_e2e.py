@@ -62,6 +62,22 @@ def _setup(e2e: E2E, nodes: list[str]) -> None:
             custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body)
 
 
+def _nvidia_classes(e2e: E2E) -> list[str]:
+    """NVIDIA's chart classes (``gpu.nvidia.com`` names the extended resource ``nvidia.com/gpu``): the names made
+    here, for the test to delete."""
+    custom = client.CustomObjectsApi(e2e.admin)
+    made = []
+    for cls in nvidia_device_classes(compute_domains=False):
+        cls["metadata"]["labels"] = {lc.E2E_LABEL: "1"}
+        try:
+            custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
+            made.append(cls["metadata"]["name"])
+        except client.exceptions.ApiException as exc:
+            if exc.status != 409:
+                raise
+    return made
+
+
 def _teardown(e2e: E2E) -> None:
     custom = client.CustomObjectsApi(e2e.admin)
     custom.delete_collection_cluster_custom_object(GROUP, VERSION, "resourceslices",
@@ -241,15 +257,7 @@ def test_extended_resource_backed_by_dra(e2e: E2E) -> None:
     extended resource): gpupool makes the pod's claim as kube-scheduler does (generateName, annotation, owner),
     allocates it, names it in the pod's ``status.extendedResourceClaimStatus`` and binds."""
     custom = client.CustomObjectsApi(e2e.admin)
-    made = []
-    for cls in nvidia_device_classes(compute_domains=False):
-        cls["metadata"]["labels"] = {lc.E2E_LABEL: "1"}
-        try:
-            custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
-            made.append(cls["metadata"]["name"])
-        except client.exceptions.ApiException as exc:
-            if exc.status != 409:
-                raise
+    made = _nvidia_classes(e2e)
     _setup(e2e, ["dra-x"])
     try:
         e2e.scheduler_inprocess()
@@ -282,15 +290,7 @@ def test_pool_mode_claims_and_queue_limits(e2e: E2E) -> None:
     from gpupool.k8s.cycle.pool import live_config
 
     custom = client.CustomObjectsApi(e2e.admin)
-    made = []
-    for cls in nvidia_device_classes(compute_domains=False):
-        cls["metadata"]["labels"] = {lc.E2E_LABEL: "1"}
-        try:
-            custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", cls)
-            made.append(cls["metadata"]["name"])
-        except client.exceptions.ApiException as exc:
-            if exc.status != 409:
-                raise
+    made = _nvidia_classes(e2e)
     _setup(e2e, ["dra-p"])
     queue = f"{e2e.ns}-team"[:63]
     lc.create_queue(e2e.admin, queue, {"quota": 2, "limit": 4})

@@ -144,12 +144,7 @@ class FragmentationScores:
         if not d.allow_multiple or not cons:
             return 0.0
         used = u.shared.get(d.key, {})
-        fractions = []
-        for q, amount in cons.items():
-            dom, _, name = q.rpartition("/")
-            cap = d.capacity.get(dom, {}).get(name)
-            if cap:
-                fractions.append(float((cap - used.get(q, Decimal(0)) - amount) / cap))
+        fractions = [1.0 - f for f in _fractions(d, {q: used.get(q, Decimal(0)) + a for q, a in cons.items()})]
         return min(fractions) if fractions else 0.0
 
     def free_gpus(self, devices: Sequence[Device], u: Usage, totals: Mapping[CounterKey, Mapping[str, Decimal]]
@@ -180,11 +175,16 @@ class FragmentationScores:
 
     @staticmethod
     def _used_fraction(d: Device, u: Usage) -> float:
-        used = u.shared.get(d.key, {})
-        fractions = []
-        for q, amount in used.items():
-            dom, _, name = q.rpartition("/")
-            cap = d.capacity.get(dom, {}).get(name)
-            if cap:
-                fractions.append(float(amount / cap))
+        fractions = _fractions(d, u.shared.get(d.key, {}))
         return max(fractions) if fractions else 0.0
+
+
+def _fractions(d: Device, amounts: Mapping[str, Decimal]) -> list[float]:
+    """Each qualified capacity amount as a fraction of the device's capacity (capacities it lacks skipped)."""
+    out = []
+    for q, amount in amounts.items():
+        dom, _, name = q.rpartition("/")
+        cap = d.capacity.get(dom, {}).get(name)
+        if cap:
+            out.append(float(amount / cap))
+    return out
