@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gpupool.engine.autoscale import AutoscalerSpec, MetricTarget, Recommender
+from gpupool.engine.autoscale_coming import with_capacity_coming
 from gpupool.engine.rightsize import RightSizer, SliceOption, slice_catalog
 from gpupool.inputs import load_yaml, unknown_keys
 
@@ -289,8 +290,9 @@ class RightSizedPolicy:
             want[self.current] = n
             reason = choice.reason
         else:
-            rec = self.recommender(self.current).recommend(now_s, max(cur, 0), samples,
-                                                           state.ready.get(self.current, 0))
+            ready = state.ready.get(self.current, 0)
+            seen, _ = with_capacity_coming(samples, self.spec_for(self.current), cur, ready)
+            rec = self.recommender(self.current).recommend(now_s, max(cur, 0), seen, ready)
             if rec.limited_by:
                 self.trace.limited[rec.limited_by] = self.trace.limited.get(rec.limited_by, 0) + 1
             self.trace.panic_evals += int(rec.panic)
