@@ -45,4 +45,6 @@ def test_recommender_fed_capacity_coming_does_not_double_every_cycle() -> None:
 def test_simulated_scale_from_zero_at_3_rps_stays_small() -> None:
     shape = next(s for s in SHAPES if s.name == "from-zero")
     cells = run_suite([shape], seeds=(7,), policies=["gpupool"])
-    assert cells[0].replicas_max <= 6, cells[0]
+    # measured as is, the order ran to the whole pool (16 half-GPU replicas, 1.64 GPU-h for seed 7); the
+    # replicas counted here are both slices' during the switch to whole GPUs
+    assert cells[0].replicas_max < 8 and cells[0].gpu_hours < 1.3, cells[0]

@@ -26,7 +26,8 @@ from .inference import Envelope
 from .inference_policies import Scenario, parse_scenario
 from .inference_report import ScenarioRun, run_scenario
 
-__all__ = ["POLICIES", "SHAPES", "Profile", "Shape", "SuiteCell", "run_suite", "suite_scenario"]
+__all__ = ["POLICIES", "SHAPES", "Profile", "Shape", "SuiteCell", "profile", "run_suite", "suite_markdown",
+           "suite_scenario", "suite_table"]
 
 
 @dataclass(frozen=True)

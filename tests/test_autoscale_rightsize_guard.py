@@ -1,0 +1,31 @@
+"""Right-sizing guards (issue 30 items 2, 4): no dearer and roomier wins at once; a slice change in a full
+pool does not stall."""
+
+from __future__ import annotations
+
+from gpupool.engine.rightsize import RightSizer, SliceOption
+from gpupool.sim.inference_suite import SHAPES, run_suite
+
+HALF = SliceOption("mig", "3g.71gb", 0.5, 71_000, 0.43)
+WHOLE = SliceOption("whole", "1xH200", 1.0, 143_000, 1.0)
+CAPS = {"3g.71gb": 2.0, "1xH200": 10.0}
+
+
+def test_same_cost_more_capacity_switches_despite_hysteresis_and_dwell() -> None:
+    rs = RightSizer([WHOLE, HALF], hysteresis=0.2, min_dwell_s=600)
+    assert rs.choose(0, 0.5, CAPS, 1000).option is HALF  # one half-GPU replica: the least cost
+    c = rs.choose(30, 3.0, CAPS, 1000)  # 2 x 3g = 1 GPU = 1 x 1xH200, five times the capacity
+    assert c.option is WHOLE and "more capacity" in c.reason
+
+
+def test_dearer_option_still_waits_for_hysteresis() -> None:
+    rs = RightSizer([WHOLE, HALF], hysteresis=0.2, min_dwell_s=600)
+    rs.choose(0, 5.0, CAPS, 1000)  # 1 x 1xH200
+    c = rs.choose(30, 0.5, CAPS, 1000)  # 3g is cheaper but the dwell has not passed
+    assert c.option is WHOLE and "min dwell" in c.reason
+
+
+def test_step_down_in_a_full_pool_does_not_keep_the_old_slice_for_good() -> None:
+    # before: 16 half-GPU replicas filled the 8-GPU pool, the switch to whole GPUs never started (13 GPU-h)
+    cells = run_suite([s for s in SHAPES if s.name == "step-down"], seeds=(9,), policies=["gpupool"])
+    assert cells[0].gpu_hours < 6, cells[0]
