@@ -4,7 +4,7 @@ pool does not stall."""
 from __future__ import annotations
 
 from gpupool.engine.rightsize import RightSizer, SliceOption
-from gpupool.sim.inference_suite import SHAPES, run_suite
+from gpupool.sim.inference_suite import Shape, run_suite
 
 HALF = SliceOption("mig", "3g.71gb", 0.5, 71_000, 0.43)
 WHOLE = SliceOption("whole", "1xH200", 1.0, 143_000, 1.0)
@@ -27,5 +27,7 @@ def test_dearer_option_still_waits_for_hysteresis() -> None:
 
 def test_step_down_in_a_full_pool_does_not_keep_the_old_slice_for_good() -> None:
     # before: 16 half-GPU replicas filled the 8-GPU pool, the switch to whole GPUs never started (13 GPU-h)
-    cells = run_suite([s for s in SHAPES if s.name == "step-down"], seeds=(9,), policies=["gpupool"])
+    cold = Shape("cold-step-down", "12 rps from a cold start, 2 rps at 30 min, 12 at 70", 100,
+                 ((0, 12), (30, 12), (30.05, 2), (70, 2), (70.05, 12)))
+    cells = run_suite([cold], seeds=(9,), policies=["gpupool"])
     assert cells[0].gpu_hours < 6, cells[0]

@@ -8,7 +8,9 @@ prompt-heavy mix, mean prompt ~2,000 tokens). The service and the SLO are the re
 project's recommender driven as the anchors configure it: static for the peak, HPA on
 ``DCGM_FI_DEV_GPU_UTIL`` at 75 %, KEDA on ``vllm:num_requests_waiting`` at 5, Knative KPA at 44.8 in flight
 (70 % of containerConcurrency 64); ``gpupool`` is the right-sized recommender as the reference configures it.
-Scenarios are short (1-2 h) so that the whole suite runs in minutes; the shapes are what matters.
+Scenarios are short (1-2 h) so that the whole suite runs in minutes; the shapes are what matters. A shape
+that would start at a high rate starts with a 10 min warm-up ramp: every autoscaled policy starts at its
+minimum, and a start under full load measured the simulator's cold start, not the shape.
 """
 
 from __future__ import annotations
@@ -76,14 +78,14 @@ def _oscillation(period_min: float, lo: float, hi: float, minutes: float) -> tup
 #: The suite's shapes (rates in requests/s; one whole H200 serves ~6 rps of the chat mix within half the SLO).
 SHAPES: tuple[Shape, ...] = (
     Shape("step-up", "2 -> 12 rps at 20 min", 80, ((0, 2), (20, 2), (20.05, 12))),
-    Shape("step-down", "12 -> 2 rps at 30 min, back to 12 at 70 min", 100,
-          ((0, 12), (30, 12), (30.05, 2), (70, 2), (70.05, 12))),
+    Shape("step-down", "warm-up to 12 rps, 12 -> 2 rps at 30 min, back to 12 at 70 min", 100,
+          ((0, 1), (10, 12), (30, 12), (30.05, 2), (70, 2), (70.05, 12))),
     Shape("ramp", "1 -> 14 rps over 40 min, down over 40 min", 90, ((0, 1), (5, 1), (45, 14), (85, 1))),
     Shape("flash-crowd", "1.5 -> 15 rps within 10 s, for 10 min", 60,
           ((0, 1.5), (20, 1.5), (20 + 10 / 60, 15), (30, 15), (30 + 10 / 60, 1.5))),
     Shape("oscillation", "2 <-> 10 rps, 20 min period", 100, _oscillation(20, 2, 10, 100)),
-    Shape("idle-return", "6 rps, 0.1 rps for 45 min, back to 6 rps within 30 s", 100,
-          ((0, 6), (20, 6), (20.5, 0.1), (65, 0.1), (65.5, 6))),
+    Shape("idle-return", "warm-up to 6 rps, 0.1 rps for 45 min, back to 6 rps within 30 s", 100,
+          ((0, 0.5), (10, 6), (20, 6), (20.5, 0.1), (65, 0.1), (65.5, 6))),
     Shape("from-zero", "nothing for 12 min (past the 5 min cooldown: at zero), then 3 rps", 45,
           ((0, 0), (12, 0), (12.05, 3)), from_zero=True),
     Shape("day-chat", "a day compressed into 2 h: 0.5 -> 10 rps and back, chat mix", 120,
