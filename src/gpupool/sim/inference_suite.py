@@ -7,7 +7,8 @@ prompt-heavy mix, mean prompt ~2,000 tokens). The service and the SLO are the re
 (Llama-3.1-8B on H200, 99 % of requests within 15 s end to end), the pool is 8 H200. The peers are the
 project's recommender driven as the anchors configure it: static for the peak, HPA on
 ``DCGM_FI_DEV_GPU_UTIL`` at 75 %, KEDA on ``vllm:num_requests_waiting`` at 5, Knative KPA at 44.8 in flight
-(70 % of containerConcurrency 64); ``gpupool`` is the right-sized recommender as the reference configures it.
+(70 % of containerConcurrency 64); ``gpupool`` is the right-sized recommender as the reference configures it,
+``gpupool-whole`` the same on whole GPUs only (what right-sizing saved or cost is the difference).
 Scenarios are short (1-2 h) so that the whole suite runs in minutes; the shapes are what matters. A shape
 that would start at a high rate starts with a 10 min warm-up ramp: every autoscaled policy starts at its
 minimum, and a start under full load measured the simulator's cold start, not the shape.
@@ -101,6 +102,9 @@ POLICIES: dict[str, dict[str, Any]] = {
     "gpupool": {"kind": "rightsized", "headroom": 0.5,
                 "autoscaler": {"minReplicas": 1, "maxReplicas": 16, "panicWindowSeconds": 30,
                                "stableWindowSeconds": 120, "panicThreshold": 200}},
+    "gpupool-whole": {"kind": "rightsized", "headroom": 0.5, "slices": ["1xH200"],
+                      "autoscaler": {"minReplicas": 1, "maxReplicas": 16, "panicWindowSeconds": 30,
+                                     "stableWindowSeconds": 120, "panicThreshold": 200}},
     "static": {"kind": "static", "slice": "1xH200", "replicas": "auto"},
     "hpa-gpu": {"kind": "recommender", "slice": "1xH200", "style": "HPA on DCGM_FI_DEV_GPU_UTIL: ",
                 "autoscaler": {"minReplicas": 1, "maxReplicas": 8,
@@ -120,7 +124,7 @@ POLICIES: dict[str, dict[str, Any]] = {
 }
 
 #: Policies that scale to zero in a ``from_zero`` shape (HPA does not: minReplicas >= 1 without a feature gate).
-ZERO_CAPABLE = ("gpupool", "keda-queue", "knative")
+ZERO_CAPABLE = ("gpupool", "gpupool-whole", "keda-queue", "knative")
 
 
 def suite_scenario(shape: Shape, policies: Sequence[str] | None = None) -> Scenario:
@@ -217,6 +221,13 @@ def suite_markdown(cells: Sequence[SuiteCell]) -> list[str]:
     lines.append("| GPU-hours over the scenarios, seeds " + " / ".join(map(str, seeds)) + " | "
                  + " | ".join(" / ".join(f"{table[p]['gpu_hours'].get(s, 0):.1f}" for s in seeds) for p in pols)
                  + " |")
+    if "gpupool" in table and "gpupool-whole" in table:
+        diff = [table["gpupool-whole"]["gpu_hours"].get(s, 0) - table["gpupool"]["gpu_hours"].get(s, 0) for s in seeds]
+        lines += ["", "Right-sizing (gpupool vs gpupool-whole, the same recommender on whole GPUs only) saved "
+                  + " / ".join(f"{d:+.1f}" for d in diff) + " GPU-h (seeds " + " / ".join(map(str, seeds))
+                  + "; negative: it cost) and met the SLO in "
+                  + " / ".join(str(table["gpupool"]["meets"].get(s, 0)) for s in seeds) + " vs "
+                  + " / ".join(str(table["gpupool-whole"]["meets"].get(s, 0)) for s in seeds) + " scenarios."]
     lines += ["", "Per scenario: worst SLO attainment over the seeds / mean GPU-hours (bold: misses the SLO "
               "on some seed).", "", "| scenario | " + " | ".join(pols) + " |", "|---|" + "---:|" * len(pols)]
     for shape in dict.fromkeys(c.shape for c in cells):
