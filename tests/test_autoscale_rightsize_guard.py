@@ -31,3 +31,21 @@ def test_step_down_in_a_full_pool_does_not_keep_the_old_slice_for_good() -> None
                  ((0, 12), (30, 12), (30.05, 2), (70, 2), (70.05, 12)))
     cells = run_suite([cold], seeds=(9,), policies=["gpupool"])
     assert cells[0].gpu_hours < 6, cells[0]
+
+
+def test_slice_switch_leaves_the_pool_room_for_the_new_slice() -> None:
+    from gpupool.sim.inference import SimState, load_throughput_table
+    from gpupool.sim.inference_policies import RightSizedPolicy, TokenStats, build_policy
+    from gpupool.sim.inference_suite import SHAPES, suite_scenario
+
+    sc = suite_scenario(SHAPES[0], ["gpupool"])
+    table = load_throughput_table(None, "H200")
+    pol = build_policy("gpupool", sc, table, TokenStats(1000.0, 250.0, 1000.0))
+    assert isinstance(pol, RightSizedPolicy) and pol.current == "1xH200"
+    old = "3g.71gb"
+    n_old = int(sc.pool_gpus / table.slices[old].gpu_fraction)  # the old slice fills the pool
+    full = SimState(now_s=700.0, replicas={old: n_old}, ready={old: n_old}, pool_gpus=sc.pool_gpus)
+    pol.old, pol.current = old, "1xH200"  # a switch to whole GPUs under way, none started yet
+    d = pol.decide(700.0, full, {"rps": 12.0, "concurrency": 30.0, "queue_depth": 0.0})
+    used = sum(n * table.slices[s].gpu_fraction for s, n in d.replicas.items())
+    assert d.replicas.get("1xH200", 0) >= 1 and used <= sc.pool_gpus + 1e-9, d.replicas

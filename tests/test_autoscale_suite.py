@@ -46,3 +46,8 @@ def test_cli_suite_refuses_bad_seeds_and_unknown_policies() -> None:
     assert r.exit_code == 2 and "--seeds" in r.output
     r = CliRunner().invoke(app, ["autoscale", "simulate", "--suite", "--policies", "nope"])
     assert r.exit_code == 2 and "nope" in r.output
+
+
+def test_cli_suite_refuses_single_scenario_options() -> None:
+    r = CliRunner().invoke(app, ["autoscale", "simulate", "--suite", "--hours", "1"])
+    assert r.exit_code == 2 and "--hours" in r.output and "--suite" in r.output

@@ -101,6 +101,13 @@ def simulate_cmd(
     if suite:
         from gpupool.cli.autoscale_suite import run_suite_cmd
 
+        given = [o for o, v in (("--scenario", scenario), ("--seed", seed), ("--hours", hours), ("--trace", trace),
+                                ("--throughput", throughput), ("--out", out)) if v is not None]
+        if given:
+            raise _fail(f"--suite runs its own scenarios: {', '.join(given)} cannot be used with it (--seeds, "
+                        "--policies, --code-trace, --json can)")
+        check_outputs(None, json_file, [])
+
         run_suite_cmd(names, seeds, code_trace, json_file, quiet)
         return
     if policies is not None and not names:
