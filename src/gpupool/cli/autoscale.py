@@ -74,6 +74,16 @@ def simulate_cmd(
                                                      "need be.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress: neither the bar (terminal) nor "
                                                              "the progress lines on stderr.")] = False,
+    suite: Annotated[bool, typer.Option("--suite", help="Run the scenario suite instead (issue 30): step, ramp, "
+                                                       "flash crowd, oscillation, idle, scale from zero, day, on "
+                                                       "the chat and code token mixes; every policy, 3 seeds.")
+                  ] = False,
+    seeds: Annotated[str, typer.Option("--seeds", metavar="A,B,...", help="Seeds of the suite.")] = "7,8,9",
+    code_trace: Annotated[Path | None, typer.Option(
+        "--code-trace", metavar="FILE", dir_okay=False, show_default=False,
+        help="Azure LLM code trace CSV for the suite's prompt-heavy scenarios. Default: "
+             "shared/traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv beside or above the working "
+             "directory; without it those scenarios are skipped.")] = None,
 ) -> None:
     """Run scaling policies side by side on a day of LLM requests and compare latency and GPU-hours.
 
@@ -88,6 +98,18 @@ def simulate_cmd(
     from gpupool.traces.errors import TraceFormatError
 
     names = list(dict.fromkeys(split(policies)))  # once each
+    if suite:
+        from gpupool.cli.autoscale_suite import run_suite_cmd
+
+        given = [o for o, v in (("--scenario", scenario), ("--seed", seed), ("--hours", hours), ("--trace", trace),
+                                ("--throughput", throughput), ("--out", out)) if v is not None]
+        if given:
+            raise _fail(f"--suite runs its own scenarios: {', '.join(given)} cannot be used with it (--seeds, "
+                        "--policies, --code-trace, --json can)")
+        check_outputs(None, json_file, [])
+
+        run_suite_cmd(names, seeds, code_trace, json_file, quiet)
+        return
     if policies is not None and not names:
         raise _fail(f"--policies {','.join(policies)!r}: no policy name given")
     path = scenario if scenario is not None else _reference()

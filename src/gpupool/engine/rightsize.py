@@ -197,6 +197,16 @@ class RightSizer:
                                                           f"least cost")
         cheaper = best_cost < cur_cost * (1 - self.hysteresis)
         dwelt = now_s - self.since_s >= self.min_dwell_s
+        # no dearer and more capacity (two half-GPU slices -> one whole GPU for the same cost): switch now,
+        # the headroom is free (issue 30: an idle minimum left on a slice saturated when traffic returned)
+        roomier = best_cost <= cur_cost + 1e-9 and \
+            best_n * float(capacity_per_replica[best.name]) > cur_n * float(capacity_per_replica[cur_opt.name]) * 1.2
+        if roomier:
+            old = cur_opt.name
+            self.current, self.since_s = best, now_s
+            return SliceChoice(best, best_n, best_cost,
+                               f"switch {old} x{cur_n} ({cur_cost:.3g} GPU) -> {best.name} x{best_n} = "
+                               f"{best_cost:.3g} GPU: no dearer, more capacity")
         if cheaper and dwelt:
             old = cur_opt.name
             self.current, self.since_s = best, now_s

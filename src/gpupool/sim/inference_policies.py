@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gpupool.engine.autoscale import AutoscalerSpec, MetricTarget, Recommender
+from gpupool.engine.autoscale_coming import with_capacity_coming
 from gpupool.engine.rightsize import RightSizer, SliceOption, slice_catalog
 from gpupool.inputs import load_yaml, unknown_keys
 
@@ -212,14 +213,16 @@ class RecommenderPolicy:
 
 class RightSizedPolicy:
     """gpupool: the RightSizer picks the slice for the recent peak demand (requests/s over
-    ``demand_window_s``), the Recommender scales the replicas of that slice on concurrency and rps with
+    ``demand_window_s``, 1 h: the minimum replica keeps room for the traffic the service has seen in the last
+    hour come back, issue 30; with 5 min the idle minimum went to a half-GPU slice that saturated on the
+    return), the Recommender scales the replicas of that slice on concurrency and rps with
     per-slice targets from :func:`slice_capacity`. A slice change is a surge rollout: the new slice's
     replicas start, the old ones drain once enough of the new ones are ready."""
 
     def __init__(self, name: str, table: ThroughputTable, base: AutoscalerSpec, capacities: Mapping[str, Capacity],
                  options: Sequence[SliceOption], *, pool_gpus: float, reconcile_s: float = 15.0,
                  scrape_s: float = 15.0, hysteresis: float = 0.2, min_dwell_s: float = 600.0,
-                 demand_window_s: float = 300.0) -> None:
+                 demand_window_s: float = 3600.0) -> None:
         self.name = name
         self.table = table
         self.base = base
@@ -289,8 +292,9 @@ class RightSizedPolicy:
             want[self.current] = n
             reason = choice.reason
         else:
-            rec = self.recommender(self.current).recommend(now_s, max(cur, 0), samples,
-                                                           state.ready.get(self.current, 0))
+            ready = state.ready.get(self.current, 0)
+            seen, _ = with_capacity_coming(samples, self.spec_for(self.current), cur, ready)
+            rec = self.recommender(self.current).recommend(now_s, max(cur, 0), seen, ready)
             if rec.limited_by:
                 self.trace.limited[rec.limited_by] = self.trace.limited.get(rec.limited_by, 0) + 1
             self.trace.panic_evals += int(rec.panic)
@@ -300,7 +304,13 @@ class RightSizedPolicy:
             if state.ready.get(self.current, 0) >= want[self.current]:
                 self.old = None  # the new slice is serving: drain the old one
             else:
-                want[self.old] = state.replicas.get(self.old, 0)
+                # keep the old slice serving, but no more of it than leaves the pool room for the new one
+                # (a full pool would otherwise never start the new slice: the rollout stalled for good)
+                keep = state.replicas.get(self.old, 0)
+                if math.isfinite(self.pool_gpus):
+                    room = self.pool_gpus - want[self.current] * self.table.slices[self.current].gpu_fraction
+                    keep = min(keep, max(0, int(math.floor(room / self.table.slices[self.old].gpu_fraction + 1e-9))))
+                want[self.old] = keep
         self.trace.last_reason = reason
         return PolicyDecision(want, reason)
 
