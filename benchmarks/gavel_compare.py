@@ -44,7 +44,7 @@ def cluster() -> list:
     return [NodeSpec(f"{m.lower()}-{i}", 64000, 512 * 1024, 4, m) for m in ("V100", "P100", "K80") for i in range(9)]
 
 
-def one(run: str, seed: int, n: int, rate: float) -> dict:
+def one(run: str, seed: int, n: int, rate: float, world: str = "type") -> dict:
     from gpupool.sim.gavel import generate_jobs
     from gpupool.sim.jobs import JobSimConfig, run_jobs
     from gpupool.sim.migration import MigrationConfig
@@ -55,6 +55,8 @@ def one(run: str, seed: int, n: int, rate: float) -> dict:
     rows = dict(doc["rows"])
     models = ("V100", "P100", "K80")
     rows[""] = {m: statistics.fmean(r[m] for r in doc["rows"].values()) for m in models}  # jobs without a type
+    if world == "model":  # one speed per GPU model (the mean over the job types), for every job
+        rows = {"": rows[""]}
     table = ThroughputTable(rows, "V100")
     jobs = generate_jobs(n, rate, seed)
     _, _, mode = run.partition("@")
@@ -70,7 +72,7 @@ def one(run: str, seed: int, n: int, rate: float) -> dict:
     m = res.metrics
     jct = sorted(res.jct.tolist())
     p99 = jct[min(len(jct) - 1, int(round(0.99 * (len(jct) - 1))))] if jct else float("nan")
-    return {"run": run, "seed": seed, "jobs": n, "mean_jct_h": m["mean_jct_s"] / 3600,
+    return {"run": run, "world": world, "seed": seed, "jobs": n, "mean_jct_h": m["mean_jct_s"] / 3600,
             "p95_jct_h": m["p95_jct_s"] / 3600,
             "p99_jct_h": p99 / 3600, "makespan_h": m["makespan_s"] / 3600, "utilization": m["gpu_utilization"],
             "unfinished": m["unfinished_jobs"], "preemptions": m["preemptions"], "moves": m.get("moves", 0),
@@ -79,13 +81,35 @@ def one(run: str, seed: int, n: int, rate: float) -> dict:
 
 
 def render(doc: dict) -> str:
-    rows = doc["rows"]
-    seeds = sorted({r["seed"] for r in rows})
+    all_rows = doc["rows"]
+    seeds = sorted({r["seed"] for r in all_rows})
     lines = ["# gpupool beside Gavel: Continuous-Multiple, 36 V100 + 36 P100 + 36 K80", "",
              f"{doc['jobs']} jobs per seed, Poisson {doc['rate']} jobs/h, seeds {seeds}; Gavel's per-job-type "
              "throughputs; Gavel's simulation model matched (see benchmarks/gavel_compare.py). Means over the seeds.",
-             "", "| run | mean JCT h | p95 h | p99 h | makespan h | utilisation | moves (to faster) | GPU-h lost to "
-             "moves | unfinished |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             ""]
+    for world in ("type", "model"):
+        rows = [r for r in all_rows if r.get("world", "type") == world]
+        if rows:
+            lines += _table(rows, world)
+    lines += ["", "Per seed:", "", "| run | world | seed | mean JCT h | p95 h | p99 h | makespan h | utilisation | "
+              "moves |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in all_rows:
+        lines.append(f"| {r['run']} | {r.get('world', 'type')} | {r['seed']} | {r['mean_jct_h']:.1f} | "
+                     f"{r['p95_jct_h']:.0f} | {r['p99_jct_h']:.0f} | {r['makespan_h']:.0f} | {r['utilization']:.2f} | "
+                     f"{r['moves']} |")
+    mi = doc["machine"]
+    lines += ["", f"Machine: {mi['cpu']}, {mi['cores']} cores (shared, load average {mi['load_average']}), Python "
+              f"{mi['python']}, {mi['date']}. The issue's Gavel figures come from its own generator and seeds; the "
+              "gpupool rows here use this generator with the same seeds, so the workloads are drawn alike but "
+              "were not checked job for job against Gavel's trace output.", ""]
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict], world: str) -> list[str]:
+    title = ("per-job-type speeds (Gavel's table)" if world == "type"
+             else "one speed per GPU model (the mean of Gavel's table over job types)")
+    lines = [f"## {title}", "", "| run | mean JCT h | p95 h | p99 h | makespan h | utilisation | moves (to faster) | "
+             "GPU-h lost to moves | unfinished |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in RUNS:
         rs = [r for r in rows if r["run"] == run]
         if not rs:
@@ -97,19 +121,12 @@ def render(doc: dict) -> str:
                      f"{mean['makespan_h']:.0f} | {mean['utilization']:.2f} | {mean['moves']:.0f} "
                      f"({mean['moves_to_faster']:.0f}) | {mean['move_lost_gpu_hours']:.1f} | "
                      f"{mean['unfinished']:.1f} |")
-    for name, (m, p95, p99, mk, u) in GAVEL.items():
-        lines.append(f"| {name} (issue 32, not rerun) | {m} | {p95} | {p99} | {mk} | {u} | | | |")
-    lines += ["", "Per seed:", "", "| run | seed | mean JCT h | p95 h | p99 h | makespan h | utilisation | moves |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['run']} | {r['seed']} | {r['mean_jct_h']:.1f} | {r['p95_jct_h']:.0f} | {r['p99_jct_h']:.0f}"
-                     f" | {r['makespan_h']:.0f} | {r['utilization']:.2f} | {r['moves']} |")
-    mi = doc["machine"]
-    lines += ["", f"Machine: {mi['cpu']}, {mi['cores']} cores (shared, load average {mi['load_average']}), Python "
-              f"{mi['python']}, {mi['date']}. The issue's Gavel figures come from its own generator and seeds; the "
-              "gpupool rows here use this generator with the same seeds, so the workloads are drawn alike but "
-              "were not checked job for job against Gavel's trace output.", ""]
-    return "\n".join(lines)
+    if world == "type":
+        for name, (m, p95, p99, mk, u) in GAVEL.items():
+            lines.append(f"| {name} (issue 32, not rerun) | {m} | {p95} | {p99} | {mk} | {u} | | | |")
+    else:
+        lines.append("| Gavel's best with one speed per model (issue 32, not rerun) | 19.6 | | | | | | | |")
+    return lines + [""]
 
 
 def main() -> None:
@@ -118,8 +135,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=400)
     ap.add_argument("--rate", type=float, default=3.0, help="jobs per hour (Poisson)")
     ap.add_argument("--runs", default=",".join(RUNS))
+    ap.add_argument("--worlds", default="type,model", help="type: per-job-type speeds; model: one per GPU model")
     args = ap.parse_args()
-    rows = [one(run, int(s), args.jobs, args.rate) for s in args.seeds.split(",") for run in args.runs.split(",")]
+    rows = [one(run, int(s), args.jobs, args.rate, w) for w in args.worlds.split(",") for s in args.seeds.split(",")
+            for run in args.runs.split(",")]
     doc = {"jobs": args.jobs, "rate": args.rate, "rows": rows, "machine": machine_info()}
     OUT.mkdir(exist_ok=True)
     (OUT / "gavel_compare.json").write_text(json.dumps(json_safe(doc), indent=1) + "\n")

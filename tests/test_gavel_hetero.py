@@ -71,7 +71,12 @@ def test_plan_moves_needs_gain_room_and_the_minimum_run() -> None:
     short = MoveCandidate("j", 0.25, 30.0, 4000.0, 2, 1, sp)  # 120 s left here: the restart costs more
     assert plan_moves([short], room, MigrationConfig(restart_s=120.0)) == []
     two = [c, MoveCandidate("k", 0.25, 7200.0, 4000.0, 2, 1, sp)]
-    assert plan_moves(two, room, MigrationConfig()) == [("k", 1.0)]  # the room goes to the longest first, once
+    free = np.array([1, 1, 0, 0])
+
+    def take(cand, v) -> bool:
+        free[cand.node_speed == v] = 0
+        return True
+    assert plan_moves(two, lambda _c: free.copy(), MigrationConfig(), take) == [("k", 1.0)]  # longest first, once
     with pytest.raises(ValueError, match="min_gain"):
         MigrationConfig(min_gain=1.0)
 
@@ -128,3 +133,34 @@ def test_gavel_table_and_trace_loader(tmp_path) -> None:
     p.write_text("LM (batch size 5)\tx\n")
     with pytest.raises(ValueError, match="g.trace:1: expected 10"):
         load_gavel_trace(p, ref)
+
+
+def test_speed_blind_placement_keeps_a_type_off_models_it_cannot_run_on() -> None:
+    # the K80 node is idle, the V100 node busy: "lm" (speed 0 on K80) waits for the V100 even speed-blind
+    jobs = [JobSpec("hog", 0, 5000, 4, job_type="rec"), JobSpec("lm", 1, 1000, 4, job_type="lm")]
+    res = run_jobs(nodes(), jobs, "gpupool", config=cfg())
+    by = {j["job_id"]: j for j in res.jobs}
+    assert res.metrics["unfinished_jobs"] == 0
+    assert by["lm"]["nodes"] == ["fast-0"] or by["hog"]["nodes"] == ["fast-0"]
+    assert all(n.startswith("fast") for n in by["lm"]["nodes"])
+
+
+def test_scheduler_move_places_the_whole_gang_on_the_allowed_nodes_or_back() -> None:
+    from gpupool.cluster import ClusterState
+    from gpupool.engine.pool.job import PoolJob
+    from gpupool.engine.pool.queues import QueueSpec, QueueTree
+    from gpupool.engine.pool.scheduler import PoolScheduler
+    from gpupool.policies import make_policy
+
+    st = ClusterState(nodes(fast=1, slow=1))
+    sched = PoolScheduler(st, make_policy("gpupool"), QueueTree([QueueSpec(name="q", quota=8)]))
+    job = PoolJob("j", "q", 1, 2, 0.0)
+    sched.submit(job, 0.0)
+    sched.cycle(0.0)
+    was = {a.node for a in job.placed}
+    other = np.array([i not in was for i in range(2)])
+    assert sched.move(job, other, 10.0) is True
+    assert {a.node for a in job.placed} == {int(np.flatnonzero(other)[0])}
+    assert job.attained == pytest.approx(20.0) and job.run_since == 10.0 and sched.free_gpus == 6
+    assert sched.move(job, np.zeros(2, dtype=bool), 20.0) is False  # nowhere allowed: back where it fits
+    assert job.status == "running" and len(job.placed) == 2 and sched.free_gpus == 6

@@ -425,17 +425,17 @@ class JobSimulator:
         placement = hetero_placement(placement, self.nodes, config.gpu_speed, config.objective,  # sim/placement.py
                                      config.reference_gpu, config.gpu_utilization,
                                      None if self.table is None else np.array(speeds))
+        self.job_cls: dict[str, str] = {r.job_id: getattr(r, "job_type", "") for r in self.records}
+        if self.table is not None:  # per-job-type rows for placement (sim/placement.py)
+            placement = job_classes(placement, self.table, self.records, models, speeds, self.node_busy_w,
+                                    self.node_idle_w, st.gpu_count.tolist(), self.job_cls)
         self.sched = PoolScheduler(st, make_policy(placement) if isinstance(placement, str) else placement, self.tree,
                                    pool, seed=config.seed, workload=workload)
         self.sched.victims_across_cycles = True  # no job here is ever protected from eviction (protected_until)
-        self.job_cls: dict[str, str] = {r.job_id: getattr(r, "job_type", "") for r in self.records}
-        if self.table is not None:
-            job_classes(placement, self.table, self.records, models, speeds, self.node_busy_w, self.node_idle_w,
-                        st.gpu_count.tolist(), self.job_cls)
         if config.las_work:  # attained service in work done: the speed of the job's slowest GPU
             self.sched.service_rate_of = lambda pj: self._placement_figures(pj.placed, self.job_cls[pj.name]).speed
         self.move_lost_gpu_s = 0.0  # GPU-seconds of moved jobs' restarts
-        self.moves_faster = 0  # moves that landed on faster GPUs (a move is a requeue: another job may take the room)
+        self.moves_faster = 0  # moves that landed on faster GPUs (else the gang did not fit there after all)
         self.models = models
         self.leaf_names = tuple(self.tree.names[i] for i in self.tree.leaves.tolist())
         self.leaf_col = {int(q): k for k, q in enumerate(self.tree.leaves.tolist())}
@@ -752,8 +752,9 @@ class JobSimulator:
                             samples_t, samples_a, samples_f, n_failure_events, now)
 
     def _move_jobs(self, now: float, by_name: dict[str, _SimJob], events: Counter) -> bool:
-        """Moves to faster GPUs (:mod:`gpupool.sim.migration`): the jobs planned are checkpointed and requeued (the
-        next cycle places them). True if any moved. Non-preemptible and elastic jobs stay where they are."""
+        """Moves to faster GPUs (:mod:`gpupool.sim.migration`): each job planned is checkpointed and its gang placed
+        again on the faster nodes (:meth:`PoolScheduler.move`), restarting after the move's restart cost. True if any
+        moved (its old GPUs are free: another cycle may use them). Non-preemptible and elastic jobs stay."""
         cfg = self.cfg.migration
         assert cfg is not None
         sched = self.sched
@@ -773,18 +774,26 @@ class JobSimulator:
                                            node_speed))
         if not cands:
             return False
-        moves = plan_moves(cands, lambda c: sched.fits_per_node(c.key.pj, None), cfg)
-        for sj, _target in moves:
-            old = self._placement_figures(sj.pj.placed, sj.cls).speed
-            sched.kill(sj.pj, now, "moved to faster GPUs")
-            self._stop_job(sj, now, failed=False, moved=True)
-            sj.moving = old
+
+        def move(c: MoveCandidate, target: float) -> bool:
+            sj = c.key
+            assert isinstance(sj, _SimJob)
+            self._end_segment(sj, now)
+            landed = sched.move(sj.pj, c.node_speed == target, now)  # the level the planner found room on
+            sj.moves += 1
+            sj.restarts += 1
+            sj.ckpt = sj.done  # checkpointed to move
+            sj.moving = c.speed
+            self._begin_segment(sj, now, restart=True)
             events["move"] += 1
+            return landed
+
+        moves = plan_moves(cands, lambda c: sched.fits_per_node(c.key.pj, None), cfg, move)
         return bool(moves)
 
-    def _stop_job(self, sj: _SimJob, now: float, failed: bool, moved: bool = False) -> float:
-        """A running job was preempted (already requeued by the scheduler), moved to faster GPUs (``moved``, it
-        checkpoints) or killed by a failure. Returns the GPU-seconds of work lost."""
+    def _stop_job(self, sj: _SimJob, now: float, failed: bool) -> float:
+        """A running job was preempted (already requeued by the scheduler) or killed by a failure.
+        Returns the GPU-seconds of work lost."""
         gpus = sj.gpus_now
         self._end_segment(sj, now)
         lost = 0.0
@@ -795,9 +804,6 @@ class JobSimulator:
             lost = lost_work / sj.rate * gpus if sj.rate > 0 else 0.0
             sj.done = keep
             sj.lost_gpu_s += lost
-        elif moved:
-            sj.moves += 1
-            sj.ckpt = sj.done
         else:
             sj.preemptions += 1
             if self.cfg.checkpoint_on_preempt:

@@ -10,10 +10,11 @@ gang now (all or nothing), when
     restart_s + W / v  <  (1 - min_gain) x W / s
 
 and it has run at least ``min_run_s`` since it last started (hysteresis: no thrash). The fastest such model is
-planned; jobs with the most time to save go first, each claiming the room it plans on. The move itself is the
-scheduler's: the job is stopped (checkpointed) and requeued, and the next cycle places it (the
-heterogeneity-aware placement puts it on the cheapest model with room). The restart stalls it ``restart_s``;
-those GPU-seconds are reported as lost to moves.
+planned; jobs with the most time to save go first, each moved before the next is planned. The move itself is the
+scheduler's (:meth:`~gpupool.engine.pool.scheduler.PoolScheduler.move`): the job is checkpointed, its gang
+released and placed again at once on nodes of that speed (all or nothing; where it no longer fits, back
+where it was, counted as a move not to faster GPUs). The restart stalls it ``restart_s``; those GPU-seconds are
+reported as lost to moves. The GPUs it left are free for the cycle that follows.
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ class MoveCandidate:
 
 
 def plan_moves(cands: Sequence[MoveCandidate], fits: Callable[[MoveCandidate], np.ndarray],
-               cfg: MigrationConfig) -> list[tuple[object, float]]:
-    """``[(key, target speed)]`` of the jobs to move now. ``fits(c)``: (n_nodes,) pods of ``c``'s shape each node
-    could take now (the scheduler's ``fits_per_node``). Room planned for one move is not offered to the next
-    (counted per speed level, in pods of the job asking)."""
-    claimed: dict[float, int] = {}  # GPUs planned per speed level
+               cfg: MigrationConfig, move: Callable[[MoveCandidate, float], bool] | None = None
+               ) -> list[tuple[object, float]]:
+    """``[(key, target speed)]`` of the jobs moved now, the longest time saved first. ``fits(c)``: (n_nodes,)
+    pods of ``c``'s shape each node could take now (the scheduler's ``fits_per_node``), asked again for each
+    job, after the moves before it; ``move(c, v)``: carry the move out at once (True if the gang landed on
+    speed ``v``), so that the next job sees the room it took and the room it left; None: plan only (every
+    job against the same ``fits``)."""
     out: list[tuple[object, float]] = []
     ready = [c for c in cands if c.ran_s >= cfg.min_run_s and c.speed > 0 and c.remaining_work > 0]
     ready.sort(key=lambda c: -c.remaining_work / c.speed)
@@ -81,9 +84,8 @@ def plan_moves(cands: Sequence[MoveCandidate], fits: Callable[[MoveCandidate], n
                 break  # slower levels save even less
             if f is None:
                 f = fits(c)
-            room = int(f[c.node_speed == v].sum()) - -(-claimed.get(v, 0) // max(c.gpus_per_pod, 1))
-            if room >= c.pods:
-                claimed[v] = claimed.get(v, 0) + c.pods * c.gpus_per_pod
-                out.append((c.key, v))
+            if int(f[c.node_speed == v].sum()) >= c.pods:
+                if move is None or move(c, v):
+                    out.append((c.key, v))
                 break
     return out

@@ -74,20 +74,26 @@ def hetero_placement(placement: str | Policy, nodes: Sequence, gpu_speed: str, o
 
 def job_classes(placement: str | Policy, table: ThroughputTable, jobs: Sequence, models: Sequence[str],
                 speed: Sequence[float], busy_w: Sequence[float], idle_w: Sequence[float], gpu_count: Sequence[int],
-                job_cls: Mapping[str, str]) -> None:
-    """Give a :class:`HeteroPolicy` ``placement`` one cost and speed row per job type of ``jobs`` that ``table``
-    has (:meth:`HeteroPolicy.set_job_classes`): its objective's cost from the type's speeds. ``speed``: the
-    per-node default; ``busy_w`` / ``idle_w``: one GPU's power per node; ``job_cls``: job id -> type. A policy
-    that is not a HeteroPolicy (speed-blind placement) is left alone."""
-    if not isinstance(placement, HeteroPolicy):
-        return
+                job_cls: Mapping[str, str]) -> str | Policy:
+    """``placement`` given one cost and speed row per job type of ``jobs`` that ``table`` has
+    (:meth:`HeteroPolicy.set_job_classes`). A :class:`HeteroPolicy` gets its objective's cost from the type's
+    speeds. A speed-blind placement of :data:`HETERO_PLACEMENTS` is wrapped in one that only keeps each type off
+    the models where its speed is 0 (every other node costs the same, so it stays speed-blind) when the table
+    has such a zero; anything else is returned as it is. ``speed``: the per-node default; ``busy_w`` /
+    ``idle_w``: one GPU's power per node; ``job_cls``: job id -> type."""
     counts = np.asarray(gpu_count)
-    classes = {}
-    for jt in sorted({getattr(r, "job_type", "") for r in jobs} - {""}):
-        if jt not in table.rows:
-            continue
-        s = table.node_speeds(jt, models, speed)
-        cost = np.where(counts > 0, model_cost(placement.objective, s, busy_w, idle_w), np.inf)
-        classes[jt] = (cost, s)
+    types = [jt for jt in sorted({getattr(r, "job_type", "") for r in jobs} - {""}) if jt in table.rows]
+    rows = {jt: table.node_speeds(jt, models, speed) for jt in types}
+    if isinstance(placement, HeteroPolicy):
+        classes = {jt: (np.where(counts > 0, model_cost(placement.objective, s, busy_w, idle_w), np.inf), s)
+                   for jt, s in rows.items()}
+    elif (isinstance(placement, str) and placement in HETERO_PLACEMENTS
+          and any(((s <= 0) & (counts > 0)).any() for s in rows.values())):
+        runs = {jt: (s > 0).astype(np.float64) for jt, s in rows.items()}
+        classes = {jt: (np.where((counts > 0) & (r > 0), 0.0, np.inf), r) for jt, r in runs.items()}
+        placement = HeteroPolicy(make_policy(placement), np.where(counts > 0, 0.0, np.inf), "")
+    else:
+        return placement
     if classes:
         placement.set_job_classes(lambda pj: job_cls.get(pj.name, ""), classes)
+    return placement
