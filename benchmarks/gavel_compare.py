@@ -30,7 +30,7 @@ from _common import json_safe, machine_info  # noqa: E402
 
 TABLE = REPO / "benchmarks" / "data" / "gavel_throughputs.json"
 OUT = REPO / "benchmarks" / "results"
-RUNS = ("gpupool", "gpupool@jct", "gpupool@jct+work", "gpupool@jct+work+move")
+RUNS = ("gpupool", "gpupool@jct", "gpupool@jct+work", "gpupool@jct+move", "gpupool@jct+work+move")
 GAVEL = {  # issue 32, means over four seeds of Gavel run unmodified (h, h, h, h, ratio)
     "Gavel max_min_fairness_perf": (17.9, 94, 163, 293, 0.44),
     "Gavel finish_time_fairness_perf": (18.4, 97, 162, 291, 0.45),
@@ -136,14 +136,15 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=3.0, help="jobs per hour (Poisson)")
     ap.add_argument("--runs", default=",".join(RUNS))
     ap.add_argument("--worlds", default="type,model", help="type: per-job-type speeds; model: one per GPU model")
+    ap.add_argument("--name", default="gavel_compare", help="results file name (benchmarks/results/NAME.{json,md})")
     args = ap.parse_args()
     rows = [one(run, int(s), args.jobs, args.rate, w) for w in args.worlds.split(",") for s in args.seeds.split(",")
             for run in args.runs.split(",")]
     doc = {"jobs": args.jobs, "rate": args.rate, "rows": rows, "machine": machine_info()}
     OUT.mkdir(exist_ok=True)
-    (OUT / "gavel_compare.json").write_text(json.dumps(json_safe(doc), indent=1) + "\n")
-    (OUT / "gavel_compare.md").write_text(render(doc))
-    print((OUT / "gavel_compare.md").read_text())
+    (OUT / f"{args.name}.json").write_text(json.dumps(json_safe(doc), indent=1) + "\n")
+    (OUT / f"{args.name}.md").write_text(render(doc))
+    print((OUT / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":

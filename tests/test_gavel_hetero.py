@@ -164,3 +164,26 @@ def test_scheduler_move_places_the_whole_gang_on_the_allowed_nodes_or_back() -> 
     assert job.attained == pytest.approx(20.0) and job.run_since == 10.0 and sched.free_gpus == 6
     assert sched.move(job, np.zeros(2, dtype=bool), 20.0) is False  # nowhere allowed: back where it fits
     assert job.status == "running" and len(job.placed) == 2 and sched.free_gpus == 6
+
+
+def test_cli_runs_the_new_switches_and_names_a_bad_table(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from gpupool.cli import app
+    from test_jobsim_cli import philly_csv
+
+    trace = tmp_path / "philly.csv"
+    trace.write_text(philly_csv())
+    cluster = Path(__file__).resolve().parents[1] / "examples" / "clusters" / "mixed-models.yaml"
+    table = tmp_path / "t.json"
+    table.write_text('{"rows": {"": {"T4": 0.1}}}')
+    out = tmp_path / "r.json"
+    args = ["compare", "--jobs", str(trace), "--cluster", str(cluster), "--policies", "gpupool", "--objective", "jct",
+            "--throughputs", str(table), "--las-work", "--migrate", "--json", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rec = json.loads(out.read_text())["results"][0]
+    assert rec["config"]["las_work"] is True and "moves" in rec and rec["config"]["throughput_rows"] == 1
+    table.write_text('{"rows": {"lm": {"T4": -1}}}')
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "job type 'lm', model 'T4'" in res.output
