@@ -187,3 +187,14 @@ def test_cli_runs_the_new_switches_and_names_a_bad_table(tmp_path) -> None:
     table.write_text('{"rows": {"lm": {"T4": -1}}}')
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "job type 'lm', model 'T4'" in res.output
+
+
+def test_a_waiting_job_reserves_only_models_its_type_can_run_on() -> None:
+    # "lm2" waits for the busy V100 (it cannot run on K80); its reservation must not hold the idle K80 node,
+    # so "rec", which arrives after it, runs there at once (2x)
+    jobs = [JobSpec("hog", 0, 10_000, 4, job_type="lm"), JobSpec("lm2", 1, 1000, 4, job_type="lm"),
+            JobSpec("rec", 2, 1000, 4, job_type="rec")]
+    res = run_jobs(nodes(), jobs, "gpupool", config=cfg(objective="jct"))
+    by = {j["job_id"]: j for j in res.jobs}
+    assert by["rec"]["start"] == pytest.approx(2) and by["rec"]["nodes"] == ["slow-0"]
+    assert by["lm2"]["nodes"] == ["fast-0"]

@@ -136,6 +136,20 @@ class HeteroPolicy(DelegatingPolicy):
         self.job_class = job_class
         self._classes = {c: (_ranks(cost), np.asarray(speed, dtype=np.float64)) for c, (cost, speed) in classes.items()}
 
+    @property
+    def per_job(self) -> bool:
+        """Whether the nodes a job may use depend on more than its shape (job classes are set): the scheduler
+        then does not infer one job's failure to place from another's of the same shape."""
+        return self.job_class is not None
+
+    def usable_nodes(self, job: PoolJob) -> np.ndarray | None:
+        """(n_nodes,) bool: the nodes whose GPU model ``job``'s class can run on (speed > 0); None: every node
+        (no classes, or a job without one). The scheduler reserves only these for it."""
+        if self.job_class is None:
+            return None
+        plan = self._classes.get(self.job_class(job))
+        return None if plan is None else plan[1] > 0
+
     def begin_gang(self, job: PoolJob, pods: int, fits: Callable[[], np.ndarray], now: float,
                    capacity: Callable[[], np.ndarray] | None = None) -> None:
         """Plan where the ``pods`` pods of ``job`` go; ``fits()``: (n_nodes,) int pods of the job each
