@@ -273,6 +273,19 @@ def _job_model(config: Any, model: dict[str, Any], has_queue_file: bool,
         if not model["size_estimates"] >= 0:
             fail(f"--size-estimates must be >= 0, got {model['size_estimates']}")
         sim["size_estimate_error"] = float(model["size_estimates"])
+    if model.get("throughputs") is not None:
+        from gpupool.sim.throughput import load_throughput_table
+
+        try:
+            sim["throughputs"] = load_throughput_table(model["throughputs"])
+        except (OSError, ValueError) as exc:
+            fail(f"--throughputs: {exc}")
+    if model.get("las_work"):
+        sim["las_work"] = True
+    if model.get("migrate"):
+        from gpupool.sim.migration import MigrationConfig
+
+        sim["migration"] = MigrationConfig()
     if model.get("min_run") is not None:
         if not model["min_run"] >= 0:
             fail(f"--min-run must be >= 0, got {model['min_run']}")
@@ -348,7 +361,9 @@ _MODEL_ARGS = {"restart_overhead": ("--restart-overhead", 30.0), "topology_slowd
                "size_prior": ("--size-prior", None), "size_estimates": ("--size-estimates", None),
                "promote_knob": ("--promote-knob", None),
                "one_queue": ("--one-queue", False),
-               "fairness_cost": ("--fairness-cost", False), "objective": ("--objective", None)}
+               "fairness_cost": ("--fairness-cost", False), "objective": ("--objective", None),
+               "throughputs": ("--throughputs", None), "las_work": ("--las-work", False),
+               "migrate": ("--migrate", False)}
 """Job-model switches of simulate/compare: parameter -> (flag, default)."""
 
 

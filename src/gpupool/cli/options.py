@@ -235,6 +235,18 @@ ObjectiveOpt = Annotated[
                              help="With --gpu-speed catalog on mixed GPU models: place each job on the model "
                              "that minimizes time, energy or both (default: speed-blind); a comma list runs "
                              "each and says what each traded against jct.", rich_help_panel="Job traces")]
+ThroughputsOpt = Annotated[
+    Path | None, typer.Option("--throughputs", metavar="FILE", show_default=False,
+                              help="Speeds per job type and GPU model (JSON: {\"rows\": {type: {model: speed}}}; "
+                              "the \"\" row: one speed per model). Trace jobs carry no type, so they use the \"\" "
+                              "row (docs/pool-scheduler.md).", rich_help_panel="Job traces")]
+LasWorkOpt = Annotated[
+    bool, typer.Option("--las-work", help="Attained service counts work done (GPU-seconds x the speed of the "
+                       "job's GPUs), not GPU-seconds.", rich_help_panel=_MODEL)]
+MigrateOpt = Annotated[
+    bool, typer.Option("--migrate", help="Move running jobs to faster GPU models when that saves at least 10 % "
+                       "of their remaining time after a 120 s restart (after 30 min of run).",
+                       rich_help_panel=_MODEL)]
 ParallelOpt = Annotated[
     int | None, typer.Option("--jobs-parallel", metavar="N", show_default=False,
                              callback=in_range("--jobs-parallel", 1, MAX_PARALLEL, what="processes"),

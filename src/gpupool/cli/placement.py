@@ -44,8 +44,10 @@ from gpupool.cli.options import (
     JobsOpt,
     JsonOpt,
     KnobOpt,
+    LasWorkOpt,
     MaxJobsOpt,
     MaxPreemptOpt,
+    MigrateOpt,
     MinRunOpt,
     NodeMtbfOpt,
     NodesOpt,
@@ -65,6 +67,7 @@ from gpupool.cli.options import (
     RestartOpt,
     SeedOpt,
     ThresholdsOpt,
+    ThroughputsOpt,
     TopoSlowOpt,
     WideOpt,
 )
@@ -244,6 +247,9 @@ def simulate_cmd(
     one_queue: OneQueueOpt = False,
     fairness_cost: FairCostOpt = False,
     objective: ObjectiveOpt = None,
+    throughputs: ThroughputsOpt = None,
+    las_work: LasWorkOpt = False,
+    migrate: MigrateOpt = False,
 ) -> None:
     """Run one placement policy on a trace and print its GPU allocation, fragmentation and failures.
 
@@ -308,6 +314,9 @@ def compare_cmd(
     one_queue: OneQueueOpt = False,
     fairness_cost: FairCostOpt = False,
     objective: ObjectiveOpt = None,
+    throughputs: ThroughputsOpt = None,
+    las_work: LasWorkOpt = False,
+    migrate: MigrateOpt = False,
     jobs_parallel: ParallelOpt = None,
     executor: ExecutorOpt = "local",
 ) -> None:

@@ -59,7 +59,9 @@ from gpupool.engine.pool.scheduler import JOB_POLICIES, PoolConfig, PoolSchedule
 from gpupool.model import Assignment, NodeSpec, PodRequest
 from gpupool.policies import make_policy
 from gpupool.sim.failures import FailureEvent, FailureModel, HealthTracker, restart_point
-from gpupool.sim.placement import hetero_placement
+from gpupool.sim.migration import MigrationConfig, MoveCandidate, plan_moves
+from gpupool.sim.placement import hetero_placement, job_classes
+from gpupool.sim.throughput import ThroughputTable
 from gpupool.topology import TopologyConfig, placement_tier, speed_factor
 from gpupool.traces.jobs import JobRecord
 
@@ -98,6 +100,7 @@ class JobSpec:
     topology: str = "preferred"
     topology_tier: str = "switch"
     line: int = 0
+    job_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,13 @@ class JobSimConfig:
       ``gpu_speed="catalog"`` on a cluster whose models differ in speed
       (:func:`gpupool.sim.placement.hetero_placement`); None or ``"none"``: speed-blind (the
       default). No effect elsewhere.
+    * ``throughputs``: per-job-type speeds (:mod:`gpupool.sim.throughput`; a JobSpec's ``job_type`` picks the
+      row): a job's rate uses its type's speed on the slowest model of its placement, and heterogeneity-aware
+      placement (``objective``) ranks models by it (a model where the type's speed is 0 is never used). Its
+      ``""`` row, where given, replaces ``gpu_speed``'s per-model speeds. None: one speed per model.
+    * ``las_work``: attained service (LAS levels, learned sizes) counts work done (GPU-seconds x the speed of
+      the job's GPUs), not GPU-seconds; off by default.
+    * ``migration``: move running jobs to faster GPUs (:mod:`gpupool.sim.migration`); None: never.
     """
 
     policy: str = "gpupool"
@@ -161,13 +171,16 @@ class JobSimConfig:
     max_gpus_per_pod: int | None = None
     objective: str | None = None
     size_estimate_error: float | None = None
+    throughputs: ThroughputTable | None = None
+    las_work: bool = False
+    migration: MigrationConfig | None = None
 
 
 class _SimJob:
     __slots__ = ("rec", "pj", "work", "done", "rate", "seg_start", "stall_until", "ckpt", "version",
                  "first_start", "end", "busy_gpu_s", "energy_j", "lost_gpu_s", "restarts", "preemptions",
                  "failures", "tier", "status", "reason", "gpus_now", "base_pods", "seg_busy_w", "seg_idle_w",
-                 "nodes")
+                 "nodes", "cls", "moves", "moving")
 
     def __init__(self, rec: JobRecord, pj: PoolJob) -> None:
         self.rec = rec
@@ -195,6 +208,9 @@ class _SimJob:
         self.seg_busy_w = 0.0
         self.seg_idle_w = 0.0
         self.nodes: tuple[str, ...] = ()
+        self.cls: str = getattr(rec, "job_type", "")
+        self.moves = 0
+        self.moving = 0.0  # while a move is under way: the speed of the GPUs it left
 
 
 class _Figures(NamedTuple):
@@ -387,14 +403,6 @@ class JobSimulator:
         workload = [PodRequest(f"typical-{g}-{i}", cpu_milli=self.cpu_per_gpu * g, memory_mib=self.mem_per_gpu * g,
                                num_gpu=g, gpu_milli=1000)
                     for g, c in shapes.items() for i in range(max(1, round(1000 * c / max(1, len(self.records)))))]
-        placement = hetero_placement(placement, self.nodes, config.gpu_speed, config.objective,  # sim/placement.py
-                                     config.reference_gpu, config.gpu_utilization)
-        self.sched = PoolScheduler(st, make_policy(placement) if isinstance(placement, str) else placement, self.tree,
-                                   pool, seed=config.seed, workload=workload)
-        self.sched.victims_across_cycles = True  # no job here is ever protected from eviction (protected_until)
-        self.leaf_names = tuple(self.tree.names[i] for i in self.tree.leaves.tolist())
-        self.leaf_col = {int(q): k for k, q in enumerate(self.tree.leaves.tolist())}
-        self.meter = _Meter(len(self.tree), self.tree.quota_gpu)
         # per-node figures: speed of its GPU model, busy and idle power
         models = [s.gpu_model for s in self.nodes]
         ref = config.reference_gpu or Counter(m for s in self.nodes for m in [s.gpu_model] * s.gpu_count
@@ -406,11 +414,32 @@ class JobSimulator:
         for m in models:
             tp = get_model(m).relative_throughput if m else 0.0
             speeds.append(tp / ref_tp if (tp and ref_tp and config.gpu_speed == "catalog") else 1.0)
+        self.table = config.throughputs
+        if self.table is not None:
+            speeds = self.table.node_speeds("", models, speeds).tolist()
         self.node_speed = speeds
         idle, peak, known = power_figures([m or "none" for m in models])
         u = config.gpu_utilization
         self.node_busy_w = (idle + (peak - idle) * u).tolist()
         self.node_idle_w = idle.tolist()
+        placement = hetero_placement(placement, self.nodes, config.gpu_speed, config.objective,  # sim/placement.py
+                                     config.reference_gpu, config.gpu_utilization,
+                                     None if self.table is None else np.array(speeds))
+        self.job_cls: dict[str, str] = {r.job_id: getattr(r, "job_type", "") for r in self.records}
+        if self.table is not None:  # per-job-type rows for placement (sim/placement.py)
+            placement = job_classes(placement, self.table, self.records, models, speeds, self.node_busy_w,
+                                    self.node_idle_w, st.gpu_count.tolist(), self.job_cls)
+        self.sched = PoolScheduler(st, make_policy(placement) if isinstance(placement, str) else placement, self.tree,
+                                   pool, seed=config.seed, workload=workload)
+        self.sched.victims_across_cycles = True  # no job here is ever protected from eviction (protected_until)
+        if config.las_work:  # attained service in work done: the speed of the job's slowest GPU
+            self.sched.service_rate_of = lambda pj: self._placement_figures(pj.placed, self.job_cls[pj.name]).speed
+        self.move_lost_gpu_s = 0.0  # GPU-seconds of moved jobs' restarts
+        self.moves_faster = 0  # moves that landed on faster GPUs (else the gang did not fit there after all)
+        self.models = models
+        self.leaf_names = tuple(self.tree.names[i] for i in self.tree.leaves.tolist())
+        self.leaf_col = {int(q): k for k, q in enumerate(self.tree.leaves.tolist())}
+        self.meter = _Meter(len(self.tree), self.tree.quota_gpu)
         self.gpu_count = st.gpu_count.tolist()
         self.opaque_models = sorted({m for m, k in zip(models, known, strict=True) if m and not k})
         sigma = config.size_estimate_error
@@ -442,16 +471,21 @@ class JobSimulator:
                      mem_per_pod=self.mem_per_gpu * g, **kwargs)
         return _SimJob(rec, pj)
 
-    def _placement_figures(self, placed: Sequence[Assignment]) -> _Figures:
+    def _placement_figures(self, placed: Sequence[Assignment], cls: str = "") -> _Figures:
         """What a placement's rate and power depend on (see :class:`_Figures`), memoized by the
-        placement's (node, GPUs) per pod: placements repeat, and each figure is a pure function of them."""
+        placement's (node, GPUs) per pod (and job class, with a throughput table): placements repeat, and each
+        figure is a pure function of them."""
         key = tuple([(a.node, len(a.gpus)) for a in placed])
+        if cls and self.table is not None:
+            key += (cls,)
         fig = self._figures.get(key)
         if fig is None:
             nodes = [self.nodes[a.node] for a in placed]
             gpus = [len(a.gpus) for a in placed]
             tier = placement_tier(nodes, gpus)
-            speed = min(self.node_speed[a.node] for a in placed) if placed else 1.0
+            by_node = self.node_speed if not cls or self.table is None else self.table.node_speeds(
+                cls, [n.gpu_model for n in self.nodes], self.node_speed)
+            speed = float(min(by_node[a.node] for a in placed)) if placed else 1.0
             fig = self._figures[key] = _Figures(
                 tier, speed, speed_factor(tier, sum(gpus), self.topo), tuple(a.node_name for a in placed),
                 sum(len(a.gpus) * self.node_busy_w[a.node] for a in placed),
@@ -460,12 +494,17 @@ class JobSimulator:
 
     def _begin_segment(self, sj: _SimJob, now: float, restart: bool) -> None:
         placed = sj.pj.placed
-        fig = self._placement_figures(placed)
+        fig = self._placement_figures(placed, sj.cls)
         sj.rate = fig.speed * fig.topo_factor * (len(placed) / sj.base_pods)  # the rate of the module docstring
         sj.tier = fig.tier
         sj.seg_start = now
         sj.stall_until = now + (self.cfg.restart_overhead_s if restart else 0.0)
         sj.gpus_now = len(placed) * sj.pj.gpus_per_pod  # PoolJob.running_gpus
+        if sj.moving and self.cfg.migration is not None:  # restarted after a move: its own restart cost
+            self.moves_faster += fig.speed > sj.moving
+            sj.moving = 0.0
+            sj.stall_until = now + self.cfg.migration.restart_s
+            self.move_lost_gpu_s += self.cfg.migration.restart_s * sj.gpus_now
         sj.nodes = fig.node_names
         sj.seg_busy_w = fig.busy_w
         sj.seg_idle_w = fig.idle_w
@@ -561,6 +600,40 @@ class JobSimulator:
         removed = 0
         now = 0.0
         submit_times = [sj.rec.submit_time for sj in sims]
+        def apply(res: Any, now: float) -> None:
+            """Carry out one cycle's decisions (preemptions, starts, resizes)."""
+            nonlocal deadlocks
+            for pj, why in res.preempted:
+                sj = by_name[pj.name]
+                self._stop_job(sj, now, failed=False)
+                events["preempt"] += 1
+                preempt_reasons[why.split(" by ", 1)[0]] += 1
+            for pj in res.started:
+                sj = by_name[pj.name]
+                restart = not math.isnan(sj.first_start)
+                if not restart:
+                    sj.first_start = now
+                else:
+                    sj.restarts += 1
+                meter.change(pj.q, now, pj.running_gpus, wait=pj.min_pods * pj.gpus_per_pod, d_wait=-1)
+                self._begin_segment(sj, now, restart)
+                events["start"] += 1
+            for pj, _old, _new in res.resized:
+                sj = by_name[pj.name]
+                if pj.status != RUNNING:
+                    continue
+                delta = pj.running_gpus - sj.gpus_now  # 0 for a job started (at its new size) just now
+                events["resize"] += 1
+                if delta == 0:
+                    continue
+                self._end_segment(sj, now)
+                sj.ckpt = sj.done  # elastic frameworks checkpoint at a membership change
+                meter.change(pj.q, now, delta)
+                self._begin_segment(sj, now, restart=False)
+            meter.reserve(now, sched.reserved_gpus())
+            if sched.n_running == 0 and sched.n_pending > 0:
+                deadlocks += self._idle_deadlock()
+
         t0 = time.perf_counter()
         next_tick = 0
         while True:
@@ -637,39 +710,11 @@ class JobSimulator:
                 size = sj.pj.min_pods * sj.pj.gpus_per_pod
                 meter.change(sj.pj.q, now, 0.0, size, wait=size, d_wait=1)
                 need_cycle = True
-            # ---- one scheduling cycle
+            # ---- one scheduling cycle (then moves to faster GPUs, with a second cycle that places them)
             if need_cycle:
-                res = sched.cycle(now)
-                for pj, why in res.preempted:
-                    sj = by_name[pj.name]
-                    self._stop_job(sj, now, failed=False)
-                    events["preempt"] += 1
-                    preempt_reasons[why.split(" by ", 1)[0]] += 1
-                for pj in res.started:
-                    sj = by_name[pj.name]
-                    restart = not math.isnan(sj.first_start)
-                    if not restart:
-                        sj.first_start = now
-                    else:
-                        sj.restarts += 1
-                    meter.change(pj.q, now, pj.running_gpus, wait=pj.min_pods * pj.gpus_per_pod, d_wait=-1)
-                    self._begin_segment(sj, now, restart)
-                    events["start"] += 1
-                for pj, _old, _new in res.resized:
-                    sj = by_name[pj.name]
-                    if pj.status != RUNNING:
-                        continue
-                    delta = pj.running_gpus - sj.gpus_now  # 0 for a job started (at its new size) just now
-                    events["resize"] += 1
-                    if delta == 0:
-                        continue
-                    self._end_segment(sj, now)
-                    sj.ckpt = sj.done  # elastic frameworks checkpoint at a membership change
-                    meter.change(pj.q, now, delta)
-                    self._begin_segment(sj, now, restart=False)
-                meter.reserve(now, sched.reserved_gpus())
-                if sched.n_running == 0 and sched.n_pending > 0:
-                    deadlocks += self._idle_deadlock()
+                apply(sched.cycle(now), now)
+                if cfg.migration is not None and self._move_jobs(now, by_name, events):
+                    apply(sched.cycle(now), now)
                 w = sched.next_wakeup(now)
                 if w < wake_at:
                     wake_at = w
@@ -705,6 +750,46 @@ class JobSimulator:
                 unfinished.append(self._unfinished(sj))
         return self._result(sims, events, wall, deadlocks, lost_gpu_s, preempt_reasons, unfinished,
                             samples_t, samples_a, samples_f, n_failure_events, now)
+
+    def _move_jobs(self, now: float, by_name: dict[str, _SimJob], events: Counter) -> bool:
+        """Moves to faster GPUs (:mod:`gpupool.sim.migration`): each job planned is checkpointed and its gang placed
+        again on the faster nodes (:meth:`PoolScheduler.move`), restarting after the move's restart cost. True if any
+        moved (its old GPUs are free: another cycle may use them). Non-preemptible and elastic jobs stay."""
+        cfg = self.cfg.migration
+        assert cfg is not None
+        sched = self.sched
+        default = np.asarray(self.node_speed)
+        cands = []
+        for running in sched.running:
+            for pj in running.values():
+                sj = by_name[pj.name]
+                if not pj.preemptible or pj.elastic or sj.rate <= 0 or sj.moving:
+                    continue
+                speed = self._placement_figures(pj.placed, sj.cls).speed
+                done = sj.done + sj.rate * max(0.0, now - max(sj.seg_start, sj.stall_until))
+                rest = max(0.0, sj.work - done) * speed / sj.rate  # so that rest / speed is the time left here
+                node_speed = default if self.table is None else self.table.node_speeds(sj.cls, self.models,
+                                                                                       self.node_speed)
+                cands.append(MoveCandidate(sj, speed, rest, now - sj.seg_start, pj.n_pods, pj.gpus_per_pod,
+                                           node_speed))
+        if not cands:
+            return False
+
+        def move(c: MoveCandidate, target: float) -> bool:
+            sj = c.key
+            assert isinstance(sj, _SimJob)
+            self._end_segment(sj, now)
+            landed = sched.move(sj.pj, c.node_speed == target, now)  # the level the planner found room on
+            sj.moves += 1
+            sj.restarts += 1
+            sj.ckpt = sj.done  # checkpointed to move
+            sj.moving = c.speed
+            self._begin_segment(sj, now, restart=True)
+            events["move"] += 1
+            return landed
+
+        moves = plan_moves(cands, lambda c: sched.fits_per_node(c.key.pj, None), cfg, move)
+        return bool(moves)
 
     def _stop_job(self, sj: _SimJob, now: float, failed: bool) -> float:
         """A running job was preempted (already requeued by the scheduler) or killed by a failure.
@@ -858,8 +943,14 @@ class JobSimulator:
                        "gpu_speed": cfg.gpu_speed,
                        **({"objective": objective} if objective else {}),  # heterogeneity-aware placement
                        **({"size_estimate_error": cfg.size_estimate_error}  # jobs carry size estimates
-                          if cfg.size_estimate_error is not None else {})},
+                          if cfg.size_estimate_error is not None else {}),
+                       **({"throughput_rows": len(cfg.throughputs.rows)} if cfg.throughputs is not None else {}),
+                       **({"las_work": True} if cfg.las_work else {}),
+                       **({"migration": vars(cfg.migration)} if cfg.migration is not None else {})},
         }
+        if cfg.migration is not None:
+            metrics.update(moves=int(events["move"]), moves_to_faster=self.moves_faster,
+                           move_lost_gpu_hours=self.move_lost_gpu_s / 3600.0)
         jobs = [{
             "job_id": s.rec.job_id, "queue": s.pj.queue, "num_gpu": s.rec.num_gpu, "submit": s.rec.submit_time,
             "start": s.first_start, "end": s.end,

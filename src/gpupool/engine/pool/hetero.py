@@ -78,6 +78,17 @@ def model_cost(objective: str, speed: Sequence[float] | np.ndarray, busy_w: Sequ
     return np.where(s > 0, cost, np.inf)
 
 
+def _ranks(cost: Sequence[float] | np.ndarray) -> np.ndarray:
+    """(n,) int64 rank of each node's cost: 0 for the cheapest distinct cost (rounded to 6 decimals), ...;
+    +inf costs last."""
+    c = np.round(np.asarray(cost, dtype=np.float64), 6)
+    finite = np.isfinite(c)
+    levels = np.unique(c[finite])
+    rank = np.full(len(c), len(levels), dtype=np.int64)
+    rank[finite] = np.searchsorted(levels, c[finite])
+    return rank
+
+
 def heterogeneous(speed: Sequence[float] | np.ndarray, gpu_count: Sequence[int] | np.ndarray) -> bool:
     """True when the GPU nodes (``gpu_count > 0``) do not all have the same speed."""
     s = np.asarray(speed, dtype=np.float64)[np.asarray(gpu_count) > 0]
@@ -102,18 +113,42 @@ class HeteroPolicy(DelegatingPolicy):
                  speed: np.ndarray | None = None, mixed_after_s: float = 3600.0) -> None:
         super().__init__(inner)
         self.objective = objective
-        c = np.round(np.asarray(cost, dtype=np.float64), 6)
-        finite = np.isfinite(c)
-        levels = np.unique(c[finite])  # rank per node: 0 for the cheapest distinct cost, ...; inf costs last
-        rank = np.full(len(c), len(levels), dtype=np.int64)
-        rank[finite] = np.searchsorted(levels, c[finite])
+        rank = _ranks(cost)
         self.rank = rank
         self.speed = None if speed is None else np.asarray(speed, dtype=np.float64)
+        self._base = (self.rank, self.speed)
+        self._classes: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # job class -> (rank, speed) per node
+        self.job_class: Callable[[PoolJob], str] | None = None
+        self._by_class = False  # the plan in force is a job class's: its +inf nodes (cannot run there) are vetoed
         self._gang = ""  # the job whose pods the plan below is for
         self._order: np.ndarray | None = None  # (n_nodes,) key to minimize for that gang's pods
         self.plans = {"single-model": 0, "mixed": 0, "waited": 0}
         self._veto = False
         self.mixed_after_s = mixed_after_s
+
+    def set_job_classes(self, job_class: Callable[[PoolJob], str],
+                        classes: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Per-job-class costs (Gavel's throughput matrix, one row per job type): ``job_class(job)`` names a
+        job's class (``""`` or a class not in ``classes``: the policy's own cost and speed); ``classes[c]`` =
+        ``(cost, speed)``, (n_nodes,) float64 each, the class's cost of a unit of reference work and its speed
+        on each node. A node of +inf cost (speed 0: the class cannot run on that model) is never picked for a
+        job of that class: :meth:`pick` raises :class:`Vetoed` when only such nodes are feasible."""
+        self.job_class = job_class
+        self._classes = {c: (_ranks(cost), np.asarray(speed, dtype=np.float64)) for c, (cost, speed) in classes.items()}
+
+    @property
+    def per_job(self) -> bool:
+        """Whether the nodes a job may use depend on more than its shape (job classes are set): the scheduler
+        then does not infer one job's failure to place from another's of the same shape."""
+        return self.job_class is not None
+
+    def usable_nodes(self, job: PoolJob) -> np.ndarray | None:
+        """(n_nodes,) bool: the nodes whose GPU model ``job``'s class can run on (speed > 0); None: every node
+        (no classes, or a job without one). The scheduler reserves only these for it."""
+        if self.job_class is None:
+            return None
+        plan = self._classes.get(self.job_class(job))
+        return None if plan is None else plan[1] > 0
 
     def begin_gang(self, job: PoolJob, pods: int, fits: Callable[[], np.ndarray], now: float,
                    capacity: Callable[[], np.ndarray] | None = None) -> None:
@@ -124,6 +159,10 @@ class HeteroPolicy(DelegatingPolicy):
         gang but is busy, so some running job ends (an event, a new plan) before or after it: no wake-up of its
         own (the wait ends at the first cycle after ``mixed_after_s``)."""
         self._gang, self._order, self._veto = job.name, None, False
+        if self.job_class is not None:
+            plan = self._classes.get(self.job_class(job))
+            self._by_class = plan is not None
+            self.rank, self.speed = plan if plan is not None else self._base
         if pods <= 1 or self.speed is None:
             return
         f = fits()
@@ -131,6 +170,8 @@ class HeteroPolicy(DelegatingPolicy):
             return
         ranks = np.unique(self.rank[f > 0])
         for r in ranks.tolist():  # cheapest model that holds the gang alone
+            if self._by_class and not (self.speed[self.rank == r] > 0).any():
+                continue  # a model the job's class cannot run on
             if int(f[self.rank == r].sum()) >= pods:
                 self._order = np.where(self.rank == r, 0, 1 + self.rank)
                 self.plans["single-model"] += 1
@@ -143,6 +184,8 @@ class HeteroPolicy(DelegatingPolicy):
             self.plans["waited"] += 1
             return
         for v in np.unique(self.speed[f > 0])[::-1].tolist():  # fastest bottleneck speed that holds it
+            if v <= 0:  # a model the job's class cannot run on
+                break
             ok = self.speed >= v
             if int(f[ok].sum()) >= pods:  # slowest of the allowed models first; the rest after
                 self._order = np.where(ok, self.speed, np.inf)
@@ -151,7 +194,8 @@ class HeteroPolicy(DelegatingPolicy):
 
     def _one_model_could(self, cap: np.ndarray, pods: int) -> bool:
         """Whether the nodes of one cost rank (one GPU model) could hold ``pods`` pods, emptied (``cap``)."""
-        return any(int(cap[self.rank == r].sum()) >= pods for r in np.unique(self.rank).tolist())
+        ok = self.speed > 0 if self._by_class and self.speed is not None else np.ones(len(cap), dtype=bool)
+        return any(int(cap[(self.rank == r) & ok].sum()) >= pods for r in np.unique(self.rank[ok]).tolist())
 
     def effective(self, req: PodRequest) -> EffectiveRequest:
         if self._order is not None and req.name.rpartition("/")[0] != self._gang:
@@ -162,6 +206,12 @@ class HeteroPolicy(DelegatingPolicy):
              rng: np.random.Generator) -> int:
         if self._veto:
             raise Vetoed
+        if self._by_class and self.speed is not None:
+            runs = self.speed[candidates] > 0
+            if not runs.any():
+                raise Vetoed  # only models the job's class cannot run on
+            if not runs.all():
+                candidates, scores = candidates[runs], scores[runs]
         key = self.rank[candidates] if self._order is None else self._order[candidates]
         keep = key == key.min()
         if not keep.all():

@@ -84,7 +84,8 @@ class PoolJob:
     seq: int = -1  # submission sequence (tie-break, unique)
     pods: list[PodRequest] = field(default_factory=list)
     placed: list[Assignment] = field(default_factory=list)
-    attained: float = 0.0  # GPU-seconds of service before the current run
+    attained: float = 0.0  # GPU-seconds of service before the current run (x service_rate, see below)
+    service_rate: float = 1.0  # service counted per GPU-second run (1.0: GPU-seconds; a speed: reference work)
     las_base: float = 0.0  # attained service at the last Tiresias promotion (levels count from here)
     run_since: float = math.nan
     pending_since: float = math.nan
@@ -143,9 +144,10 @@ class PoolJob:
         return self.priority < self.nonpreemptible_from
 
     def attained_at(self, now: float) -> float:
-        """GPU-seconds of service up to ``now`` (the current run included)."""
+        """Service up to ``now`` (the current run included): GPU-seconds x ``service_rate`` (1.0 unless the
+        scheduler's ``service_rate_of`` sets it, e.g. to the speed of the job's GPUs: work done)."""
         if self.status == RUNNING:
-            return self.attained + self.running_gpus * max(0.0, now - self.run_since)
+            return self.attained + self.running_gpus * self.service_rate * max(0.0, now - self.run_since)
         return self.attained
 
     def las_at(self, now: float) -> float:

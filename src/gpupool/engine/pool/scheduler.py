@@ -61,7 +61,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -167,6 +167,9 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         self.free_gpus = int(((state.gpu_free >= MILLI) & state.gpu_healthy).sum())
         self.reservation: Reservation | None = None
         self._reserved_memo: tuple | None = None  # reserved_gpus' last answer
+        # service counted per GPU-second of a job placed on job.placed (None: 1.0, GPU-seconds); e.g. the speed of
+        # its GPUs against the reference model, so that LAS and sizes count work done (gpupool.sim.throughput)
+        self.service_rate_of: Callable[[PoolJob], float] | None = None
         self._free_memo: tuple[int, np.ndarray] | None = None  # _free_whole's last answer
         self._fs_cap: tuple[int, np.ndarray] | None = None  # fair_share's healthy capacity, kept
         self._gangs: list[tuple[float, int, PoolJob]] = []  # (pending_since, seq, job): reservation candidates
@@ -357,6 +360,8 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
 
     def _book_running(self, job: PoolJob, now: float) -> None:
         """Books of a job that now runs on ``job.placed`` (its level, queue allocation, victim indexes)."""
+        if self.service_rate_of is not None:  # attained service in work done (opt-in)
+            job.service_rate = self.service_rate_of(job)
         job.level = self.order.level(job.las_at(now) + 1e-6)
         self._set_key(job)
         self._add(self.alloc, job, len(job.placed), 1.0)
@@ -379,7 +384,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         if math.isfinite(boundary):
             # strictly after now: far out (now ~1e10 s) now + 1e-6 == now, and a crossing rounded just short of the
             # boundary would be pushed at now again and again (_roll_levels never ending)
-            when = max(now + (boundary - att) / gpus, math.nextafter(now, math.inf))
+            when = max(now + (boundary - att) / (gpus * job.service_rate), math.nextafter(now, math.inf))
             heapq.heappush(self._demote, (when, job.seq, job.run_since, job))
 
     def _release_pods(self, job: PoolJob, pods: Sequence[Assignment]) -> None:
@@ -392,7 +397,7 @@ class PoolScheduler(PlaceAction, AllocateAction, ReserveAction, EvictionActions,
         pods = len(job.placed)
         self._add(self.alloc, job, pods, -1.0)
         self._np_add(job, -pods)
-        job.attained += pods * job.gpus_per_pod * max(0.0, now - job.run_since)
+        job.attained += pods * job.gpus_per_pod * job.service_rate * max(0.0, now - job.run_since)
         job.last_run_s = max(0.0, now - job.run_since)
         job.run_s += job.last_run_s
         self._qnode_add(job, job.placed, -1)

@@ -140,6 +140,8 @@ class AllocateAction:
         if placed is None:
             if not g:  # no GPU asked: its host CPU or memory, not GPUs, failed; no GPU shape fails like it
                 return False
+            if getattr(self.picker.inner, "per_job", False):  # where a job may go depends on more than its shape
+                return False  # (its type's GPU models, HeteroPolicy.set_job_classes): a failure says nothing of others
             memo = failed.setdefault(shape[2], {})
             memo[g] = min(memo.get(g, 1 << 30), nmin)
             self._fail_ver += 1

@@ -17,6 +17,28 @@ __all__ = ["PlaceAction"]
 class PlaceAction:
     """Gang placement (mixin; see the module docstring)."""
 
+    def move(self, job: PoolJob, allowed: np.ndarray, now: float) -> bool:
+        """Move a running ``job`` (its whole gang, all or nothing) onto nodes where ``allowed`` ((n_nodes,) bool,
+        e.g. a faster GPU model's nodes) is True: its pods are released and placed again there at ``now``, its
+        run restarting (the driver checkpoints and restarts it; gpupool.sim.migration). Where the gang does not
+        fit there, it goes back where it fits (its old nodes are free again) and False is returned. Service up
+        to ``now`` is counted as at a stop. ValueError unless the job is running and not elastic."""
+        if job.status != "running" or job.elastic:
+            raise ValueError(f"job {job.name}: only a running, non-elastic job can move (it is {job.status})")
+        self._release_pods(job, job.placed)
+        self._account_stop(job, now)
+        placed = self._place(job, allowed)
+        moved = placed is not None
+        if placed is None:
+            placed = self._place(job, None)
+        if placed is None:  # pragma: no cover - its own GPUs were just released
+            raise RuntimeError(f"job {job.name}: could not be placed again after a move")
+        job.placed = placed
+        job.run_since = now
+        self._book_running(job, now)
+        self.free_gpus -= len(placed) * job.gpus_per_pod
+        return moved
+
     # ------------------------------------------------------------------ placement
     def _place(self, job: PoolJob, allowed: np.ndarray | None, pods: int | None = None,
                min_pods: int | None = None) -> list[Assignment] | None:

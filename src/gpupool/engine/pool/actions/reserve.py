@@ -42,9 +42,15 @@ class ReserveAction:
     def _reserve(self, job: PoolJob, now: float) -> bool:
         """Reserve nodes for a starving ``job``: those where it fits soonest (most free GPUs), within one
         switch if one can hold it, among the nodes its pods may use (selectors, taints, GPU models:
-        ``static_fit``). False if even the whole healthy cluster could not."""
+        ``static_fit``; and the placement policy's ``usable_nodes(job)`` where it has one, e.g. the GPU models a
+        job type can run on, :class:`~gpupool.engine.pool.hetero.HeteroPolicy`). False if even the whole healthy
+        cluster could not."""
         st = self.state
         cap = np.minimum(self._healthy_capacity(job), self.static_fit(job))  # only nodes its pods may use
+        usable = getattr(self.picker.inner, "usable_nodes", None)  # a placement that rules out models per job
+        mask = usable(job) if usable is not None else None
+        if mask is not None:
+            cap = np.where(mask, cap, 0)
         n = job.min_pods
         if int(cap.sum()) < n:
             return False
