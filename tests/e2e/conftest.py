@@ -136,9 +136,20 @@ def _cleanup(ctx: lc.E2E) -> None:
             pass
         ctx.cp.wait_ready(60)
     core, custom = client.CoreV1Api(ctx.admin), client.CustomObjectsApi(ctx.admin)
+
+    def pods_gone() -> bool:
+        """No pod left in the namespace; those still there (a ReplicaSet's create that was in flight) deleted again."""
+        if not lc.list_pods(ctx.admin, ctx.ns):
+            return True
+        drain(core.delete_collection_namespaced_pod(ctx.ns, grace_period_seconds=0, _preload_content=False))
+        return False
+
     deadline = time.monotonic() + 30
     while True:
         try:
+            # With KCP_WITH=controller-manager a workload's controller makes a deleted pod again: the workloads go
+            # first (their owners before them: a Deployment's ReplicaSets, a Job's pods), then the pods
+            lc.delete_workloads(ctx.admin, ctx.ns)
             drain(core.delete_collection_namespaced_pod(ctx.ns, grace_period_seconds=0, _preload_content=False))
             custom.delete_collection_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", ctx.ns, "podgroups")
             custom.delete_collection_cluster_custom_object("gpupool.io", "v1alpha1", "queues",
@@ -149,9 +160,9 @@ def _cleanup(ctx: lc.E2E) -> None:
             except client.exceptions.ApiException as exc:
                 if exc.status != 404:
                     raise
-            lc.wait_for(lambda: not lc.list_pods(ctx.admin, ctx.ns) and not any(
+            lc.wait_for(lambda: pods_gone() and not any(
                 n["metadata"].get("labels", {}).get(lc.E2E_LABEL) for n in lc.list_nodes(ctx.admin)),
-                20, "e2e pods and nodes to be gone")
+                20, "e2e pods and nodes to be gone", interval=0.2)
             return
         except Exception:
             if time.monotonic() > deadline:

@@ -412,6 +412,17 @@ def create_pod_group(api: client.ApiClient, ns: str, name: str, min_member: int)
                                                                  body)
 
 
+def delete_workloads(api: client.ApiClient, ns: str) -> None:
+    """Delete every Deployment, StatefulSet, DaemonSet, ReplicaSet and Job of ``ns`` (background propagation: the
+    garbage collector, where kube-controller-manager runs, removes what they own), so that no controller makes
+    pods there again."""
+    apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
+    for delete in (apps.delete_collection_namespaced_deployment, apps.delete_collection_namespaced_stateful_set,
+                   apps.delete_collection_namespaced_daemon_set, apps.delete_collection_namespaced_replica_set,
+                   batch.delete_collection_namespaced_job):
+        drain(delete(ns, propagation_policy="Background", _preload_content=False))
+
+
 # ------------------------------------------------------------------ the invariant
 def gpu_violations(api: client.ApiClient) -> tuple[list[str], dict[str, Any]]:
     """Every way the bound pods over-commit a GPU, from the API's own view (all namespaces).
