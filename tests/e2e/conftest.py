@@ -99,15 +99,54 @@ def sa_client(sa_kubeconfig: Path) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(sa_kubeconfig))
 
 
+# ------------------------------------------------------------------ the control plane with controllers
+WITH_CONTROLLERS = ("kube-controller-manager", "kubelet-sim")
+
+
+@pytest.fixture(scope="session")
+def controllers_plane(control_plane: lc.ControlPlane, admin: client.ApiClient, sa_kubeconfig: Path,
+                      sa_client: client.ApiClient, log_dir: Path) -> Iterator[lc.Plane]:
+    """A control plane with kube-controller-manager (Deployments, Jobs, GC, the disruption controller) and
+    kubelet-sim: the session's own when it runs them (``KCP_WITH=controller-manager,kubelet-sim``), else a second
+    one started here with them (about 5 s) and stopped at the end of the session."""
+    if all(control_plane.runs(part) for part in WITH_CONTROLLERS):
+        yield lc.Plane(control_plane, admin, sa_kubeconfig, sa_client)
+        return
+    cp = lc.ControlPlane.start(with_parts="controller-manager,kubelet-sim")
+    print(f"\n[e2e] control plane with controllers ready in {cp.startup_s:.2f}s at {cp.server} (state {cp.dir})")
+    try:
+        api = lc.admin_client(cp)
+        lc.apply_objects(api, lc.deploy_objects())
+        for crd in ("queues.gpupool.io", "podgroups.scheduling.x-k8s.io"):
+            lc.wait_for(lambda c=crd: lc.crd_established(api, c), 30, f"CRD {crd} Established")
+        kc = lc.token_kubeconfig(cp, lc.service_account_token(api), log_dir / "sa-controllers.kubeconfig")
+        from kubernetes import config
+
+        yield lc.Plane(cp, api, kc, config.new_client_from_config(config_file=str(kc)))
+    finally:
+        cp.stop(remove=os.environ.get("E2E_KEEP_STATE") != "1")
+
+
 # ------------------------------------------------------------------ per test
 @pytest.fixture
 def e2e(control_plane: lc.ControlPlane, admin: client.ApiClient, sa_kubeconfig: Path, sa_client: client.ApiClient,
         log_dir: Path, request: pytest.FixtureRequest) -> Iterator[lc.E2E]:
+    yield from _context(lc.Plane(control_plane, admin, sa_kubeconfig, sa_client), log_dir, request)
+
+
+@pytest.fixture
+def e2e_ctl(controllers_plane: lc.Plane, log_dir: Path, request: pytest.FixtureRequest) -> Iterator[lc.E2E]:
+    """As ``e2e``, on the control plane with the controllers (``controllers_plane``)."""
+    yield from _context(controllers_plane, log_dir, request)
+
+
+def _context(plane: lc.Plane, log_dir: Path, request: pytest.FixtureRequest) -> Iterator[lc.E2E]:
+    """One test's namespace and context on ``plane``; its schedulers stopped and its objects removed after it."""
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.removeprefix("test_").replace("_", "-").lower())[:40]
     ns = f"e2e-{stem.strip('-')}-{uuid.uuid4().hex[:4]}"  # an RFC 1123 label, also for parametrized tests
-    client.CoreV1Api(admin).create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                                              "metadata": {"name": ns, "labels": {lc.E2E_LABEL: "1"}}})
-    ctx = lc.E2E(control_plane, admin, sa_kubeconfig, sa_client, ns, log_dir)
+    client.CoreV1Api(plane.admin).create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                                                    "metadata": {"name": ns, "labels": {lc.E2E_LABEL: "1"}}})
+    ctx = lc.E2E(plane.cp, plane.admin, plane.sa_kubeconfig, plane.sa_client, ns, log_dir)
     logger = logging.getLogger("gpupool")
     old_level = logger.level
     logger.setLevel(logging.INFO)

@@ -98,10 +98,12 @@ class ControlPlane:
         self.restarts = 0
 
     @classmethod
-    def start(cls) -> ControlPlane:
+    def start(cls, with_parts: str | None = None) -> ControlPlane:
+        """start.sh; ``with_parts``: its ``KCP_WITH`` (default: the environment's)."""
         t0 = time.monotonic()
+        env = {**os.environ, **({"KCP_WITH": with_parts} if with_parts is not None else {})}
         proc = subprocess.run([str(KCP_TOOLS / "start.sh")], capture_output=True, text=True, timeout=240,
-                              env={**os.environ}, check=False)
+                              env=env, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"start.sh exited {proc.returncode}: {proc.stderr[-2000:]}")
         sys.stderr.write(proc.stderr)
@@ -637,6 +639,16 @@ class _LogCapture(logging.Handler):
                 "", 0, "", 0, "", (), None).__dict__ and k not in ("message", "asctime")}
             lines.append(f"{r.levelname} {r.getMessage()} {json.dumps(extra, default=str)}")
         return f"--- last {len(lines)} in-process scheduler log records ---\n" + "\n".join(lines)
+
+
+@dataclasses.dataclass
+class Plane:
+    """A control plane with deploy/ applied: its admin client and deploy/'s ServiceAccount (kubeconfig, client)."""
+
+    cp: ControlPlane
+    admin: client.ApiClient
+    sa_kubeconfig: Path
+    sa_client: client.ApiClient
 
 
 @dataclasses.dataclass
