@@ -178,9 +178,14 @@ def _cleanup(ctx: lc.E2E) -> None:
 
     def pods_gone() -> bool:
         """No pod left in the namespace; those still there (a ReplicaSet's create that was in flight) deleted again."""
-        if not lc.list_pods(ctx.admin, ctx.ns):
+        left = lc.list_pods(ctx.admin, ctx.ns)
+        if not left:
             return True
         drain(core.delete_collection_namespaced_pod(ctx.ns, grace_period_seconds=0, _preload_content=False))
+        for p in left:  # a finalizer a test put on its pods (to keep them Terminating) must not outlive it
+            if p["metadata"].get("finalizers") and p["metadata"].get("deletionTimestamp"):
+                drain(core.patch_namespaced_pod(p["metadata"]["name"], ctx.ns, {"metadata": {"finalizers": None}},
+                                                _preload_content=False))
         return False
 
     deadline = time.monotonic() + 30

@@ -96,6 +96,15 @@ class Evictions(threading.Thread):
         self.join(5)
 
 
+def release(e2e: E2E, app: str) -> None:
+    """The containers of ``app``'s Terminating pods ended: their finalizer goes, and so do they."""
+    core = client.CoreV1Api(e2e.admin)
+    for p in app_pods(e2e, app):
+        if p["metadata"].get("deletionTimestamp") and p["metadata"].get("finalizers"):
+            drain(core.patch_namespaced_pod(p["metadata"]["name"], e2e.ns, {"metadata": {"finalizers": None}},
+                                            _preload_content=False))
+
+
 def marked_running(e2e: E2E, app: str) -> list[str]:
     """Pods of ``app`` not being deleted that still carry DisruptionTarget=True (a mark no eviction followed)."""
     return lc.names(p for p in app_pods(e2e, app) if not p["metadata"].get("deletionTimestamp")
@@ -233,11 +242,7 @@ def test_new_leader_does_not_evict_again_for_victims_in_flight(e2e_ctl: E2E) -> 
         assert len(in_flight) == 8, f"evictions beyond the need of 8: {sorted(in_flight.values())}\n" \
                                     + by_id[standby].tail()
         # the victims' containers end: the finalizer goes, the pods are gone, a's pods bind on their GPUs
-        core = client.CoreV1Api(api)
-        for p in app_pods(e2e, "b"):
-            if p["metadata"].get("deletionTimestamp"):
-                drain(core.patch_namespaced_pod(p["metadata"]["name"], e2e.ns, {"metadata": {"finalizers": None}},
-                                                _preload_content=False))
+        release(e2e, "b")
         lc.wait_for(lambda: len(running(e2e, "a")) == 8, 60, "a runs its 8 pods", detail=by_id[standby].tail)
         RESULTS["failover_victims_in_flight_s"] = round(time.monotonic() - t_kill, 2)
     finally:
@@ -246,11 +251,6 @@ def test_new_leader_does_not_evict_again_for_victims_in_flight(e2e_ctl: E2E) -> 
     assert len(running(e2e, "b")) == 8  # its re-created pods wait in queue b
     assert not marked_running(e2e, "b")
     no_overallocation(e2e)
-    for p in app_pods(e2e, "b"):  # let the cleanup delete them
-        if p["metadata"].get("finalizers"):
-            drain(client.CoreV1Api(api).patch_namespaced_pod(p["metadata"]["name"], e2e.ns,
-                                                             {"metadata": {"finalizers": None}},
-                                                             _preload_content=False))
 
 
 # ------------------------------------------------------------------ (c) a PDB budget of k lets k through
