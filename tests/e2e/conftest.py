@@ -99,15 +99,54 @@ def sa_client(sa_kubeconfig: Path) -> client.ApiClient:
     return config.new_client_from_config(config_file=str(sa_kubeconfig))
 
 
+# ------------------------------------------------------------------ the control plane with controllers
+WITH_CONTROLLERS = ("kube-controller-manager", "kubelet-sim")
+
+
+@pytest.fixture(scope="session")
+def controllers_plane(control_plane: lc.ControlPlane, admin: client.ApiClient, sa_kubeconfig: Path,
+                      sa_client: client.ApiClient, log_dir: Path) -> Iterator[lc.Plane]:
+    """A control plane with kube-controller-manager (Deployments, Jobs, GC, the disruption controller) and
+    kubelet-sim: the session's own when it runs them (``KCP_WITH=controller-manager,kubelet-sim``), else a second
+    one started here with them (about 5 s) and stopped at the end of the session."""
+    if all(control_plane.runs(part) for part in WITH_CONTROLLERS):
+        yield lc.Plane(control_plane, admin, sa_kubeconfig, sa_client)
+        return
+    cp = lc.ControlPlane.start(with_parts="controller-manager,kubelet-sim")
+    print(f"\n[e2e] control plane with controllers ready in {cp.startup_s:.2f}s at {cp.server} (state {cp.dir})")
+    try:
+        api = lc.admin_client(cp)
+        lc.apply_objects(api, lc.deploy_objects())
+        for crd in ("queues.gpupool.io", "podgroups.scheduling.x-k8s.io"):
+            lc.wait_for(lambda c=crd: lc.crd_established(api, c), 30, f"CRD {crd} Established")
+        kc = lc.token_kubeconfig(cp, lc.service_account_token(api), log_dir / "sa-controllers.kubeconfig")
+        from kubernetes import config
+
+        yield lc.Plane(cp, api, kc, config.new_client_from_config(config_file=str(kc)))
+    finally:
+        cp.stop(remove=os.environ.get("E2E_KEEP_STATE") != "1")
+
+
 # ------------------------------------------------------------------ per test
 @pytest.fixture
 def e2e(control_plane: lc.ControlPlane, admin: client.ApiClient, sa_kubeconfig: Path, sa_client: client.ApiClient,
         log_dir: Path, request: pytest.FixtureRequest) -> Iterator[lc.E2E]:
+    yield from _context(lc.Plane(control_plane, admin, sa_kubeconfig, sa_client), log_dir, request)
+
+
+@pytest.fixture
+def e2e_ctl(controllers_plane: lc.Plane, log_dir: Path, request: pytest.FixtureRequest) -> Iterator[lc.E2E]:
+    """As ``e2e``, on the control plane with the controllers (``controllers_plane``)."""
+    yield from _context(controllers_plane, log_dir, request)
+
+
+def _context(plane: lc.Plane, log_dir: Path, request: pytest.FixtureRequest) -> Iterator[lc.E2E]:
+    """One test's namespace and context on ``plane``; its schedulers stopped and its objects removed after it."""
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.removeprefix("test_").replace("_", "-").lower())[:40]
     ns = f"e2e-{stem.strip('-')}-{uuid.uuid4().hex[:4]}"  # an RFC 1123 label, also for parametrized tests
-    client.CoreV1Api(admin).create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                                              "metadata": {"name": ns, "labels": {lc.E2E_LABEL: "1"}}})
-    ctx = lc.E2E(control_plane, admin, sa_kubeconfig, sa_client, ns, log_dir)
+    client.CoreV1Api(plane.admin).create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                                                    "metadata": {"name": ns, "labels": {lc.E2E_LABEL: "1"}}})
+    ctx = lc.E2E(plane.cp, plane.admin, plane.sa_kubeconfig, plane.sa_client, ns, log_dir)
     logger = logging.getLogger("gpupool")
     old_level = logger.level
     logger.setLevel(logging.INFO)
@@ -136,9 +175,25 @@ def _cleanup(ctx: lc.E2E) -> None:
             pass
         ctx.cp.wait_ready(60)
     core, custom = client.CoreV1Api(ctx.admin), client.CustomObjectsApi(ctx.admin)
+
+    def pods_gone() -> bool:
+        """No pod left in the namespace; those still there (a ReplicaSet's create that was in flight) deleted again."""
+        left = lc.list_pods(ctx.admin, ctx.ns)
+        if not left:
+            return True
+        drain(core.delete_collection_namespaced_pod(ctx.ns, grace_period_seconds=0, _preload_content=False))
+        for p in left:  # a finalizer a test put on its pods (to keep them Terminating) must not outlive it
+            if p["metadata"].get("finalizers") and p["metadata"].get("deletionTimestamp"):
+                drain(core.patch_namespaced_pod(p["metadata"]["name"], ctx.ns, {"metadata": {"finalizers": None}},
+                                                _preload_content=False))
+        return False
+
     deadline = time.monotonic() + 30
     while True:
         try:
+            # With KCP_WITH=controller-manager a workload's controller makes a deleted pod again: the workloads go
+            # first (their owners before them: a Deployment's ReplicaSets, a Job's pods), then the pods
+            lc.delete_workloads(ctx.admin, ctx.ns)
             drain(core.delete_collection_namespaced_pod(ctx.ns, grace_period_seconds=0, _preload_content=False))
             custom.delete_collection_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", ctx.ns, "podgroups")
             custom.delete_collection_cluster_custom_object("gpupool.io", "v1alpha1", "queues",
@@ -149,9 +204,9 @@ def _cleanup(ctx: lc.E2E) -> None:
             except client.exceptions.ApiException as exc:
                 if exc.status != 404:
                     raise
-            lc.wait_for(lambda: not lc.list_pods(ctx.admin, ctx.ns) and not any(
+            lc.wait_for(lambda: pods_gone() and not any(
                 n["metadata"].get("labels", {}).get(lc.E2E_LABEL) for n in lc.list_nodes(ctx.admin)),
-                20, "e2e pods and nodes to be gone")
+                20, "e2e pods and nodes to be gone", interval=0.2)
             return
         except Exception:
             if time.monotonic() > deadline:

@@ -98,10 +98,12 @@ class ControlPlane:
         self.restarts = 0
 
     @classmethod
-    def start(cls) -> ControlPlane:
+    def start(cls, with_parts: str | None = None) -> ControlPlane:
+        """start.sh; ``with_parts``: its ``KCP_WITH`` (default: the environment's)."""
         t0 = time.monotonic()
+        env = {**os.environ, **({"KCP_WITH": with_parts} if with_parts is not None else {})}
         proc = subprocess.run([str(KCP_TOOLS / "start.sh")], capture_output=True, text=True, timeout=240,
-                              env={**os.environ}, check=False)
+                              env=env, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"start.sh exited {proc.returncode}: {proc.stderr[-2000:]}")
         sys.stderr.write(proc.stderr)
@@ -412,6 +414,17 @@ def create_pod_group(api: client.ApiClient, ns: str, name: str, min_member: int)
                                                                  body)
 
 
+def delete_workloads(api: client.ApiClient, ns: str) -> None:
+    """Delete every Deployment, StatefulSet, DaemonSet, ReplicaSet and Job of ``ns`` (background propagation: the
+    garbage collector, where kube-controller-manager runs, removes what they own), so that no controller makes
+    pods there again."""
+    apps, batch = client.AppsV1Api(api), client.BatchV1Api(api)
+    for delete in (apps.delete_collection_namespaced_deployment, apps.delete_collection_namespaced_stateful_set,
+                   apps.delete_collection_namespaced_daemon_set, apps.delete_collection_namespaced_replica_set,
+                   batch.delete_collection_namespaced_job):
+        drain(delete(ns, propagation_policy="Background", _preload_content=False))
+
+
 # ------------------------------------------------------------------ the invariant
 def gpu_violations(api: client.ApiClient) -> tuple[list[str], dict[str, Any]]:
     """Every way the bound pods over-commit a GPU, from the API's own view (all namespaces).
@@ -626,6 +639,16 @@ class _LogCapture(logging.Handler):
                 "", 0, "", 0, "", (), None).__dict__ and k not in ("message", "asctime")}
             lines.append(f"{r.levelname} {r.getMessage()} {json.dumps(extra, default=str)}")
         return f"--- last {len(lines)} in-process scheduler log records ---\n" + "\n".join(lines)
+
+
+@dataclasses.dataclass
+class Plane:
+    """A control plane with deploy/ applied: its admin client and deploy/'s ServiceAccount (kubeconfig, client)."""
+
+    cp: ControlPlane
+    admin: client.ApiClient
+    sa_kubeconfig: Path
+    sa_client: client.ApiClient
 
 
 @dataclasses.dataclass

@@ -1,8 +1,10 @@
 """The GpuAutoscaler controller on a real kube-apiserver: a real Deployment scaled through its ``scale``
 subresource from a metric served by a real Prometheus server (or the Prometheus API stub where none is installed).
 
-No controller-manager runs on the e2e control plane, so the Deployment never gets pods, but its ``scale``
-subresource is served by the apiserver itself, which is all the autoscaler writes. The controller runs in-process
+Without a controller-manager (the suite's default) the Deployment never gets pods, but its ``scale``
+subresource is served by the apiserver itself, which is all the autoscaler writes; with
+``KCP_WITH=controller-manager,kubelet-sim`` its ReplicaSet makes the pods (Pending: no scheduler takes them)
+and the suite's cleanup deletes the workloads before their pods. The controller runs in-process
 with a token of deploy/autoscaler's ServiceAccount (so its RBAC is checked too).
 
 Metric sources (parametrized):

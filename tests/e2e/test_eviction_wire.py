@@ -2,14 +2,19 @@
 mock (``tests/test_k8s_eviction.py`` runs :func:`check_eviction_wire` against kmock): the mock answers as the
 real server does.
 
-Nothing runs but the API server: no disruption controller (a PDB's status is written by hand, as that controller
-would: ``observedGeneration``, ``disruptionsAllowed``, ``currentHealthy`` / ``desiredHealthy``), no kubelet
-(a Terminating pod stays until a grace-0 delete).
+Two worlds, one set of checks. With only the API server (and on the mock) no disruption controller runs: a PDB's
+status is written by hand, as that controller would (``observedGeneration``, ``disruptionsAllowed``,
+``currentHealthy`` / ``desiredHealthy``). With ``KCP_WITH=controller-manager`` the real disruption controller
+computes it from the pods' Ready conditions, and writing it by hand would race with it: the checks then arrange
+the pods so that the controller's numbers are the ones wanted, and wait for them. The pods are bound to a node
+name with no Node object, so no kubelet (nor kubelet-sim, which serves the nodes it lists) touches them: a
+Terminating pod stays until a grace-0 delete.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -90,6 +95,35 @@ def set_pdb_status(api: client.ApiClient, ns: str, name: str, allowed: int, curr
          content_type=MERGE_PATCH, path_params={"ns": ns, "name": name})
 
 
+def set_ready(api: client.ApiClient, ns: str, name: str, ready: bool) -> None:
+    """The pod's Ready condition, as its kubelet reports it (the disruption controller counts Ready pods)."""
+    call(api, "PATCH", "/api/v1/namespaces/{ns}/pods/{name}/status",
+         {"status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}},
+         content_type=STRATEGIC_PATCH, path_params={"ns": ns, "name": name})
+
+
+def budget(api: client.ApiClient, ns: str, name: str, controller: bool, allowed: int, current: int,
+           desired: int, timeout: float = 30.0) -> dict[str, Any]:
+    """The PDB's status at (allowed, current healthy, desired healthy), observed at its current generation.
+
+    Without a disruption controller it is written as that controller would; with one (``controller``) the pods
+    must already make these numbers, and this waits (polls, ``timeout`` s) until the controller published them.
+    Returns the status. AssertionError naming the last status seen on timeout."""
+    if not controller:
+        set_pdb_status(api, ns, name, allowed, current=current, desired=desired)
+        return pdb(api, ns, name)["status"]
+    want = {"disruptionsAllowed": allowed, "currentHealthy": current, "desiredHealthy": desired}
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pdb(api, ns, name)
+        st = got.get("status") or {}
+        if st.get("observedGeneration") == got["metadata"].get("generation") and all(
+                st.get(k) == v for k, v in want.items()):
+            return st
+        assert time.monotonic() < deadline, f"PDB {ns}/{name}: the disruption controller never wrote {want}: {st}"
+        time.sleep(0.1)
+
+
 def evict(api: client.ApiClient, ns: str, name: str, uid: str | None = None, dry_run: bool = False,
           body_name: str | None = None) -> tuple[int, dict[str, Any]]:
     """POST a policy/v1 Eviction; returns (HTTP status, body)."""
@@ -126,28 +160,40 @@ def _causes(body: dict[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------ the checks, shared with the mock
-def check_eviction_wire(api: client.ApiClient, ns: str) -> dict[str, Any]:
-    """Every eviction / PDB / delete behaviour gpupool depends on; asserts each, returns what was seen."""
+def check_eviction_wire(api: client.ApiClient, ns: str, controller: bool = False) -> dict[str, Any]:
+    """Every eviction / PDB / delete behaviour gpupool depends on; asserts each, returns what was seen.
+
+    ``controller``: a disruption controller runs (kube-controller-manager) and computes the PDBs' status."""
     seen: dict[str, Any] = {}
     app = {"app": "train"}
     v1 = make_pod(api, ns, "v1", app)
     make_pdb(api, ns, "budget", app)
+    # by hand: two healthy of two wanted; with the controller, minAvailable 1 over the one Ready pod v1
+    healthy = 1 if controller else 2
 
-    # 1. A PDB the disruption controller has not processed yet (observedGeneration < generation): 429.
+    # 1. A PDB the disruption controller has not processed yet (observedGeneration < generation): 429. With a
+    #    controller running it may have processed it already: 429 all the same (its one pod is needed).
     status, body = evict(api, ns, "v1", uid=v1["metadata"]["uid"], dry_run=True)
     seen["unprocessed"] = (status, body.get("message"), _causes(body))
     assert status == 429 and body.get("message") == PDB_MESSAGE and body.get("reason") == "TooManyRequests", body
-    assert any("is still being processed" in c for c in _causes(body)), body
+    assert any("is still being processed" in c for c in _causes(body)) or (
+        controller and _causes(body) == ["The disruption budget budget needs 1 healthy pods and has 1 currently"]), body
 
     # 2. Processed, no disruption allowed: 429 naming the budget's health.
-    set_pdb_status(api, ns, "budget", allowed=0)
+    budget(api, ns, "budget", controller, allowed=0, current=healthy, desired=healthy)
     status, body = evict(api, ns, "v1", uid=v1["metadata"]["uid"], dry_run=True)
     seen["zero_allowed"] = (status, body.get("message"), _causes(body))
     assert status == 429 and body.get("message") == PDB_MESSAGE, body
-    assert _causes(body) == ["The disruption budget budget needs 2 healthy pods and has 2 currently"], body
+    assert _causes(body) == [
+        f"The disruption budget budget needs {healthy} healthy pods and has {healthy} currently"], body
 
-    # 3. One allowed: the dry run passes (201 Status) and changes nothing.
-    set_pdb_status(api, ns, "budget", allowed=1)
+    # 3. One allowed: the dry run passes (201 Status) and changes nothing. (With the controller: a second Ready
+    #    pod makes 2 healthy of 1 wanted.)
+    if controller:
+        make_pod(api, ns, "v1b", app)
+        budget(api, ns, "budget", controller, allowed=1, current=2, desired=1)
+    else:
+        set_pdb_status(api, ns, "budget", allowed=1)
     before = pdb(api, ns, "budget")["status"]
     status, body = evict(api, ns, "v1", uid=v1["metadata"]["uid"], dry_run=True)
     seen["dry_run"] = (status, body.get("kind"), body.get("status"))
@@ -166,8 +212,11 @@ def check_eviction_wire(api: client.ApiClient, ns: str) -> dict[str, Any]:
 
     # 5. The real eviction: budget decremented and the pod recorded; DisruptionTarget set by the API server
     #    (EvictionByEvictionAPI, replacing a scheduler's own reason); a bound pod with grace 30 stays Terminating.
+    #    The mark is fresh: the disruption controller resets a DisruptionTarget=True older than 2 minutes on a pod
+    #    that is not being deleted (a scheduler's or eviction's mark that never led to a deletion) to False.
+    marked_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     mark = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
-            "message": "reclaimed by queue a", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            "message": "reclaimed by queue a", "lastTransitionTime": marked_at}
     call(api, "PATCH", "/api/v1/namespaces/{ns}/pods/{name}/status", {"status": {"conditions": [mark]}},
          content_type=STRATEGIC_PATCH, path_params={"ns": ns, "name": "v1"})
     marked = pod(api, ns, "v1")
@@ -182,10 +231,13 @@ def check_eviction_wire(api: client.ApiClient, ns: str) -> dict[str, Any]:
     seen["disruption_target"] = (dt.get("reason"), dt.get("message"), dt.get("lastTransitionTime"))
     assert dt.get("status") == "True" and dt.get("reason") == "EvictionByEvictionAPI", dt
     assert dt.get("message") == "Eviction API: evicting", dt
-    assert dt.get("lastTransitionTime") == "2026-01-01T00:00:00Z", dt  # status unchanged: transition time kept
+    assert dt.get("lastTransitionTime") == marked_at, dt  # status unchanged: transition time kept
     st = pdb(api, ns, "budget")["status"]
     seen["pdb_after"] = {k: st.get(k) for k in ("disruptionsAllowed", "disruptedPods")}
-    assert st["disruptionsAllowed"] == 0 and "v1" in (st.get("disruptedPods") or {}), st
+    # the eviction recorded v1 in disruptedPods; a disruption controller drops the entry once it has seen the
+    # pod's deletionTimestamp (and recomputes: 1 healthy of 1 wanted, still 0 allowed)
+    assert st["disruptionsAllowed"] == 0, st
+    assert "v1" in (st.get("disruptedPods") or {}) or controller, st
     assert any(c.get("type") == "DisruptionAllowed" and c.get("status") == "False"
                and c.get("reason") == "InsufficientPods" for c in st.get("conditions") or []), st
 
@@ -197,14 +249,18 @@ def check_eviction_wire(api: client.ApiClient, ns: str) -> dict[str, Any]:
 
     # 7. A Running pod that is not Ready, the budget healthy (current >= desired > 0): evicted without using it.
     make_pod(api, ns, "unready", app, ready=False)
-    set_pdb_status(api, ns, "budget", allowed=0, current=2, desired=2)
+    budget(api, ns, "budget", controller, allowed=0, current=healthy, desired=healthy)
     status, body = evict(api, ns, "unready")
     assert status == 201, body
     assert pdb(api, ns, "budget")["status"]["disruptionsAllowed"] == 0
     delete(api, ns, "unready", grace=0)
     #    ... the budget unhealthy (current < desired): the unready pod is protected like the others.
     make_pod(api, ns, "unready2", app, ready=False)
-    set_pdb_status(api, ns, "budget", allowed=0, current=1, desired=2)
+    if controller:  # v1b, the one healthy pod, goes unready: 0 healthy of 1 wanted
+        set_ready(api, ns, "v1b", ready=False)
+        budget(api, ns, "budget", controller, allowed=0, current=0, desired=1)
+    else:
+        set_pdb_status(api, ns, "budget", allowed=0, current=1, desired=2)
     status, body = evict(api, ns, "unready2", dry_run=True)
     assert status == 429, body
 
@@ -222,16 +278,23 @@ def check_eviction_wire(api: client.ApiClient, ns: str) -> dict[str, Any]:
     seen["two_pdbs"] = (status, body.get("message"))
     assert status == 500 and "more than one PodDisruptionBudget" in body.get("message", ""), body
 
-    # 10. A spec change bumps generation: until the controller catches up, 429 again.
-    set_pdb_status(api, ns, "budget", allowed=3)
+    # 10. A spec change bumps generation: until the controller catches up, 429 again. With the controller
+    #     running, the healthy pods (shared, v2) are at most the 2 now wanted: 429 whether it caught up or not,
+    #     and then it publishes the new generation's numbers.
+    if not controller:
+        set_pdb_status(api, ns, "budget", allowed=3)
     gen = pdb(api, ns, "budget")["metadata"]["generation"]
     call(api, "PATCH", "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/{name}", {"spec": {"minAvailable": 2}},
          content_type=MERGE_PATCH, path_params={"ns": ns, "name": "budget"})
     got = pdb(api, ns, "budget")
-    assert got["metadata"]["generation"] == gen + 1 and got["status"]["disruptionsAllowed"] == 3, got
+    assert got["metadata"]["generation"] == gen + 1, got
+    assert controller or got["status"]["disruptionsAllowed"] == 3, got
     make_pod(api, ns, "v2", app)
     status, body = evict(api, ns, "v2", dry_run=True)
-    assert status == 429 and any("still being processed" in c for c in _causes(body)), body
+    assert status == 429 and (any("still being processed" in c for c in _causes(body)) or (
+        controller and _causes(body)[0].startswith("The disruption budget budget needs 2 healthy pods"))), body
+    if controller:
+        budget(api, ns, "budget", controller, allowed=0, current=2, desired=2)
 
     # 11. No such pod: 404; a body naming another pod: 400.
     assert evict(api, ns, "nobody")[0] == 404
@@ -254,5 +317,8 @@ def check_eviction_wire(api: client.ApiClient, ns: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ on the real server
 def test_eviction_and_pdbs_on_the_real_apiserver(e2e) -> None:
-    seen = check_eviction_wire(e2e.admin, e2e.ns)
+    """With or without ``KCP_WITH=controller-manager`` (then the disruption controller computes the PDB status)."""
+    controller = e2e.cp.runs("kube-controller-manager")
+    seen = check_eviction_wire(e2e.admin, e2e.ns, controller=controller)
+    seen["disruption_controller"] = controller
     print("\n[e2e] eviction wire:", json.dumps(seen, indent=1, default=str))
