@@ -25,6 +25,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import urllib.error
@@ -218,6 +219,25 @@ class ControlPlane:
         rev = self.etcd_revision()
         self._etcd("/v3/kv/compaction", {"revision": rev, "physical": True})
         return rev
+
+
+def write_leader_config(path: Path, lease: dict[str, float]) -> Path:
+    """A scheduler configuration file with leader election on the suite's Lease (``lease``: duration, renew and
+    retry seconds)."""
+    path.write_text(textwrap.dedent(f"""\
+        apiVersion: gpupool.io/v1alpha1
+        kind: GpupoolSchedulerConfiguration
+        leaderElection:
+          leaderElect: true
+          resourceNamespace: {SA_NAMESPACE}
+          resourceName: {LEASE_NAME}
+          leaseDuration: {lease['duration']}s
+          renewDeadline: {lease['renew']}s
+          retryPeriod: {lease['retry']}s
+        profiles:
+          - schedulerName: {SCHEDULER_NAME}
+        """))
+    return path
 
 
 def admin_client(cp: ControlPlane) -> client.ApiClient:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import textwrap
 import time
 
 import pytest
@@ -212,19 +211,7 @@ def test_leader_failover(e2e: E2E) -> None:
     api, ns = e2e.admin, e2e.ns
     lc.make_node(api, "l-node-a")
     cfg = e2e.log_dir / "leader-config.yaml"
-    cfg.write_text(textwrap.dedent(f"""\
-        apiVersion: gpupool.io/v1alpha1
-        kind: GpupoolSchedulerConfiguration
-        leaderElection:
-          leaderElect: true
-          resourceNamespace: {lc.SA_NAMESPACE}
-          resourceName: {lc.LEASE_NAME}
-          leaseDuration: {LEASE['duration']}s
-          renewDeadline: {LEASE['renew']}s
-          retryPeriod: {LEASE['retry']}s
-        profiles:
-          - schedulerName: {lc.SCHEDULER_NAME}
-        """))
+    lc.write_leader_config(cfg, LEASE)
     reps = {i: e2e.scheduler_process(i, ["--config", str(cfg), "--leader-elect"]) for i in ("replica-a", "replica-b")}
     coord = client.CoordinationV1Api(api)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import textwrap
 import threading
 import time
 from typing import Any
@@ -188,19 +187,7 @@ def test_new_leader_does_not_evict_again_for_victims_in_flight(e2e_ctl: E2E) -> 
     lc.make_nodes(api, f"{e2e.ns}-n", 2, gpus=8)
     qa, qb = queues(e2e, a={"quota": 8}, b={"quota": 8})
     cfg = e2e.log_dir / f"{e2e.ns}-config.yaml"
-    cfg.write_text(textwrap.dedent(f"""\
-        apiVersion: gpupool.io/v1alpha1
-        kind: GpupoolSchedulerConfiguration
-        leaderElection:
-          leaderElect: true
-          resourceNamespace: {lc.SA_NAMESPACE}
-          resourceName: {lc.LEASE_NAME}
-          leaseDuration: {LEASE['duration']}s
-          renewDeadline: {LEASE['renew']}s
-          retryPeriod: {LEASE['retry']}s
-        profiles:
-          - schedulerName: {lc.SCHEDULER_NAME}
-        """))
+    lc.write_leader_config(cfg, LEASE)
     reps = {i: e2e.scheduler_process(f"{e2e.ns}-{i}", ["--config", str(cfg), "--leader-elect", "--min-runtime", "0"])
             for i in ("r1", "r2")}
     by_id = {p.identity: p for p in reps.values()}
