@@ -932,7 +932,9 @@ def test_the_loop_waits_resync_s_between_idle_passes_as_leader_and_as_standby(h)
     wait_for(lambda: passes["standby"] >= 2 and passes["leader"] >= 2, what="two passes each")
     time.sleep(1.0)
     elapsed = time.monotonic() - t0
-    assert passes["standby"] <= 6 * elapsed + 4 and passes["leader"] <= 20 * elapsed + 4, (passes, elapsed)
+    # a busy loop makes thousands of passes a second; watch events (the leader's own writes) wake a pass early,
+    # more of them on a loaded machine: the bound tells the two apart without counting the wake-ups
+    assert passes["standby"] <= 40 * elapsed + 10 and passes["leader"] <= 60 * elapsed + 10, (passes, elapsed)
 
 
 def test_binding_whose_reply_and_read_back_are_lost_keeps_its_gpu(h, monkeypatch):
@@ -967,8 +969,13 @@ def test_binding_whose_reply_and_read_back_are_lost_keeps_its_gpu(h, monkeypatch
     held: list[tuple[str, str, dict]] = []
     apply = s.cache.apply
 
+    released = threading.Event()
+
     def silent_while_down(kind, event_type, obj):  # the watch lost first's binding (it relists later)
-        if down.is_set() and kind == "pods" and obj["metadata"]["name"] == "first":
+        # every event showing first bound is held until the apiserver is back: on a loaded machine the watch can
+        # deliver it before the binder thread has seen its reply cut
+        if not released.is_set() and kind == "pods" and obj["metadata"]["name"] == "first" \
+                and (obj.get("spec") or {}).get("nodeName"):
             held.append((kind, event_type, obj))
             return
         apply(kind, event_type, obj)
@@ -986,6 +993,7 @@ def test_binding_whose_reply_and_read_back_are_lost_keeps_its_gpu(h, monkeypatch
     assert not [a for a in h.server.bind_attempts if a[1] == "second"], "second was given first's GPU"
     assert "default/first" in s.model.assumed
     down.clear()  # the apiserver is back: the read-back answers, the watch delivers
+    released.set()
     for event in held:
         apply(*event)
     wait_for(lambda: ("default/first", "n1") in s.bindings, what="first taken as bound after the read-back")
