@@ -114,7 +114,6 @@ class DraInventory:
         self.claims: dict[str, Claim] = {}
         self.errors: dict[str, str] = {}
         self.assumed: dict[str, tuple[tuple[AllocatedDevice, ...], str]] = {}  # claim key -> (results, node)
-        self.served = False  # a slice, class or claim was ever listed (the API group exists and may be read)
         self.version = 0  # bumped on every change
         self.devices_version = 0  # bumped when slices or classes change (not claims)
         self._rv: dict[tuple[str, str], str] = {}
@@ -134,7 +133,6 @@ class DraInventory:
         self.version += 1
         if kind != RESOURCE_CLAIMS:
             self.devices_version += 1
-        self.served = True
         store: dict[str, Any] = {RESOURCE_SLICES: self.slices, DEVICE_CLASSES: self.classes,
                                  RESOURCE_CLAIMS: self.claims}[kind]
         if event_type == "DELETED":
@@ -176,7 +174,6 @@ class DraInventory:
         if items is None:
             store.clear()
             return
-        self.served = True
         keep = set()
         for obj in items:
             meta = meta_of(obj)
@@ -257,9 +254,6 @@ class DraInventory:
 
     def counter_totals(self) -> dict[CounterKey, dict[str, Decimal]]:
         return self._index()[2]
-
-    def nodes_with_devices(self) -> set[str]:
-        return {n for n in self._index()[1] if n}
 
     def allocations(self) -> Iterable[tuple[str, tuple[AllocatedDevice, ...], str | None]]:
         """(claim key, results, node) of every allocated or assumed claim."""

@@ -413,11 +413,12 @@ class DraAllocator(FragmentationScores):
 
     # -- the pod on one node, and the best node
     def fit(self, claims: Sequence[Claim], node: str, node_obj: Mapping[str, Any] | None,
-            usage: Usage) -> NodeFit | str:
+            usage: Usage, devices: Sequence[Device] | None = None) -> NodeFit | str:
         """Allocate every unallocated claim of a pod on ``node`` (``usage`` is changed: pass a copy). Returns the
         fit, or why not."""
         totals = self.inv.counter_totals()
-        devices = self._node_devices(node, node_obj)
+        if devices is None:
+            devices = self._node_devices(node, node_obj)
         allocations: list[ClaimAllocation] = []
         loss = 0.0
         flex = 0.0
@@ -447,7 +448,9 @@ class DraAllocator(FragmentationScores):
         best: NodeFit | None = None
         reasons: dict[str, int] = {}
         for name, obj in nodes:
-            res = self.fit(claims, name, obj, base.copy())
+            devices = self._node_devices(name, obj)
+            # a node without devices allocates nothing, so the books need no copy (a copy is O(cluster))
+            res = self.fit(claims, name, obj, base.copy() if devices else base, devices)
             if isinstance(res, str):
                 reasons[res] = reasons.get(res, 0) + 1
                 continue
@@ -461,6 +464,3 @@ class DraAllocator(FragmentationScores):
         return f"0/{len(nodes)} nodes can allocate the pod's claims: " + "; ".join(
             f"{n} node(s): {why}" for why, n in parts[:3])
 
-
-def u_shared(u: Usage, d: Device) -> bool:
-    return bool(u.shares.get(d.key))
