@@ -239,7 +239,18 @@ def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapp
     usage = model.dra.usage()
     nodes = {name: rec.obj for name, rec in model.nodes.items()}
     out: list[Placement] = []
+    state, epoch = model.state, model._epoch
+    assert state is not None
+    running: list[dict[str, Any]] = []  # bound pods holding claims, read once per cycle when a pod may preempt
     for unit in sorted(units, key=Unit.order):
+        single = unit.members[0][1].key if unit.gang is None else None
+        if single is not None:  # as for other pods: one that failed is not planned again until something loosens
+            last = model._last_fail.get(single)
+            seen = (model.pods[single].rv, state.loosened, epoch)
+            if last is not None and last[0] == seen:
+                out.append(last[1])
+                model.stats["skipped_unchanged"] += 1
+                continue
         try:
             placed = place_claim_unit(unit.members, max(1, unit.need), unit.gang, engine, engine.policy,
                                       allocator, usage, book, nodes, backed)
@@ -251,8 +262,11 @@ def place_claims(model: ClusterModel, units: list[Unit], book: Any, backed: Mapp
                       for _, i in unit.members]
         if preemptions is not None and unit.gang is None and placed and placed[0].node is None \
                 and not placed[0].invalid:
-            placed = [_preempt_for(model, unit, placed[0], allocator, usage, nodes, backed or {}, preemptions)]
+            placed = [_preempt_for(model, unit, placed[0], allocator, usage, nodes, backed or {}, preemptions,
+                                   running)]
         for p in placed:
+            if p.node is None and single is not None and not p.invalid:
+                model._last_fail[single] = (seen, p)
             if p.node is not None and not p.nominated:
                 model.assume(p.pod, p.node)
                 keys = []
@@ -282,7 +296,8 @@ def _running_claims(model: ClusterModel) -> dict[str, list[tuple[int, float, str
 
 
 def _preempt_for(model: ClusterModel, unit: Unit, failed: Placement, allocator: DraAllocator, usage: Any,
-                 nodes: Mapping[str, Any], backed: Mapping[str, str], preemptions: list[Preemption]) -> Placement:
+                 nodes: Mapping[str, Any], backed: Mapping[str, str], preemptions: list[Preemption],
+                 running: list[dict[str, Any]]) -> Placement:
     pod, info = unit.members[0]
     pending = model.dra_preempting.get(info.key)
     if pending is not None:
@@ -308,11 +323,14 @@ def _preempt_for(model: ClusterModel, unit: Unit, failed: Placement, allocator: 
                                                                   gpu_memory_mib=0)
     mask = engine.feasible_mask(engine.policy.effective(request))
     names = [model.state.node_names[i] for i in mask.nonzero()[0].tolist()]
-    chosen = claim_victims(pod, info, claims, [(n, nodes.get(n)) for n in names], _running_claims(model),
-                           allocator, usage)
+    if not running:  # read once per cycle, by the first pod that may preempt
+        running.append(_running_claims(model))
+    chosen = claim_victims(pod, info, claims, [(n, nodes.get(n)) for n in names], running[0], allocator, usage)
     if chosen is None:
         return failed
     node, victims = chosen
+    taken = {k for k, _ in victims}  # a victim frees its devices once: later preemptors this cycle look elsewhere
+    running[0][node] = [v for v in running[0].get(node, ()) if v[2] not in taken]
     model.dra_preemption_seq += 1
     pid = 1_000_000_000 + model.dra_preemption_seq  # apart from the pool scheduler's ids
     reason = (f"preempted by {info.key} (priority {info.request.priority}), whose ResourceClaims need the devices "
